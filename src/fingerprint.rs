@@ -1,0 +1,273 @@
+//! Fingerprints: a SHA-256 digest that tells one message from another under the same key.
+//!
+//! # Encoding (version 1)
+//!
+//! The digest runs over a canonical encoding, never over a concatenation, so no two different
+//! messages share it:
+//!
+//! - a domain prefix naming the kind of message and the encoding version
+//!   (`tower-idempotency/message/v1\0`, `tower-idempotency/raw/v1\0`);
+//! - then every field, always, in a fixed order, each introduced by a one-byte tag;
+//! - a string is its length as a little-endian `u64`, then its UTF-8 bytes;
+//! - a list is its element count as a `u64`, then each element;
+//! - an optional value is a presence byte (`0` or `1`), then the value;
+//! - headers and metadata are maps sorted by name, so insertion order does not matter;
+//! - attachments contribute their file name and content type, not their bytes;
+//! - the schedule is seconds and nanoseconds relative to the Unix epoch, with a sign byte.
+//!
+//! Fields of a [`Message`]: from, to, cc, bcc, reply-to, subject, text, html, headers,
+//! attachments, message id, in-reply-to, references, send-at, tracking (opens, clicks),
+//! metadata. The idempotency key is not part of it: the fingerprint is what the key protects.
+//! A [`RawMessage`] is fingerprinted by its envelope (sender, recipients).
+//!
+//! The encoding is pinned by golden vectors in the tests: a fingerprint that changes between
+//! releases would turn every live key into `idempotency.key_reused` after a deploy. A change of
+//! encoding must come with a new version prefix and a migration note.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::UNIX_EPOCH;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sha2::{Digest, Sha256};
+
+use crate::message::{Message, RawMessage};
+
+const MESSAGE_DOMAIN: &[u8] = b"tower-idempotency/message/v1\0";
+const RAW_DOMAIN: &[u8] = b"tower-idempotency/raw/v1\0";
+
+/// A 32-byte SHA-256 fingerprint of a message's content; hex in `Display` and serde.
+///
+/// ```
+/// use tower_idempotency::{Fingerprint, Message};
+///
+/// let message = Message::builder().from("a@example.com").to("b@example.com").text("hi").build()?;
+/// let fingerprint = Fingerprint::of(&message);
+/// assert_eq!(fingerprint.to_string().len(), 64);
+/// assert_eq!(fingerprint.to_string().parse::<Fingerprint>()?, fingerprint);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// The fingerprint of anything [`Fingerprinted`].
+    pub fn of<M: Fingerprinted + ?Sized>(message: &M) -> Self {
+        message.fingerprint()
+    }
+
+    /// Wraps 32 digest bytes.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The digest bytes.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({self})")
+    }
+}
+
+/// A string that is not 64 hex digits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseFingerprintError;
+
+impl fmt::Display for ParseFingerprintError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a fingerprint is 64 hexadecimal digits")
+    }
+}
+
+impl std::error::Error for ParseFingerprintError {}
+
+impl FromStr for Fingerprint {
+    type Err = ParseFingerprintError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.as_bytes();
+        if s.len() != 64 {
+            return Err(ParseFingerprintError);
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in s.chunks_exact(2).enumerate() {
+            let hi = hex_value(pair[0]).ok_or(ParseFingerprintError)?;
+            let lo = hex_value(pair[1]).ok_or(ParseFingerprintError)?;
+            out[i] = (hi << 4) | lo;
+        }
+        Ok(Self(out))
+    }
+}
+
+fn hex_value(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+impl Serialize for Fingerprint {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Fingerprint {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Something the layer can fingerprint: [`Message`] and [`RawMessage`].
+pub trait Fingerprinted {
+    /// Its fingerprint under the current encoding version.
+    fn fingerprint(&self) -> Fingerprint;
+}
+
+impl Fingerprinted for Message {
+    fn fingerprint(&self) -> Fingerprint {
+        let m = &*self.0;
+        let mut e = Encoder::new(MESSAGE_DOMAIN);
+        e.tag(0x01).str(&m.from);
+        e.tag(0x02).list(&m.to);
+        e.tag(0x03).list(&m.cc);
+        e.tag(0x04).list(&m.bcc);
+        e.tag(0x05).list(&m.reply_to);
+        e.tag(0x06).opt(m.subject.as_deref());
+        e.tag(0x07).opt(m.text.as_deref());
+        e.tag(0x08).opt(m.html.as_deref());
+        e.tag(0x09).len(m.headers.len());
+        for (name, value) in &m.headers {
+            e.str(name).str(value);
+        }
+        e.tag(0x0a).len(m.attachments.len());
+        for a in &m.attachments {
+            e.str(&a.filename).str(&a.content_type);
+        }
+        e.tag(0x0b).opt(m.threading.message_id.as_deref());
+        e.tag(0x0c).opt(m.threading.in_reply_to.as_deref());
+        e.tag(0x0d).list(&m.threading.references);
+        e.tag(0x0e);
+        match m.send_at {
+            None => e.byte(0),
+            Some(at) => {
+                e.byte(1);
+                let (sign, d) = match at.duration_since(UNIX_EPOCH) {
+                    Ok(d) => (0u8, d),
+                    Err(before) => (1u8, before.duration()),
+                };
+                e.byte(sign)
+                    .u64(d.as_secs())
+                    .u64(u64::from(d.subsec_nanos()))
+            }
+        };
+        e.tag(0x0f)
+            .byte(u8::from(m.tracking.opens))
+            .byte(u8::from(m.tracking.clicks));
+        e.tag(0x10).len(m.metadata.len());
+        for (name, value) in &m.metadata {
+            e.str(name).str(value);
+        }
+        e.finish()
+    }
+}
+
+impl Fingerprinted for RawMessage {
+    fn fingerprint(&self) -> Fingerprint {
+        let envelope = self.envelope();
+        let mut e = Encoder::new(RAW_DOMAIN);
+        e.tag(0x01).str(envelope.from());
+        e.tag(0x02).list(envelope.to());
+        e.finish()
+    }
+}
+
+impl<T: Fingerprinted + ?Sized> Fingerprinted for &T {
+    fn fingerprint(&self) -> Fingerprint {
+        (**self).fingerprint()
+    }
+}
+
+/// Streams the canonical encoding into the hasher; nothing is buffered, so a large body costs
+/// what SHA-256 over it costs.
+struct Encoder(Sha256);
+
+impl Encoder {
+    fn new(domain: &[u8]) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(domain);
+        Self(hasher)
+    }
+    fn byte(&mut self, b: u8) -> &mut Self {
+        self.0.update([b]);
+        self
+    }
+    fn tag(&mut self, tag: u8) -> &mut Self {
+        self.byte(tag)
+    }
+    fn u64(&mut self, n: u64) -> &mut Self {
+        self.0.update(n.to_le_bytes());
+        self
+    }
+    fn len(&mut self, n: usize) -> &mut Self {
+        self.u64(n as u64)
+    }
+    fn str(&mut self, s: &str) -> &mut Self {
+        self.len(s.len());
+        self.0.update(s.as_bytes());
+        self
+    }
+    fn opt(&mut self, s: Option<&str>) -> &mut Self {
+        match s {
+            None => self.byte(0),
+            Some(s) => self.byte(1).str(s),
+        }
+    }
+    fn list(&mut self, items: &[String]) -> &mut Self {
+        self.len(items.len());
+        for item in items {
+            self.str(item);
+        }
+        self
+    }
+    fn finish(self) -> Fingerprint {
+        Fingerprint(self.0.finalize().into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_refuses_wrong_length_and_non_hex() {
+        assert!("ab".parse::<Fingerprint>().is_err());
+        assert!("zz".repeat(32).parse::<Fingerprint>().is_err());
+        assert!("Ab".repeat(32).parse::<Fingerprint>().is_ok());
+    }
+
+    #[test]
+    fn serde_is_the_hex_string() {
+        let f = Fingerprint::from_bytes([0xab; 32]);
+        let json = serde_json::to_string(&f).unwrap();
+        assert_eq!(json, format!("\"{}\"", "ab".repeat(32)));
+        assert_eq!(serde_json::from_str::<Fingerprint>(&json).unwrap(), f);
+        assert!(serde_json::from_str::<Fingerprint>("\"nothex\"").is_err());
+    }
+}

@@ -1,0 +1,565 @@
+//! What a send produced: a [`Receipt`], or a [`SendError`] with a stable code and a
+//! [`Category`] that says whether the message may have gone.
+//!
+//! The category is what retry policies and circuit breakers read:
+//!
+//! | category | meaning | the layer does with the key |
+//! |---|---|---|
+//! | [`Delivered`](Category::Delivered) | the provider took it | keeps it done with the receipt |
+//! | [`Retryable`](Category::Retryable) | certainly not sent, may work later | releases it |
+//! | [`Permanent`](Category::Permanent) | certainly not sent, will not work as is | releases it |
+//! | [`Validation`](Category::Validation) | refused before sending | releases it |
+//! | [`Unknown`](Category::Unknown) | may have gone | keeps it done with this outcome |
+//!
+//! Every answer the idempotency layer makes itself (in flight, replayed, aborted, store failed)
+//! is of category `Unknown` except `key_reused`, a validation error. Use
+//! [`counts_against_provider`] to keep those answers out of a circuit breaker's count.
+
+use std::borrow::Cow;
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::message::KeyError;
+use crate::store::StoreError;
+
+/// The error type of inner services: any error that is `Send + Sync`.
+pub type BoxError = Box<dyn Error + Send + Sync>;
+
+/// The stable codes of the answers the idempotency layer makes itself.
+pub mod codes {
+    /// A send under the key is still in flight; this one was not sent. Category unknown.
+    pub const IN_FLIGHT: &str = "idempotency.in_flight";
+    /// The key was used before for a different message. Category validation.
+    pub const KEY_REUSED: &str = "idempotency.key_reused";
+    /// The caller dropped the send after the provider was called. Category unknown.
+    pub const ABORTED: &str = "idempotency.aborted";
+    /// The store could not reserve the key; the message was not sent. Category unknown,
+    /// retryable.
+    pub const STORE_FAILED: &str = "idempotency.store_failed";
+    /// The key given by the key function breaks the key rules. Category validation.
+    pub const INVALID_KEY: &str = "idempotency.invalid_key";
+    /// The code of the `tracing` warning emitted when the store fails after a send went.
+    pub const STORE_FAILED_WARNING: &str = "IDEMPOTENCY_STORE_FAILED";
+    /// An inner service timed out (`tower::timeout`); the message may have gone.
+    pub const TIMEOUT: &str = "provider.timeout";
+    /// An inner error the classifier judged of unknown delivery.
+    pub const UNKNOWN: &str = "provider.unknown";
+    /// An inner error the classifier judged not sent, retryable.
+    pub const NOT_SENT: &str = "provider.not_sent";
+}
+
+/// What an outcome says about delivery; see the [module docs](self).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Category {
+    /// The provider accepted the message.
+    Delivered,
+    /// Not sent; a later attempt may succeed (rate limits, 5xx that refused the request).
+    Retryable,
+    /// Not sent; the same message will fail again (rejected by the provider).
+    Permanent,
+    /// Not sent; the message or its key is invalid.
+    Validation,
+    /// It may have been sent: a timeout after the request left, an abort, an answer of the
+    /// idempotency layer.
+    Unknown,
+}
+
+impl Category {
+    /// Whether a message with this outcome may have reached the provider.
+    pub fn may_have_sent(self) -> bool {
+        matches!(self, Self::Delivered | Self::Unknown)
+    }
+}
+
+/// The provider's acknowledgement of a sent message.
+///
+/// ```
+/// use tower_idempotency::{outcome::Category, Receipt};
+///
+/// let receipt = Receipt::new("msg_123", "resend").with_accepted(["seller@example.com"]);
+/// assert_eq!(receipt.id, "msg_123");
+/// assert!(!receipt.replayed);
+/// assert_eq!(receipt.category(), Category::Delivered);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Receipt {
+    /// The provider's id of the message.
+    pub id: String,
+    /// The name of the transport that sent it.
+    pub transport: String,
+    /// The recipients the provider accepted.
+    #[serde(default)]
+    pub accepted: Vec<String>,
+    /// True when this receipt was answered from the store, not by a send.
+    #[serde(default)]
+    pub replayed: bool,
+}
+
+impl Receipt {
+    /// A receipt from the provider's message id and the transport's name.
+    pub fn new(id: impl Into<String>, transport: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            transport: transport.into(),
+            accepted: Vec::new(),
+            replayed: false,
+        }
+    }
+
+    /// Sets the accepted recipients.
+    #[must_use]
+    pub fn with_accepted<I, S>(mut self, accepted: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.accepted = accepted.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// [`Category::Unknown`] for a replayed receipt (the layer's own answer), else
+    /// [`Category::Delivered`].
+    pub fn category(&self) -> Category {
+        if self.replayed {
+            Category::Unknown
+        } else {
+            Category::Delivered
+        }
+    }
+}
+
+/// Why a send failed, with a stable [`code`](Self::code) and a [`Category`].
+///
+/// Transports build it with the constructor of the category; the idempotency layer makes its
+/// own answers ([`in_flight`](Self::in_flight), …). The source error is kept.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{outcome::Category, SendError};
+///
+/// let err = SendError::retryable("provider.rate_limited", "429 Too Many Requests")
+///     .with_retry_after(Duration::from_secs(2));
+/// assert_eq!(err.code(), "provider.rate_limited");
+/// assert_eq!(err.category(), Category::Retryable);
+/// assert!(err.is_retryable());
+/// assert!(!err.delivery_unknown());
+/// assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
+/// ```
+#[derive(Clone)]
+pub struct SendError {
+    code: Cow<'static, str>,
+    category: Category,
+    retryable: bool,
+    message: String,
+    retry_after: Option<Duration>,
+    replayed: bool,
+    source: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+impl SendError {
+    fn new(
+        code: impl Into<Cow<'static, str>>,
+        category: Category,
+        retryable: bool,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            code: code.into(),
+            category,
+            retryable,
+            message: message.into(),
+            retry_after: None,
+            replayed: false,
+            source: None,
+        }
+    }
+
+    /// Not sent; a later attempt may succeed.
+    pub fn retryable(code: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        Self::new(code, Category::Retryable, true, message)
+    }
+
+    /// Not sent; the provider refused the message and will refuse it again.
+    pub fn permanent(code: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        Self::new(code, Category::Permanent, false, message)
+    }
+
+    /// Not sent; the message is invalid.
+    pub fn validation(code: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        Self::new(code, Category::Validation, false, message)
+    }
+
+    /// It may have been sent: the layer keeps the key, so a repeat is answered from the store.
+    pub fn unknown_delivery(
+        code: impl Into<Cow<'static, str>>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self::new(code, Category::Unknown, false, message)
+    }
+
+    /// The layer's answer when a send under the key is still in flight.
+    pub fn in_flight() -> Self {
+        Self::new(
+            codes::IN_FLIGHT,
+            Category::Unknown,
+            true,
+            "a send under this idempotency key is in flight; this one was not sent",
+        )
+    }
+
+    /// The layer's answer when the key was used for a different message.
+    pub fn key_reused() -> Self {
+        Self::new(
+            codes::KEY_REUSED,
+            Category::Validation,
+            false,
+            "the idempotency key was used before for a different message",
+        )
+    }
+
+    /// The outcome kept when the caller dropped a send after the provider was called.
+    pub fn aborted() -> Self {
+        Self::new(
+            codes::ABORTED,
+            Category::Unknown,
+            false,
+            "the send was dropped after the provider was called; it may have gone",
+        )
+    }
+
+    /// The layer's answer when the store could not reserve the key; the message was not sent.
+    pub fn store_failed(error: StoreError) -> Self {
+        Self::new(
+            codes::STORE_FAILED,
+            Category::Unknown,
+            true,
+            "the idempotency store could not reserve the key; the message was not sent",
+        )
+        .with_source(error)
+    }
+
+    /// The layer's answer when a key from the key function breaks the key rules.
+    pub fn invalid_key(error: KeyError) -> Self {
+        Self::new(
+            codes::INVALID_KEY,
+            Category::Validation,
+            false,
+            "the idempotency key is invalid; the message was not sent",
+        )
+        .with_source(error)
+    }
+
+    /// Keeps `source` as the cause.
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(Arc::from(source.into()));
+        self
+    }
+
+    /// Sets how long the provider asked to wait before the next attempt.
+    #[must_use]
+    pub fn with_retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = Some(retry_after);
+        self
+    }
+
+    /// Marks this error as answered from the store rather than by a send.
+    #[must_use]
+    pub(crate) fn replayed(mut self) -> Self {
+        self.replayed = true;
+        self
+    }
+
+    /// The stable code, such as `idempotency.in_flight`; see [`codes`].
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// The category.
+    pub fn category(&self) -> Category {
+        self.category
+    }
+
+    /// Whether the same message may be sent again later and succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+
+    /// Whether the message may have reached the provider.
+    pub fn delivery_unknown(&self) -> bool {
+        self.category == Category::Unknown
+    }
+
+    /// How long the provider asked to wait before the next attempt.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// True when this error was answered from the store (the kept outcome of an earlier send).
+    pub fn is_replayed(&self) -> bool {
+        self.replayed
+    }
+
+    /// The human-readable message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether this error was made by the idempotency layer rather than by a provider.
+    pub fn is_idempotency_answer(&self) -> bool {
+        self.replayed || self.code.starts_with("idempotency.")
+    }
+
+    /// Whether a circuit breaker should count this error against the provider: a retryable or
+    /// unknown-delivery failure that came from the provider, not an answer of the idempotency
+    /// layer and not the caller's invalid input.
+    pub fn counts_against_provider(&self) -> bool {
+        !self.is_idempotency_answer()
+            && matches!(self.category, Category::Retryable | Category::Unknown)
+    }
+}
+
+/// The breaker predicate: whether `result` should count as a provider failure.
+///
+/// Successes, replays, the layer's own answers (in flight, aborted, store failed, key reused)
+/// and validation or permanent errors do not count; retryable and unknown-delivery errors from
+/// the provider do. Errors that are not a [`SendError`] count (a timeout, a connection error).
+///
+/// ```
+/// use tower_idempotency::{counts_against_provider, Receipt, SendError};
+///
+/// let ok: Result<Receipt, SendError> = Ok(Receipt::new("m1", "fake"));
+/// assert!(!counts_against_provider(&ok));
+/// assert!(!counts_against_provider(&Err::<Receipt, _>(SendError::in_flight())));
+/// assert!(counts_against_provider(&Err::<Receipt, _>(SendError::retryable("provider.503", "busy"))));
+/// ```
+pub fn counts_against_provider<T, E>(result: &Result<T, E>) -> bool
+where
+    E: AsSendError,
+{
+    match result {
+        Ok(_) => false,
+        Err(e) => e
+            .as_send_error()
+            .is_none_or(SendError::counts_against_provider),
+    }
+}
+
+/// Errors [`counts_against_provider`] can read: [`SendError`] itself and boxed errors that may
+/// hold one.
+pub trait AsSendError {
+    /// The [`SendError`] inside, if there is one.
+    fn as_send_error(&self) -> Option<&SendError>;
+}
+
+impl AsSendError for SendError {
+    fn as_send_error(&self) -> Option<&SendError> {
+        Some(self)
+    }
+}
+
+impl AsSendError for BoxError {
+    fn as_send_error(&self) -> Option<&SendError> {
+        self.downcast_ref::<SendError>()
+    }
+}
+
+impl fmt::Debug for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("SendError");
+        d.field("code", &self.code)
+            .field("category", &self.category)
+            .field("retryable", &self.retryable)
+            .field("message", &self.message);
+        if let Some(r) = self.retry_after {
+            d.field("retry_after", &r);
+        }
+        if self.replayed {
+            d.field("replayed", &true);
+        }
+        if let Some(s) = &self.source {
+            d.field("source", s);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.message, self.code)
+    }
+}
+
+impl Error for SendError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+/// The text of a source error that came back from a store: the original type is gone.
+#[derive(Debug)]
+struct KeptSource(String);
+
+impl fmt::Display for KeptSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Error for KeptSource {}
+
+#[derive(Serialize, Deserialize)]
+struct StoredError {
+    code: String,
+    category: Category,
+    retryable: bool,
+    message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+}
+
+impl Serialize for SendError {
+    /// Serialises code, category, message and retry-after; the source becomes its text.
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        StoredError {
+            code: self.code.to_string(),
+            category: self.category,
+            retryable: self.retryable,
+            message: self.message.clone(),
+            retry_after_ms: self
+                .retry_after
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            source: self.source.as_ref().map(|s| s.to_string()),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for SendError {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = StoredError::deserialize(deserializer)?;
+        Ok(Self {
+            code: Cow::Owned(s.code),
+            category: s.category,
+            retryable: s.retryable,
+            message: s.message,
+            retry_after: s.retry_after_ms.map(Duration::from_millis),
+            replayed: false,
+            source: s
+                .source
+                .map(|text| Arc::new(KeptSource(text)) as Arc<dyn Error + Send + Sync>),
+        })
+    }
+}
+
+/// The outcome of a send as a store keeps it: the receipt, or the error of unknown delivery.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The provider accepted the message.
+    Sent(Receipt),
+    /// The send failed; kept only when delivery is unknown.
+    Failed(SendError),
+}
+
+impl Outcome {
+    /// The outcome as the caller sees it when it is answered from the store: marked replayed.
+    pub fn replay(&self) -> Result<Receipt, SendError> {
+        match self {
+            Self::Sent(receipt) => Ok(Receipt {
+                replayed: true,
+                ..receipt.clone()
+            }),
+            Self::Failed(error) => Err(error.clone().replayed()),
+        }
+    }
+
+    /// The category of the outcome.
+    pub fn category(&self) -> Category {
+        match self {
+            Self::Sent(receipt) => receipt.category(),
+            Self::Failed(error) => error.category(),
+        }
+    }
+}
+
+impl From<Result<Receipt, SendError>> for Outcome {
+    fn from(result: Result<Receipt, SendError>) -> Self {
+        match result {
+            Ok(receipt) => Self::Sent(receipt),
+            Err(error) => Self::Failed(error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_round_trips_through_serde() {
+        let sent = Outcome::Sent(Receipt::new("m1", "fake").with_accepted(["a@x"]));
+        let json = serde_json::to_string(&sent).unwrap();
+        let back: Outcome = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.replay().unwrap().id, "m1");
+        assert_eq!(back.replay().unwrap().accepted, ["a@x"]);
+
+        let err = SendError::unknown_delivery("provider.timeout", "timed out")
+            .with_retry_after(Duration::from_millis(1500))
+            .with_source(std::io::Error::other("socket closed"));
+        let json = serde_json::to_string(&Outcome::Failed(err)).unwrap();
+        let back: Outcome = serde_json::from_str(&json).unwrap();
+        let Outcome::Failed(back) = back else {
+            panic!("expected a failure")
+        };
+        assert_eq!(back.code(), "provider.timeout");
+        assert_eq!(back.category(), Category::Unknown);
+        assert_eq!(back.retry_after(), Some(Duration::from_millis(1500)));
+        assert_eq!(back.source().unwrap().to_string(), "socket closed");
+        assert!(!back.is_retryable());
+    }
+
+    #[test]
+    fn replayed_outcomes_are_marked_and_of_category_unknown() {
+        let sent = Outcome::Sent(Receipt::new("m1", "fake"));
+        let replay = sent.replay().unwrap();
+        assert!(replay.replayed);
+        assert_eq!(replay.category(), Category::Unknown);
+        let failed = Outcome::Failed(SendError::aborted()).replay().unwrap_err();
+        assert!(failed.is_replayed());
+        assert!(!failed.counts_against_provider());
+    }
+
+    #[test]
+    fn layer_answers_are_unknown_except_key_reused() {
+        let store = SendError::store_failed(StoreError::timeout());
+        for e in [SendError::in_flight(), SendError::aborted(), store.clone()] {
+            assert_eq!(e.category(), Category::Unknown, "{}", e.code());
+            assert!(e.is_idempotency_answer());
+            assert!(!counts_against_provider(&Err::<(), _>(e)));
+        }
+        assert!(store.is_retryable());
+        assert_eq!(SendError::key_reused().category(), Category::Validation);
+        assert!(!SendError::key_reused().is_retryable());
+    }
+
+    #[test]
+    fn provider_failures_count_and_caller_errors_do_not() {
+        let boxed: BoxError = Box::new(SendError::permanent("provider.422", "bad"));
+        assert!(!counts_against_provider(&Err::<(), _>(boxed)));
+        let other: BoxError = "connection reset".into();
+        assert!(counts_against_provider(&Err::<(), _>(other)));
+        assert!(counts_against_provider(&Err::<(), _>(
+            SendError::unknown_delivery("provider.500", "500")
+        )));
+    }
+}

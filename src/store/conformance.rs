@@ -1,0 +1,428 @@
+//! The conformance suite every [`Store`] must pass (feature `test-util`).
+//!
+//! Each case is a method of [`Conformance`]; [`store_conformance_tests!`](crate::store_conformance_tests)
+//! turns them into one test each. A third-party store runs it like this:
+//!
+//! ```no_run
+//! use tower_idempotency::{store::conformance::Conformance, MemoryStore};
+//!
+//! async fn suite() -> Option<Conformance> {
+//!     // A store on a real server would read its URL here and answer `None` to skip.
+//!     Some(Conformance::new(MemoryStore::new()).paused_clock())
+//! }
+//!
+//! tower_idempotency::store_conformance_tests!(#[tokio::test(start_paused = true)] suite());
+//! # fn main() {}
+//! ```
+//!
+//! Time: a store whose clock is tokio's (like [`MemoryStore`](super::MemoryStore)) runs with
+//! [`paused_clock`](Conformance::paused_clock) and time is advanced instantly; a store on a
+//! server runs with the default real clock, short leases, and waits for them to pass.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{RecordState, Reservation, Store, Token};
+use crate::fingerprint::Fingerprint;
+use crate::outcome::{Outcome, Receipt, SendError};
+
+/// The environment variable that turns a skipped backend test into a failure (set by CI).
+pub const REQUIRE_BACKENDS_VAR: &str = "TOWER_IDEMPOTENCY_REQUIRE_BACKENDS";
+
+/// Reads the server URL a backend test needs from `var`.
+///
+/// When it is unset, prints that the test was skipped and answers `None`, unless
+/// [`REQUIRE_BACKENDS_VAR`] is set, in which case it panics: a CI run must not pass on
+/// skipped backends.
+pub fn backend_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            assert!(
+                std::env::var_os(REQUIRE_BACKENDS_VAR).is_none(),
+                "{var} is not set but {REQUIRE_BACKENDS_VAR} requires every backend test to run"
+            );
+            eprintln!("skipped: {var} is not set");
+            None
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Clock {
+    Paused,
+    Real,
+}
+
+/// A store under test, with the key prefix and clock its cases use.
+pub struct Conformance {
+    store: Arc<dyn Store>,
+    prefix: String,
+    clock: Clock,
+    lease: Duration,
+}
+
+impl std::fmt::Debug for Conformance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conformance")
+            .field("prefix", &self.prefix)
+            .field("clock", &self.clock)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+const CONCURRENT_RESERVES: usize = 64;
+
+impl Conformance {
+    /// The suite over `store`, with a fresh random key prefix and the real clock (leases of
+    /// 300 ms that the cases wait out).
+    pub fn new(store: impl Store) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    /// The suite over a shared store.
+    pub fn from_arc(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            prefix: format!("conformance:{}:", Token::new()),
+            clock: Clock::Real,
+            lease: Duration::from_millis(300),
+        }
+    }
+
+    /// Advances tokio's paused clock instead of waiting; for stores whose clock is tokio's,
+    /// in tests with `start_paused = true`.
+    #[must_use]
+    pub fn paused_clock(mut self) -> Self {
+        self.clock = Clock::Paused;
+        self.lease = Duration::from_secs(10);
+        self
+    }
+
+    /// Sets the lease the real-clock cases wait out (default 300 ms). Longer is slower but
+    /// more tolerant of a slow server.
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the key prefix (default: `conformance:<random>:`).
+    #[must_use]
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    fn ttl(&self) -> Duration {
+        self.lease * 2
+    }
+
+    /// Lets `d` pass on the store's clock.
+    async fn pass(&self, d: Duration) {
+        match self.clock {
+            Clock::Paused => tokio::time::advance(d).await,
+            // Waits for the server's clock: a deadline on the server, not synchronisation.
+            Clock::Real => tokio::time::sleep(d).await,
+        }
+    }
+
+    /// Waits until a record made with `d` has surely expired.
+    async fn outlive(&self, d: Duration) {
+        self.pass(d + d / 2 + Duration::from_millis(20)).await;
+    }
+
+    async fn reserve(&self, key: &str, fp: Fingerprint) -> Reservation {
+        self.store
+            .reserve(key, fp, self.lease)
+            .await
+            .unwrap_or_else(|e| panic!("reserve failed: {e}"))
+    }
+
+    async fn reserved(&self, key: &str, fp: Fingerprint) -> Token {
+        match self.reserve(key, fp).await {
+            Reservation::Reserved { token } => token,
+            Reservation::Held { record } => panic!("expected reserved, found held: {record:?}"),
+        }
+    }
+
+    async fn complete(&self, key: &str, token: Token, fp: Fingerprint, outcome: &Outcome) -> bool {
+        self.store
+            .complete(key, token, fp, outcome, self.ttl())
+            .await
+            .unwrap_or_else(|e| panic!("complete failed: {e}"))
+    }
+
+    async fn release(&self, key: &str, token: Token) -> bool {
+        self.store
+            .release(key, token)
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"))
+    }
+
+    /// Every case, one after the other.
+    pub async fn run_all(&self) {
+        self.reserve_on_nothing_reserves().await;
+        self.reserve_while_pending_is_held().await;
+        self.complete_then_reserve_is_held_done_with_outcome().await;
+        self.complete_keeps_an_error_outcome().await;
+        self.release_by_holder_frees_the_key().await;
+        self.release_by_another_token_changes_nothing().await;
+        self.release_of_a_done_key_changes_nothing().await;
+        self.reserve_after_lease_takes_key_with_new_token().await;
+        self.stale_token_cannot_complete_or_release_new_owners_key()
+            .await;
+        self.complete_when_nothing_holds_the_key_writes_done().await;
+        self.done_key_is_free_after_ttl().await;
+        self.keys_are_independent().await;
+        self.concurrent_reserves_of_one_key_reserve_once().await;
+    }
+
+    /// Reserve on an empty key answers reserved.
+    pub async fn reserve_on_nothing_reserves(&self) {
+        self.reserved(&self.key("fresh"), fp(1)).await;
+    }
+
+    /// Reserve while a pending record holds the key answers held, pending, with its
+    /// fingerprint and no outcome.
+    pub async fn reserve_while_pending_is_held(&self) {
+        let key = self.key("pending");
+        self.reserved(&key, fp(1)).await;
+        match self.reserve(&key, fp(2)).await {
+            Reservation::Held { record } => {
+                assert_eq!(record.state, RecordState::Pending);
+                assert_eq!(record.fingerprint, fp(1));
+                assert!(record.outcome.is_none());
+            }
+            Reservation::Reserved { .. } => panic!("a pending key was reserved twice"),
+        }
+    }
+
+    /// After complete, reserve answers held, done, with the outcome.
+    pub async fn complete_then_reserve_is_held_done_with_outcome(&self) {
+        let key = self.key("done");
+        let token = self.reserved(&key, fp(1)).await;
+        let outcome = Outcome::Sent(Receipt::new("msg-1", "conformance").with_accepted(["a@x"]));
+        assert!(self.complete(&key, token, fp(1), &outcome).await);
+        match self.reserve(&key, fp(1)).await {
+            Reservation::Held { record } => {
+                assert_eq!(record.state, RecordState::Done);
+                assert_eq!(record.fingerprint, fp(1));
+                let receipt = record
+                    .outcome
+                    .expect("a done record has an outcome")
+                    .replay()
+                    .expect("the outcome was a receipt");
+                assert_eq!(receipt.id, "msg-1");
+                assert_eq!(receipt.transport, "conformance");
+                assert_eq!(receipt.accepted, ["a@x"]);
+            }
+            Reservation::Reserved { .. } => panic!("a done key was reserved again"),
+        }
+    }
+
+    /// A kept error outcome comes back with its code and category.
+    pub async fn complete_keeps_an_error_outcome(&self) {
+        let key = self.key("unknown");
+        let token = self.reserved(&key, fp(1)).await;
+        let outcome = Outcome::Failed(SendError::unknown_delivery("provider.timeout", "timed out"));
+        assert!(self.complete(&key, token, fp(1), &outcome).await);
+        let Reservation::Held { record } = self.reserve(&key, fp(1)).await else {
+            panic!("a done key was reserved again")
+        };
+        let error = record.outcome.expect("outcome").replay().unwrap_err();
+        assert_eq!(error.code(), "provider.timeout");
+        assert!(error.delivery_unknown());
+    }
+
+    /// Release by the holder frees the key for a new reserve.
+    pub async fn release_by_holder_frees_the_key(&self) {
+        let key = self.key("release");
+        let token = self.reserved(&key, fp(1)).await;
+        assert!(self.release(&key, token).await);
+        let again = self.reserved(&key, fp(1)).await;
+        assert_ne!(again, token, "a new reservation gets a new token");
+    }
+
+    /// Release with another token leaves the pending record in place.
+    pub async fn release_by_another_token_changes_nothing(&self) {
+        let key = self.key("release-other");
+        self.reserved(&key, fp(1)).await;
+        assert!(!self.release(&key, Token::new()).await);
+        assert!(matches!(
+            self.reserve(&key, fp(1)).await,
+            Reservation::Held { record } if record.state == RecordState::Pending
+        ));
+    }
+
+    /// Release of a done key, even by its own token, leaves it done.
+    pub async fn release_of_a_done_key_changes_nothing(&self) {
+        let key = self.key("release-done");
+        let token = self.reserved(&key, fp(1)).await;
+        let outcome = Outcome::Sent(Receipt::new("m", "conformance"));
+        assert!(self.complete(&key, token, fp(1), &outcome).await);
+        assert!(!self.release(&key, token).await);
+        assert!(matches!(
+            self.reserve(&key, fp(1)).await,
+            Reservation::Held { record } if record.state == RecordState::Done
+        ));
+    }
+
+    /// Once the lease of a pending key has passed, a reserve takes it under a new token.
+    pub async fn reserve_after_lease_takes_key_with_new_token(&self) {
+        let key = self.key("lease");
+        let first = self.reserved(&key, fp(1)).await;
+        self.outlive(self.lease).await;
+        let second = self.reserved(&key, fp(2)).await;
+        assert_ne!(first, second);
+    }
+
+    /// Fencing: after the lease passed and a new owner reserved, the stale owner's complete
+    /// and release leave the new owner's record alone.
+    pub async fn stale_token_cannot_complete_or_release_new_owners_key(&self) {
+        let key = self.key("fencing");
+        let stale = self.reserved(&key, fp(1)).await;
+        self.outlive(self.lease).await;
+        let owner = self.reserved(&key, fp(2)).await;
+
+        let late = Outcome::Sent(Receipt::new("stale", "conformance"));
+        assert!(!self.complete(&key, stale, fp(1), &late).await);
+        assert!(!self.release(&key, stale).await);
+        match self.reserve(&key, fp(2)).await {
+            Reservation::Held { record } => {
+                assert_eq!(record.state, RecordState::Pending);
+                assert_eq!(record.fingerprint, fp(2));
+            }
+            Reservation::Reserved { .. } => panic!("the stale owner freed the new owner's key"),
+        }
+        // The new owner still completes its own send.
+        let mine = Outcome::Sent(Receipt::new("owner", "conformance"));
+        assert!(self.complete(&key, owner, fp(2), &mine).await);
+        let Reservation::Held { record } = self.reserve(&key, fp(2)).await else {
+            panic!("done key reserved")
+        };
+        assert_eq!(record.outcome.unwrap().replay().unwrap().id, "owner");
+    }
+
+    /// Complete when nothing holds the key (never reserved, or the lease passed) writes done.
+    pub async fn complete_when_nothing_holds_the_key_writes_done(&self) {
+        let key = self.key("complete-free");
+        let outcome = Outcome::Sent(Receipt::new("m", "conformance"));
+        assert!(self.complete(&key, Token::new(), fp(1), &outcome).await);
+        assert!(matches!(
+            self.reserve(&key, fp(1)).await,
+            Reservation::Held { record } if record.state == RecordState::Done
+        ));
+
+        let key = self.key("complete-after-lease");
+        let token = self.reserved(&key, fp(1)).await;
+        self.outlive(self.lease).await;
+        assert!(self.complete(&key, token, fp(1), &outcome).await);
+        assert!(matches!(
+            self.reserve(&key, fp(1)).await,
+            Reservation::Held { record } if record.state == RecordState::Done
+        ));
+    }
+
+    /// After its ttl a done key is free again.
+    pub async fn done_key_is_free_after_ttl(&self) {
+        let key = self.key("ttl");
+        let token = self.reserved(&key, fp(1)).await;
+        let outcome = Outcome::Sent(Receipt::new("m", "conformance"));
+        assert!(self.complete(&key, token, fp(1), &outcome).await);
+        self.outlive(self.ttl()).await;
+        self.reserved(&key, fp(1)).await;
+    }
+
+    /// Records under one key do not touch another.
+    pub async fn keys_are_independent(&self) {
+        let a = self.key("independent-a");
+        let b = self.key("independent-b");
+        let token = self.reserved(&a, fp(1)).await;
+        self.reserved(&b, fp(1)).await;
+        assert!(!self.release(&b, token).await);
+        assert!(self.release(&a, token).await);
+    }
+
+    /// 64 concurrent reserves of one key: exactly one is reserved, the others see it held.
+    pub async fn concurrent_reserves_of_one_key_reserve_once(&self) {
+        let key = self.key("race");
+        let barrier = Arc::new(tokio::sync::Barrier::new(CONCURRENT_RESERVES));
+        let tasks: Vec<_> = (0..CONCURRENT_RESERVES)
+            .map(|_| {
+                let store = Arc::clone(&self.store);
+                let key = key.clone();
+                let barrier = Arc::clone(&barrier);
+                let lease = self.lease * 20;
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.reserve(&key, fp(1), lease).await
+                })
+            })
+            .collect();
+        let mut reserved = 0;
+        for task in tasks {
+            match task.await.expect("task panicked") {
+                Ok(Reservation::Reserved { .. }) => reserved += 1,
+                Ok(Reservation::Held { .. }) => {}
+                Err(e) => panic!("reserve failed under concurrency: {e}"),
+            }
+        }
+        assert_eq!(
+            reserved, 1,
+            "{CONCURRENT_RESERVES} racing reserves of one key"
+        );
+    }
+}
+
+/// A distinct fingerprint per `n`.
+fn fp(n: u8) -> Fingerprint {
+    Fingerprint::from_bytes([n; 32])
+}
+
+/// Generates one test per conformance case.
+///
+/// Give it the test attribute and an expression that evaluates to a future of
+/// `Option<Conformance>` (`None` skips: see [`backend_url`]). The expression is evaluated
+/// afresh for each case. See the [module docs](crate::store::conformance).
+#[macro_export]
+macro_rules! store_conformance_tests {
+    (#[$test:meta] $setup:expr) => {
+        $crate::__store_conformance_cases!(#[$test] $setup;
+            reserve_on_nothing_reserves,
+            reserve_while_pending_is_held,
+            complete_then_reserve_is_held_done_with_outcome,
+            complete_keeps_an_error_outcome,
+            release_by_holder_frees_the_key,
+            release_by_another_token_changes_nothing,
+            release_of_a_done_key_changes_nothing,
+            reserve_after_lease_takes_key_with_new_token,
+            stale_token_cannot_complete_or_release_new_owners_key,
+            complete_when_nothing_holds_the_key_writes_done,
+            done_key_is_free_after_ttl,
+            keys_are_independent,
+            concurrent_reserves_of_one_key_reserve_once
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __store_conformance_cases {
+    (#[$test:meta] $setup:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[$test]
+            async fn $case() {
+                let suite: ::std::option::Option<$crate::store::conformance::Conformance> = $setup.await;
+                if let ::std::option::Option::Some(suite) = suite {
+                    suite.$case().await;
+                }
+            }
+        )*
+    };
+}

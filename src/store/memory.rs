@@ -1,0 +1,379 @@
+//! [`MemoryStore`]: the default store, in this process, bounded and sharded.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::{BoxFuture, FutureExt};
+use tokio::time::Instant;
+
+use super::{Record, RecordState, Reservation, Store, StoreError, Token};
+use crate::fingerprint::Fingerprint;
+use crate::outcome::Outcome;
+
+/// The default bound on the records a [`MemoryStore`] keeps.
+pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
+
+const SHARDS: usize = 32;
+
+/// Far enough to mean "never" without overflowing `Instant` arithmetic.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// An idempotency store in this process's memory.
+///
+/// It deduplicates across every layer given it (clones share the records), not across
+/// processes, and forgets on restart: for several processes use a networked store.
+///
+/// - **Bounded.** It keeps at most `max_entries` records ([`DEFAULT_MAX_ENTRIES`]). To make
+///   room it drops expired records first, then the oldest done ones even within their ttl (a
+///   message sent again under such a key goes again). It never drops a pending record before
+///   its lease ends: when only those remain, it refuses with a
+///   [`Capacity`](super::StoreErrorKind::Capacity) error and the layer answers `store_failed`
+///   without sending.
+/// - **Sharded.** Keys are spread over independent locks, so unrelated keys do not contend.
+/// - **Its own clock.** Expiry uses [`tokio::time::Instant`], so tests control it with tokio's
+///   paused clock (`#[tokio::test(start_paused = true)]` and `tokio::time::advance`).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{Fingerprint, Message, MemoryStore, store::{Reservation, Store}};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::with_max_entries(10_000);
+/// let message = Message::builder().from("a@example.com").to("b@example.com").text("hi").build()?;
+/// let fingerprint = Fingerprint::of(&message);
+///
+/// let first = store.reserve("welcome:42", fingerprint, Duration::from_secs(600)).await?;
+/// assert!(matches!(first, Reservation::Reserved { .. }));
+/// let second = store.reserve("welcome:42", fingerprint, Duration::from_secs(600)).await?;
+/// assert!(matches!(second, Reservation::Held { .. }));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    max_entries: usize,
+    len: AtomicUsize,
+    /// Orders insertions and completions across shards, so "oldest done" is global.
+    seq: AtomicU64,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<Arc<str>, Entry>,
+    by_expiry: BTreeMap<(Instant, u64), Arc<str>>,
+    by_completion: BTreeMap<u64, Arc<str>>,
+}
+
+struct Entry {
+    state: RecordState,
+    fingerprint: Fingerprint,
+    token: Token,
+    outcome: Option<Outcome>,
+    expires_at: Instant,
+    /// Unique id of this version of the record; ties `by_expiry` and, once done, orders
+    /// `by_completion`.
+    seq: u64,
+}
+
+impl Entry {
+    fn is_live(&self, now: Instant) -> bool {
+        self.expires_at > now
+    }
+
+    fn record(&self) -> Record {
+        Record {
+            state: self.state,
+            fingerprint: self.fingerprint,
+            outcome: self.outcome.clone(),
+        }
+    }
+}
+
+impl Shard {
+    fn insert(&mut self, key: Arc<str>, entry: Entry) {
+        self.by_expiry
+            .insert((entry.expires_at, entry.seq), Arc::clone(&key));
+        if entry.state == RecordState::Done {
+            self.by_completion.insert(entry.seq, Arc::clone(&key));
+        }
+        if let Some(old) = self.map.insert(key, entry) {
+            self.unindex(&old);
+        }
+    }
+
+    fn unindex(&mut self, entry: &Entry) {
+        self.by_expiry.remove(&(entry.expires_at, entry.seq));
+        if entry.state == RecordState::Done {
+            self.by_completion.remove(&entry.seq);
+        }
+    }
+
+    fn remove(&mut self, key: &str) -> bool {
+        match self.map.remove(key) {
+            Some(entry) => {
+                self.unindex(&entry);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops every expired record; answers how many went.
+    fn purge_expired(&mut self, now: Instant) -> usize {
+        let mut dropped = 0;
+        while let Some(entry) = self.by_expiry.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let key = entry.remove();
+            if let Some(old) = self.map.remove(&key) {
+                if old.state == RecordState::Done {
+                    self.by_completion.remove(&old.seq);
+                }
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+}
+
+impl MemoryStore {
+    /// A store that keeps at most [`DEFAULT_MAX_ENTRIES`] records.
+    pub fn new() -> Self {
+        Self::with_max_entries(DEFAULT_MAX_ENTRIES)
+    }
+
+    /// A store that keeps at most `max_entries` records. With `0` it refuses every
+    /// reservation with a capacity error.
+    pub fn with_max_entries(max_entries: usize) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                hasher: RandomState::new(),
+                max_entries,
+                len: AtomicUsize::new(0),
+                seq: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The bound on records.
+    pub fn max_entries(&self) -> usize {
+        self.inner.max_entries
+    }
+
+    /// The records held, counting expired ones not dropped yet.
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Acquire)
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("len", &self.len())
+            .field("max_entries", &self.inner.max_entries)
+            .finish_non_exhaustive()
+    }
+}
+
+fn deadline(now: Instant, after: Duration) -> Instant {
+    now.checked_add(after)
+        .or_else(|| now.checked_add(FOREVER))
+        .unwrap_or(now)
+}
+
+impl Inner {
+    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+        let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
+        lock(&self.shards[index])
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Takes a slot for a new key, if the bound allows one.
+    fn take_slot(&self) -> bool {
+        self.len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |len| {
+                (len < self.max_entries).then_some(len + 1)
+            })
+            .is_ok()
+    }
+
+    /// Drops expired records, or else the oldest done one; refuses when only live pending
+    /// records remain. Never called with a shard lock held.
+    fn make_room(&self, now: Instant) -> Result<(), StoreError> {
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            dropped += lock(shard).purge_expired(now);
+        }
+        if dropped > 0 {
+            self.len.fetch_sub(dropped, Ordering::AcqRel);
+            return Ok(());
+        }
+        let oldest = self
+            .shards
+            .iter()
+            .enumerate()
+            .filter_map(|(i, shard)| {
+                lock(shard)
+                    .by_completion
+                    .first_key_value()
+                    .map(|(seq, _)| (*seq, i))
+            })
+            .min();
+        let Some((seq, index)) = oldest else {
+            return Err(StoreError::capacity(self.max_entries));
+        };
+        let mut shard = lock(&self.shards[index]);
+        // Another caller may have replaced it since the scan; then the next round looks again.
+        if let Some(key) = shard.by_completion.get(&seq).cloned() {
+            if shard.remove(&key) {
+                self.len.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        Ok(())
+    }
+
+    fn reserve(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<Reservation, StoreError> {
+        loop {
+            let now = Instant::now();
+            {
+                let mut shard = self.shard(key);
+                let existing = match shard.map.get(key) {
+                    Some(entry) if entry.is_live(now) => {
+                        return Ok(Reservation::Held {
+                            record: entry.record(),
+                        });
+                    }
+                    Some(_) => true,
+                    None => false,
+                };
+                if existing || self.take_slot() {
+                    let token = Token::new();
+                    let entry = Entry {
+                        state: RecordState::Pending,
+                        fingerprint,
+                        token,
+                        outcome: None,
+                        expires_at: deadline(now, lease),
+                        seq: self.next_seq(),
+                    };
+                    shard.insert(Arc::from(key), entry);
+                    return Ok(Reservation::Reserved { token });
+                }
+            }
+            self.make_room(now)?;
+        }
+    }
+
+    fn complete(
+        &self,
+        key: &str,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        loop {
+            let now = Instant::now();
+            {
+                let mut shard = self.shard(key);
+                let existing = match shard.map.get(key) {
+                    Some(entry) if entry.is_live(now) && entry.token != token => return Ok(false),
+                    Some(_) => true,
+                    None => false,
+                };
+                if existing || self.take_slot() {
+                    let entry = Entry {
+                        state: RecordState::Done,
+                        fingerprint,
+                        token,
+                        outcome: Some(outcome.clone()),
+                        expires_at: deadline(now, ttl),
+                        seq: self.next_seq(),
+                    };
+                    shard.insert(Arc::from(key), entry);
+                    return Ok(true);
+                }
+            }
+            self.make_room(now)?;
+        }
+    }
+
+    fn release(&self, key: &str, token: Token) -> bool {
+        let mut shard = self.shard(key);
+        let holds = shard
+            .map
+            .get(key)
+            .is_some_and(|e| e.token == token && e.state == RecordState::Pending);
+        if holds && shard.remove(key) {
+            self.len.fetch_sub(1, Ordering::AcqRel);
+            return true;
+        }
+        false
+    }
+}
+
+/// The records stay consistent whatever a panicking thread left half done: every mutation
+/// here completes before it can panic, so a poisoned lock is safe to use.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Store for MemoryStore {
+    fn reserve<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
+        std::future::ready(self.inner.reserve(key, fingerprint, lease)).boxed()
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &'a Outcome,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        std::future::ready(self.inner.complete(key, token, fingerprint, outcome, ttl)).boxed()
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        std::future::ready(Ok(self.inner.release(key, token))).boxed()
+    }
+}

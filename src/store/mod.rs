@@ -1,0 +1,265 @@
+//! Where keys are reserved: the [`Store`] trait, its records and errors, and the stores.
+//!
+//! A store has three operations, each one atomic step in its backend:
+//!
+//! | operation | does |
+//! |---|---|
+//! | [`reserve`](Store::reserve) | when no live record holds the key, holds it pending for `lease` under a new token and answers [`Reservation::Reserved`]; otherwise answers [`Reservation::Held`] with the record |
+//! | [`complete`](Store::complete) | keeps the key done with the outcome for `ttl`, when the token holds it or nothing does |
+//! | [`release`](Store::release) | frees the key, when the token holds it pending |
+//!
+//! The token fences a reservation: once the lease of a pending key has passed, another reserve
+//! may take it under a new token, and the first owner's late `complete` or `release` must leave
+//! the new owner's record alone. Expiry is decided by the store's own clock, never the caller's.
+//!
+//! Stores: [`MemoryStore`] (the default, one process). Every store passes the conformance suite
+//! in `store::conformance` (feature `test-util`), which third-party stores can run as well.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::fingerprint::Fingerprint;
+use crate::outcome::{BoxError, Outcome};
+
+pub mod memory;
+
+#[cfg(any(test, feature = "test-util"))]
+pub mod conformance;
+
+pub use memory::MemoryStore;
+
+/// An unguessable token that proves who holds a reservation: a UUID v4 from the OS random
+/// source.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Token(Uuid);
+
+impl Token {
+    /// A new random token.
+    pub fn new() -> Self {
+        Self(Uuid::new_v4())
+    }
+
+    /// The token as a UUID.
+    pub fn as_uuid(&self) -> &Uuid {
+        &self.0
+    }
+}
+
+impl Default for Token {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl From<Uuid> for Token {
+    fn from(uuid: Uuid) -> Self {
+        Self(uuid)
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token({})", self.0)
+    }
+}
+
+impl FromStr for Token {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(s).map(Self)
+    }
+}
+
+/// The state of a live record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordState {
+    /// A send holds the key and has not finished.
+    Pending,
+    /// A send finished and its outcome is kept.
+    Done,
+}
+
+/// A live record that holds a key, as [`Store::reserve`] reports it.
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// Pending or done.
+    pub state: RecordState,
+    /// The fingerprint of the message that holds the key.
+    pub fingerprint: Fingerprint,
+    /// The kept outcome: present when done. A done record without one is corrupt.
+    pub outcome: Option<Outcome>,
+}
+
+/// What [`Store::reserve`] found.
+#[derive(Clone, Debug)]
+pub enum Reservation {
+    /// The key is now held pending under `token`.
+    Reserved {
+        /// The token that fences this reservation.
+        token: Token,
+    },
+    /// A live record holds the key.
+    Held {
+        /// That record.
+        record: Record,
+    },
+}
+
+/// The kinds of [`StoreError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The backend could not be reached or answered with an error.
+    Unavailable,
+    /// The operation did not finish in time.
+    Timeout,
+    /// A record could not be decoded, or breaks the record rules.
+    Corrupt,
+    /// The store is full of records it may not drop.
+    Capacity,
+}
+
+/// Why a store operation failed. The source error is kept.
+#[derive(Debug)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    detail: String,
+    source: Option<BoxError>,
+}
+
+impl StoreError {
+    /// An error of `kind` with a description.
+    pub fn new(kind: StoreErrorKind, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+            source: None,
+        }
+    }
+
+    /// The backend failed; `source` is its error.
+    pub fn unavailable(source: impl Into<BoxError>) -> Self {
+        Self::new(StoreErrorKind::Unavailable, "the store backend failed").with_source(source)
+    }
+
+    /// The operation timed out.
+    pub fn timeout() -> Self {
+        Self::new(StoreErrorKind::Timeout, "the store operation timed out")
+    }
+
+    /// A record could not be decoded.
+    pub fn corrupt(detail: impl Into<String>) -> Self {
+        Self::new(StoreErrorKind::Corrupt, detail)
+    }
+
+    /// The store is full of pending records.
+    pub fn capacity(max_entries: usize) -> Self {
+        Self::new(
+            StoreErrorKind::Capacity,
+            format!("the store holds {max_entries} records, all pending within their lease"),
+        )
+    }
+
+    /// Keeps `source` as the cause.
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)?;
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A store of idempotency keys; see the [module docs](self) for the contract.
+///
+/// Object safe: the layer holds it as `Arc<dyn Store>`. Implementations must make each
+/// operation a single atomic step in their backend and decide expiry by their own clock.
+/// [`complete`](Self::complete) and [`release`](Self::release) answer whether they changed the
+/// record; `false` means another token holds the key (or, for release, nothing pending does).
+pub trait Store: Send + Sync + 'static {
+    /// Holds `key` pending for `lease` under a new token, unless a live record holds it.
+    fn reserve<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Reservation, StoreError>>;
+
+    /// Keeps `key` done with `outcome` for `ttl`, when `token` holds it or nothing does.
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &'a Outcome,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Deletes `key` when `token` holds it pending.
+    fn release<'a>(&'a self, key: &'a str, token: Token)
+    -> BoxFuture<'a, Result<bool, StoreError>>;
+}
+
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn reserve<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
+        (**self).reserve(key, fingerprint, lease)
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &'a Outcome,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        (**self).complete(key, token, fingerprint, outcome, ttl)
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        (**self).release(key, token)
+    }
+}

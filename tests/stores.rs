@@ -1,0 +1,164 @@
+//! Store conformance and the memory store's own rules.
+
+use std::time::Duration;
+
+use tower_idempotency::MemoryStore;
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::outcome::{Outcome, Receipt};
+use tower_idempotency::store::conformance::Conformance;
+use tower_idempotency::store::{RecordState, Reservation, Store, StoreErrorKind, Token};
+
+mod memory_conformance {
+    use super::*;
+
+    async fn suite() -> Option<Conformance> {
+        Some(Conformance::new(MemoryStore::new()).paused_clock())
+    }
+
+    tower_idempotency::store_conformance_tests!(
+        #[tokio::test(start_paused = true)]
+        suite()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_passes_the_suite_under_real_threads() {
+    // The race case again, with the reserves spread across OS threads.
+    Conformance::new(MemoryStore::new())
+        .concurrent_reserves_of_one_key_reserve_once()
+        .await;
+}
+
+const LEASE: Duration = Duration::from_secs(60);
+const TTL: Duration = Duration::from_secs(3600);
+
+fn fp() -> Fingerprint {
+    Fingerprint::from_bytes([7; 32])
+}
+
+async fn reserve(store: &MemoryStore, key: &str) -> Result<Token, StoreErrorKind> {
+    match store.reserve(key, fp(), LEASE).await {
+        Ok(Reservation::Reserved { token }) => Ok(token),
+        Ok(Reservation::Held { record }) => panic!("{key} unexpectedly held: {record:?}"),
+        Err(e) => Err(e.kind()),
+    }
+}
+
+async fn done(store: &MemoryStore, key: &str) {
+    let token = reserve(store, key).await.expect("room to reserve");
+    let outcome = Outcome::Sent(Receipt::new(key, "test"));
+    assert!(
+        store
+            .complete(key, token, fp(), &outcome, TTL)
+            .await
+            .unwrap()
+    );
+}
+
+async fn state(store: &MemoryStore, key: &str) -> Option<RecordState> {
+    match store.reserve(key, fp(), LEASE).await.unwrap() {
+        Reservation::Held { record } => Some(record.state),
+        Reservation::Reserved { token } => {
+            store.release(key, token).await.unwrap();
+            None
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_store_drops_expired_records_before_done_ones() {
+    let store = MemoryStore::with_max_entries(3);
+    done(&store, "done-old").await;
+    reserve(&store, "pending-short").await.unwrap();
+    done(&store, "done-new").await;
+    // The pending lease passes, the done records are still within their ttl.
+    tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+    reserve(&store, "incoming")
+        .await
+        .expect("an expired record makes room");
+    assert_eq!(state(&store, "done-old").await, Some(RecordState::Done));
+    assert_eq!(state(&store, "done-new").await, Some(RecordState::Done));
+    assert_eq!(store.len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_store_drops_the_oldest_done_record_and_never_a_live_pending_one() {
+    let store = MemoryStore::with_max_entries(3);
+    reserve(&store, "pending").await.unwrap();
+    done(&store, "done-1").await;
+    done(&store, "done-2").await;
+
+    reserve(&store, "incoming-1")
+        .await
+        .expect("the oldest done record makes room");
+    // Three records: pending, done-2 and incoming-1, so done-1 is the one that went.
+    assert_eq!(store.len(), 3);
+    assert_eq!(state(&store, "pending").await, Some(RecordState::Pending));
+    assert_eq!(state(&store, "done-2").await, Some(RecordState::Done));
+
+    reserve(&store, "incoming-2")
+        .await
+        .expect("done-2 makes room");
+    // Only live pending records remain: the next one is refused, none of them dropped.
+    assert_eq!(
+        reserve(&store, "incoming-3").await,
+        Err(StoreErrorKind::Capacity)
+    );
+    for key in ["pending", "incoming-1", "incoming-2"] {
+        assert_eq!(
+            state(&store, key).await,
+            Some(RecordState::Pending),
+            "{key}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_store_of_live_pending_records_refuses_with_a_capacity_error() {
+    let store = MemoryStore::with_max_entries(2);
+    reserve(&store, "a").await.unwrap();
+    reserve(&store, "b").await.unwrap();
+    assert_eq!(reserve(&store, "c").await, Err(StoreErrorKind::Capacity));
+    assert_eq!(state(&store, "a").await, Some(RecordState::Pending));
+    assert_eq!(state(&store, "b").await, Some(RecordState::Pending));
+    // Once a lease has passed, that record is expired and makes room.
+    tokio::time::advance(LEASE).await;
+    reserve(&store, "c")
+        .await
+        .expect("expired pending records make room");
+}
+
+#[tokio::test(start_paused = true)]
+async fn completing_a_new_key_in_a_full_store_also_makes_room() {
+    let store = MemoryStore::with_max_entries(1);
+    done(&store, "old").await;
+    let outcome = Outcome::Sent(Receipt::new("m", "test"));
+    assert!(
+        store
+            .complete("new", Token::new(), fp(), &outcome, TTL)
+            .await
+            .unwrap()
+    );
+    assert_eq!(state(&store, "new").await, Some(RecordState::Done));
+}
+
+#[tokio::test]
+async fn zero_capacity_refuses_instead_of_panicking() {
+    let store = MemoryStore::with_max_entries(0);
+    assert_eq!(reserve(&store, "k").await, Err(StoreErrorKind::Capacity));
+}
+
+#[tokio::test]
+async fn huge_leases_do_not_overflow_the_clock() {
+    let store = MemoryStore::new();
+    let r = store.reserve("forever", fp(), Duration::MAX).await.unwrap();
+    assert!(matches!(r, Reservation::Reserved { .. }));
+}
+
+#[tokio::test]
+async fn clones_share_records() {
+    let a = MemoryStore::new();
+    let b = a.clone();
+    reserve(&a, "shared").await.unwrap();
+    assert_eq!(state(&b, "shared").await, Some(RecordState::Pending));
+}
