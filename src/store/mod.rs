@@ -27,11 +27,19 @@ use crate::fingerprint::Fingerprint;
 use crate::outcome::{BoxError, Outcome};
 
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStore;
+#[cfg(feature = "redis")]
+pub use redis::RedisStore;
 
 /// An unguessable token that proves who holds a reservation: a UUID v4 from the OS random
 /// source.

@@ -1,0 +1,24 @@
+//! Networked stores against the raw commands they issue, in one run.
+//!
+//! Each backend runs when its URL is set (`REDIS_URL`, `DATABASE_URL`) and its feature is on:
+//! `cargo bench --all-features --bench stores`.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+
+#[cfg(feature = "postgres")]
+#[path = "stores/postgres.rs"]
+mod postgres;
+#[cfg(feature = "redis")]
+#[path = "stores/redis.rs"]
+mod redis;
+
+fn benches(c: &mut Criterion) {
+    #[cfg(feature = "redis")]
+    redis::bench(c);
+    #[cfg(feature = "postgres")]
+    postgres::bench(c);
+    let _ = c;
+}
+
+criterion_group!(stores, benches);
+criterion_main!(stores);
