@@ -1,0 +1,613 @@
+//! `PostgresStore` against a real server: the conformance suite, races across connections,
+//! corrupt rows, killed connections, timeouts and purges.
+//!
+//! Runs when `DATABASE_URL` is set (e.g. `postgres://postgres@127.0.0.1:5432/test`), skips
+//! otherwise (and fails when `TOWER_IDEMPOTENCY_REQUIRE_BACKENDS` is set).
+#![cfg(feature = "postgres")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::outcome::{Outcome, Receipt};
+use tower_idempotency::store::conformance::{Conformance, backend_url};
+use tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::{self, NoTls};
+use tower_idempotency::store::postgres::deadpool_postgres::{
+    Manager, ManagerConfig, Pool, RecyclingMethod,
+};
+use tower_idempotency::store::{
+    PostgresStore, RecordState, Reservation, Store, StoreErrorKind, Token,
+};
+use uuid::Uuid;
+
+/// The table the conformance cases share; each case uses its own random key prefix, and each
+/// setup purges the rows earlier cases left to expire, so the table does not grow.
+const CONFORMANCE_TABLE: &str = "idem_conformance";
+
+const LEASE: Duration = Duration::from_secs(60);
+
+fn database_url() -> Option<String> {
+    backend_url("DATABASE_URL")
+}
+
+fn fp(n: u8) -> Fingerprint {
+    Fingerprint::from_bytes([n; 32])
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", Uuid::new_v4().simple())
+}
+
+/// A pool of up to `size` connections whose sessions carry `application_name`.
+fn pool(url: &str, size: usize, application_name: &str) -> Pool {
+    let mut config: tokio_postgres::Config = url.parse().expect("DATABASE_URL parses");
+    config.application_name(application_name);
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .build()
+        .expect("pool builds")
+}
+
+/// A separate session for planting rows, holding locks and killing the store's sessions.
+async fn admin(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// A store on a fresh table of its own, dropped by [`TempTable::drop`].
+struct TempTable {
+    store: PostgresStore,
+    admin: tokio_postgres::Client,
+}
+
+impl TempTable {
+    async fn new(url: &str) -> Self {
+        let store = PostgresStore::connect(url)
+            .await
+            .expect("connect")
+            .table(&unique("idem_test"))
+            .expect("valid table name");
+        store.migrate().await.expect("migrate");
+        Self {
+            store,
+            admin: admin(url).await,
+        }
+    }
+
+    async fn rows(&self) -> i64 {
+        let sql = format!("SELECT count(*) FROM {}", self.store.table_name());
+        self.admin.query_one(&sql, &[]).await.unwrap().get(0)
+    }
+
+    async fn drop(self) {
+        let sql = format!("DROP TABLE {}", self.store.table_name());
+        self.admin.batch_execute(&sql).await.unwrap();
+    }
+}
+
+/// A store on the shared conformance table.
+async fn shared_store(url: &str) -> PostgresStore {
+    let store = PostgresStore::connect(url)
+        .await
+        .expect("connect")
+        .table(CONFORMANCE_TABLE)
+        .expect("valid table name");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+mod postgres_conformance {
+    use super::*;
+
+    async fn suite() -> Option<Conformance> {
+        let url = database_url()?;
+        let store = shared_store(&url).await;
+        store.purge_expired().await.expect("purge");
+        Some(Conformance::new(store))
+    }
+
+    tower_idempotency::store_conformance_tests!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        suite()
+    );
+}
+
+async fn race(store: &PostgresStore, key: &str, contenders: usize) -> usize {
+    let barrier = Arc::new(tokio::sync::Barrier::new(contenders));
+    let tasks: Vec<_> = (0..contenders)
+        .map(|_| {
+            let store = store.clone();
+            let key = key.to_owned();
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.reserve(&key, fp(1), LEASE).await
+            })
+        })
+        .collect();
+    let mut reserved = 0;
+    for task in tasks {
+        match task.await.expect("task panicked") {
+            Ok(Reservation::Reserved { .. }) => reserved += 1,
+            Ok(Reservation::Held { record }) => assert_eq!(record.state, RecordState::Pending),
+            Err(e) => panic!("reserve failed under the race: {e}"),
+        }
+    }
+    reserved
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_connections_racing_one_key_reserve_it_once() {
+    let Some(url) = database_url() else { return };
+    const CONTENDERS: usize = 64;
+    let store = PostgresStore::new(pool(&url, CONTENDERS, &unique("idem_race")))
+        .table(CONFORMANCE_TABLE)
+        .unwrap()
+        .timeout(Duration::from_secs(10));
+    store.migrate().await.unwrap();
+
+    // Open all 64 sessions before the race, so every contender has its own.
+    let clients = futures_util::future::try_join_all((0..CONTENDERS).map(|_| store.pool().get()))
+        .await
+        .expect("64 connections");
+    drop(clients);
+    assert_eq!(store.pool().status().size, CONTENDERS);
+
+    let prefix = unique("race");
+    for round in 0..10 {
+        let key = format!("{prefix}:fresh:{round}");
+        assert_eq!(
+            race(&store, &key, CONTENDERS).await,
+            1,
+            "fresh key, {round}"
+        );
+    }
+    // The same race over keys whose previous reservation has expired (a zero lease expires
+    // at once): exactly one contender takes each over.
+    for round in 0..10 {
+        let key = format!("{prefix}:expired:{round}");
+        let first = store.reserve(&key, fp(2), Duration::ZERO).await.unwrap();
+        assert!(matches!(first, Reservation::Reserved { .. }));
+        assert_eq!(
+            race(&store, &key, CONTENDERS).await,
+            1,
+            "expired key, {round}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn two_stores_see_each_others_keys() {
+    let Some(url) = database_url() else { return };
+    let a = shared_store(&url).await;
+    let b = shared_store(&url).await;
+    let key = unique("two-stores");
+
+    let Ok(Reservation::Reserved { token }) = a.reserve(&key, fp(1), LEASE).await else {
+        panic!("a fresh key is reserved")
+    };
+    match b.reserve(&key, fp(1), LEASE).await.unwrap() {
+        Reservation::Held { record } => assert_eq!(record.state, RecordState::Pending),
+        Reservation::Reserved { .. } => panic!("the second store reserved a held key"),
+    }
+    assert!(!b.release(&key, Token::new()).await.unwrap());
+
+    let outcome = Outcome::Sent(Receipt::new("msg-7", "test"));
+    assert!(
+        a.complete(&key, token, fp(1), &outcome, LEASE)
+            .await
+            .unwrap()
+    );
+    match b.reserve(&key, fp(1), LEASE).await.unwrap() {
+        Reservation::Held { record } => {
+            assert_eq!(record.state, RecordState::Done);
+            assert_eq!(record.outcome.unwrap().replay().unwrap().id, "msg-7");
+        }
+        Reservation::Reserved { .. } => panic!("the second store reserved a done key"),
+    }
+}
+
+#[tokio::test]
+async fn rows_that_do_not_decode_are_reported_as_corrupt() {
+    let Some(url) = database_url() else { return };
+    let store = shared_store(&url).await;
+    let admin = admin(&url).await;
+    let prefix = unique("corrupt");
+    let fingerprint = vec![1u8; 32];
+    let valid_outcome = serde_json::to_string(&Outcome::Sent(Receipt::new("m", "t"))).unwrap();
+    let rows: [(&str, &str, Vec<u8>, Option<&str>); 6] = [
+        ("bad-state", "weird", fingerprint.clone(), None),
+        (
+            "bad-outcome",
+            "done",
+            fingerprint.clone(),
+            Some(r#"{"nope": 1}"#),
+        ),
+        ("done-without-outcome", "done", fingerprint.clone(), None),
+        (
+            "pending-with-outcome",
+            "pending",
+            fingerprint.clone(),
+            Some(&valid_outcome),
+        ),
+        ("short-fingerprint", "pending", vec![1, 2, 3], None),
+        (
+            "outcome-not-an-object",
+            "done",
+            fingerprint.clone(),
+            Some("42"),
+        ),
+    ];
+    let insert = format!(
+        "INSERT INTO {CONFORMANCE_TABLE} (key, state, token, fingerprint, outcome, expires_at)
+         VALUES ($1, $2, $3, $4, $5::text::jsonb, now() + interval '1 hour')"
+    );
+    for (name, state, fingerprint, outcome) in &rows {
+        let key = format!("{prefix}:{name}");
+        admin
+            .execute(
+                &insert,
+                &[&key, state, &Uuid::new_v4(), fingerprint, outcome],
+            )
+            .await
+            .unwrap();
+        let error = store
+            .reserve(&key, fp(1), LEASE)
+            .await
+            .expect_err("a garbage row is not a record");
+        assert_eq!(error.kind(), StoreErrorKind::Corrupt, "{name}: {error}");
+    }
+    // A garbage row whose time has passed is simply taken over.
+    let key = format!("{prefix}:expired-garbage");
+    let expired = format!(
+        "INSERT INTO {CONFORMANCE_TABLE} (key, state, token, fingerprint, outcome, expires_at)
+         VALUES ($1, 'weird', $2, '\\x00', '[]', now() - interval '1 second')"
+    );
+    admin
+        .execute(&expired, &[&key, &Uuid::new_v4()])
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.reserve(&key, fp(1), LEASE).await.unwrap(),
+        Reservation::Reserved { .. }
+    ));
+
+    let cleanup = format!("DELETE FROM {CONFORMANCE_TABLE} WHERE key LIKE $1");
+    admin
+        .execute(&cleanup, &[&format!("{prefix}:%")])
+        .await
+        .unwrap();
+}
+
+/// Polls the server until a session of `application_name` waits on a lock; answers its pid.
+async fn session_waiting_on_a_lock(admin: &tokio_postgres::Client, application_name: &str) -> i32 {
+    for _ in 0..500 {
+        let row = admin
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity
+                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                &[&application_name],
+            )
+            .await
+            .unwrap();
+        if let Some(row) = row {
+            return row.get(0);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no session of {application_name} ever waited on the lock");
+}
+
+/// Holds the row of `key` locked in an open transaction of `admin`.
+async fn lock_row(admin: &tokio_postgres::Client, key: &str) {
+    admin.batch_execute("BEGIN").await.unwrap();
+    let sql = format!("SELECT 1 FROM {CONFORMANCE_TABLE} WHERE key = $1 FOR UPDATE");
+    assert_eq!(admin.execute(&sql, &[&key]).await.unwrap(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_sessions_fail_as_store_errors_and_the_store_recovers_by_itself() {
+    let Some(url) = database_url() else { return };
+    let application_name = unique("idem_kill");
+    let store = PostgresStore::new(pool(&url, 4, &application_name))
+        .table(CONFORMANCE_TABLE)
+        .unwrap()
+        .timeout(Duration::from_secs(5));
+    store.migrate().await.unwrap();
+    let admin = admin(&url).await;
+    let prefix = unique("kill");
+
+    // An operation in flight when its session is killed fails as a store error.
+    let locked = format!("{prefix}:locked");
+    assert!(matches!(
+        store.reserve(&locked, fp(1), LEASE).await.unwrap(),
+        Reservation::Reserved { .. }
+    ));
+    lock_row(&admin, &locked).await;
+    let blocked = tokio::spawn({
+        let store = store.clone();
+        let locked = locked.clone();
+        async move { store.reserve(&locked, fp(1), LEASE).await }
+    });
+    let pid = session_waiting_on_a_lock(&admin, &application_name).await;
+    let killed: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(killed);
+    let error = blocked
+        .await
+        .expect("no panic")
+        .expect_err("the killed session's reserve fails");
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    admin.batch_execute("ROLLBACK").await.unwrap();
+
+    // Kill every session of the store at once, idle ones included.
+    let clients = futures_util::future::try_join_all((0..4).map(|_| store.pool().get()))
+        .await
+        .unwrap();
+    drop(clients);
+    let killed = admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            &[&application_name],
+        )
+        .await
+        .unwrap();
+    assert_eq!(killed, 4);
+
+    // No action on our side: within a few attempts the pool has replaced the dead sessions.
+    let mut failures = 0;
+    let mut recovered = false;
+    for attempt in 0..20 {
+        let key = format!("{prefix}:after:{attempt}");
+        match store.reserve(&key, fp(1), LEASE).await {
+            Ok(Reservation::Reserved { token }) => {
+                let outcome = Outcome::Sent(Receipt::new("m", "t"));
+                assert!(
+                    store
+                        .complete(&key, token, fp(1), &outcome, LEASE)
+                        .await
+                        .unwrap()
+                );
+                recovered = true;
+                break;
+            }
+            Ok(Reservation::Held { record }) => panic!("a fresh key was held: {record:?}"),
+            Err(e) => {
+                assert!(
+                    matches!(
+                        e.kind(),
+                        StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+                    ),
+                    "{e}"
+                );
+                failures += 1;
+            }
+        }
+    }
+    assert!(recovered, "still failing after {failures} attempts");
+    assert!(failures <= 4, "{failures} failures for 4 dead sessions");
+    // Every session is a new one now.
+    for _ in 0..8 {
+        let key = format!("{prefix}:later:{}", Uuid::new_v4());
+        store.reserve(&key, fp(1), LEASE).await.expect("healthy");
+    }
+    let cleanup = format!("DELETE FROM {CONFORMANCE_TABLE} WHERE key LIKE $1");
+    admin
+        .execute(&cleanup, &[&format!("{prefix}:%")])
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_operation_past_its_timeout_fails_with_a_timeout_error() {
+    let Some(url) = database_url() else { return };
+    let store = shared_store(&url).await.timeout(Duration::from_millis(200));
+    let admin = admin(&url).await;
+    let key = unique("timeout");
+    assert!(matches!(
+        store.reserve(&key, fp(1), LEASE).await.unwrap(),
+        Reservation::Reserved { .. }
+    ));
+    lock_row(&admin, &key).await;
+    let error = store
+        .reserve(&key, fp(1), LEASE)
+        .await
+        .expect_err("blocked on the row lock");
+    assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    admin.batch_execute("ROLLBACK").await.unwrap();
+    let sql = format!("DELETE FROM {CONFORMANCE_TABLE} WHERE key = $1");
+    admin.execute(&sql, &[&key]).await.unwrap();
+}
+
+#[tokio::test]
+async fn huge_leases_and_ttls_do_not_overflow() {
+    let Some(url) = database_url() else { return };
+    let store = shared_store(&url).await;
+    let key = unique("forever");
+    let Reservation::Reserved { token } = store.reserve(&key, fp(1), Duration::MAX).await.unwrap()
+    else {
+        panic!("a fresh key is reserved")
+    };
+    let outcome = Outcome::Sent(Receipt::new("m", "t"));
+    assert!(
+        store
+            .complete(&key, token, fp(1), &outcome, Duration::MAX)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store.reserve(&key, fp(1), Duration::MAX).await.unwrap(),
+        Reservation::Held { record } if record.state == RecordState::Done
+    ));
+    let admin = admin(&url).await;
+    let sql = format!("DELETE FROM {CONFORMANCE_TABLE} WHERE key = $1");
+    admin.execute(&sql, &[&key]).await.unwrap();
+}
+
+#[tokio::test]
+async fn purge_expired_removes_expired_rows_only_in_batches() {
+    let Some(url) = database_url() else { return };
+    let table = TempTable::new(&url).await;
+    let store = table.store.clone().purge_batch(3);
+    let outcome = Outcome::Sent(Receipt::new("m", "t"));
+    for i in 0..7 {
+        // A zero lease or ttl expires at once.
+        let key = format!("expired:{i}");
+        let Reservation::Reserved { token } =
+            store.reserve(&key, fp(1), Duration::ZERO).await.unwrap()
+        else {
+            panic!("fresh key held")
+        };
+        if i % 2 == 0 {
+            assert!(
+                store
+                    .complete(&key, token, fp(1), &outcome, Duration::ZERO)
+                    .await
+                    .unwrap()
+            );
+        }
+    }
+    store.reserve("live:pending", fp(1), LEASE).await.unwrap();
+    assert!(
+        store
+            .complete("live:done", Token::new(), fp(1), &outcome, LEASE)
+            .await
+            .unwrap()
+    );
+    assert_eq!(table.rows().await, 9);
+
+    // Seven rows in batches of three: three statements.
+    assert_eq!(store.purge_expired().await.unwrap(), 7);
+    assert_eq!(table.rows().await, 2);
+    assert_eq!(store.purge_expired().await.unwrap(), 0);
+    assert!(matches!(
+        store.reserve("live:pending", fp(1), LEASE).await.unwrap(),
+        Reservation::Held { record } if record.state == RecordState::Pending
+    ));
+    assert!(matches!(
+        store.reserve("live:done", fp(1), LEASE).await.unwrap(),
+        Reservation::Held { record } if record.state == RecordState::Done
+    ));
+    table.drop().await;
+}
+
+#[tokio::test]
+async fn the_background_purge_deletes_expired_rows_until_dropped() {
+    let Some(url) = database_url() else { return };
+    let table = TempTable::new(&url).await;
+    for i in 0..5 {
+        table
+            .store
+            .reserve(&format!("expired:{i}"), fp(1), Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    table.store.reserve("live", fp(1), LEASE).await.unwrap();
+    let purge = table.store.spawn_purge(Duration::from_millis(20)).unwrap();
+    let mut rows = table.rows().await;
+    for _ in 0..250 {
+        if rows == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        rows = table.rows().await;
+    }
+    assert_eq!(rows, 1, "the background purge left expired rows");
+
+    purge.abort();
+    for _ in 0..100 {
+        if purge.is_finished() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(purge.is_finished());
+    table.drop().await;
+}
+
+#[tokio::test]
+async fn a_missing_table_is_an_unavailable_error_that_says_to_migrate() {
+    let Some(url) = database_url() else { return };
+    let store = PostgresStore::connect(&url)
+        .await
+        .unwrap()
+        .table(&unique("idem_missing"))
+        .unwrap();
+    let error = store.reserve("k", fp(1), LEASE).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable);
+    assert!(error.to_string().contains("migrate"), "{error}");
+}
+
+#[tokio::test]
+async fn concurrent_migrations_of_one_schema_qualified_table_all_succeed() {
+    let Some(url) = database_url() else { return };
+    let admin = admin(&url).await;
+    let schema = unique("idem_schema");
+    admin
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let store = PostgresStore::connect(&url)
+        .await
+        .unwrap()
+        .table(&format!("{schema}.keys"))
+        .unwrap();
+    let migrations = (0..4).map(|_| store.migrate());
+    for result in futures_util::future::join_all(migrations).await {
+        result.expect("migrate");
+    }
+    assert!(matches!(
+        store.reserve("k", fp(1), LEASE).await.unwrap(),
+        Reservation::Reserved { .. }
+    ));
+    let index: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = 'keys_expires_at_idx'",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(index, 1);
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn connecting_to_nothing_or_with_a_bad_url_is_an_unavailable_error() {
+    let Some(_) = database_url() else { return };
+    let error = PostgresStore::connect("postgres://postgres@127.0.0.1:1/test")
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    let error = PostgresStore::connect("postgres://[::1").await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+}
+
+#[test]
+fn unsafe_table_names_are_refused_before_any_sql() {
+    let pool = pool("postgres://nobody@127.0.0.1:1/none", 1, "unused");
+    for name in ["keys; DROP TABLE users", "\"keys\"", "Keys", "a.b.c", ""] {
+        let error = PostgresStore::new(pool.clone()).table(name).unwrap_err();
+        assert_eq!(error.name(), name);
+    }
+    let store = PostgresStore::new(pool).table("app.keys").unwrap();
+    assert_eq!(store.table_name(), "app.keys");
+}
