@@ -1,0 +1,69 @@
+//! Counters of what the layer did, for dashboards and alerts.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A snapshot of what an [`IdempotencyLayer`](super::IdempotencyLayer) and its services did.
+///
+/// Every answer of the layer is counted once. The `store_failed_after_send` counter matches
+/// the `IDEMPOTENCY_STORE_FAILED` warnings: alert on it, as each one may let a repeat send
+/// again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Keyed messages passed to the inner service.
+    pub sent: u64,
+    /// Messages without a key, passed through untouched.
+    pub unkeyed: u64,
+    /// Repeats answered with the kept outcome.
+    pub replayed: u64,
+    /// Repeats answered `idempotency.in_flight`.
+    pub in_flight: u64,
+    /// Messages refused `idempotency.key_reused`.
+    pub key_reused: u64,
+    /// Messages refused `idempotency.invalid_key`.
+    pub invalid_key: u64,
+    /// Messages not sent because the store failed to reserve (`idempotency.store_failed`).
+    pub store_failed: u64,
+    /// Sends whose outcome the store failed to keep or whose key it failed to free.
+    pub store_failed_after_send: u64,
+    /// Sends that finished after their lease passed and another owner took the key.
+    pub lease_lost: u64,
+    /// Sends dropped by the caller after the inner service was called.
+    pub aborted: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) sent: AtomicU64,
+    pub(crate) unkeyed: AtomicU64,
+    pub(crate) replayed: AtomicU64,
+    pub(crate) in_flight: AtomicU64,
+    pub(crate) key_reused: AtomicU64,
+    pub(crate) invalid_key: AtomicU64,
+    pub(crate) store_failed: AtomicU64,
+    pub(crate) store_failed_after_send: AtomicU64,
+    pub(crate) lease_lost: AtomicU64,
+    pub(crate) aborted: AtomicU64,
+}
+
+pub(crate) fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> Stats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Stats {
+            sent: get(&self.sent),
+            unkeyed: get(&self.unkeyed),
+            replayed: get(&self.replayed),
+            in_flight: get(&self.in_flight),
+            key_reused: get(&self.key_reused),
+            invalid_key: get(&self.invalid_key),
+            store_failed: get(&self.store_failed),
+            store_failed_after_send: get(&self.store_failed_after_send),
+            lease_lost: get(&self.lease_lost),
+            aborted: get(&self.aborted),
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! Test doubles shared by the integration tests: a counting provider and a store wrapper that
+//! counts calls and fails on command.
+#![allow(dead_code, unreachable_pub)]
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use tokio::sync::Semaphore;
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::outcome::Outcome;
+use tower_idempotency::store::{Reservation, Store, StoreError, Token};
+use tower_idempotency::{BoxError, MemoryStore, Message, Receipt};
+
+/// A message to `to` with `text`, under `key` when given.
+pub fn message(key: Option<&str>, text: &str) -> Message {
+    let b = Message::builder()
+        .from("shop@example.com")
+        .to("seller@example.com")
+        .subject("New order")
+        .text(text);
+    match key {
+        Some(k) => b.idempotency_key(k),
+        None => b,
+    }
+    .build()
+    .expect("valid test message")
+}
+
+/// A provider that counts its calls and answers by a script.
+#[derive(Clone)]
+pub struct Provider {
+    pub calls: Arc<AtomicUsize>,
+    answer:
+        Arc<dyn Fn(usize, &Message) -> BoxFuture<'static, Result<Receipt, BoxError>> + Send + Sync>,
+}
+
+impl Provider {
+    /// Answers every call with a receipt `msg-<n>`.
+    pub fn ok() -> Self {
+        Self::answering(|n, _| async move { Ok(Receipt::new(format!("msg-{n}"), "fake")) })
+    }
+
+    /// Answers call `n` (from 1) with `f(n, message)`.
+    pub fn answering<F, Fut>(f: F) -> Self
+    where
+        F: Fn(usize, &Message) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Receipt, BoxError>> + Send + 'static,
+    {
+        Self {
+            calls: Arc::new(AtomicUsize::new(0)),
+            answer: Arc::new(move |n, m| f(n, m).boxed()),
+        }
+    }
+
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl tower::Service<Message> for Provider {
+    type Response = Receipt;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Receipt, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, m: Message) -> Self::Future {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        (self.answer)(n, &m)
+    }
+}
+
+/// Wraps a [`MemoryStore`]: counts calls, fails on command, and can hold reserves at a gate.
+#[derive(Clone, Default)]
+pub struct TestStore {
+    pub inner: MemoryStore,
+    pub reserves: Arc<AtomicUsize>,
+    pub completes: Arc<AtomicUsize>,
+    pub releases: Arc<AtomicUsize>,
+    pub fail_reserve: Arc<AtomicBool>,
+    pub fail_complete: Arc<AtomicBool>,
+    pub fail_release: Arc<AtomicBool>,
+    /// When set, reserves wait for a permit.
+    pub gate: Arc<Mutex<Option<Arc<Semaphore>>>>,
+    /// When set, reserve answers this record instead of asking the inner store.
+    pub forced: Arc<Mutex<Option<Reservation>>>,
+}
+
+impl TestStore {
+    pub fn total_calls(&self) -> usize {
+        self.reserves.load(Ordering::SeqCst)
+            + self.completes.load(Ordering::SeqCst)
+            + self.releases.load(Ordering::SeqCst)
+    }
+
+    /// Makes reserves wait until a permit is added to the returned semaphore.
+    pub fn close_gate(&self) -> Arc<Semaphore> {
+        let gate = Arc::new(Semaphore::new(0));
+        *self.gate.lock().unwrap() = Some(Arc::clone(&gate));
+        gate
+    }
+}
+
+fn failure() -> StoreError {
+    StoreError::unavailable(std::io::Error::other("injected store failure"))
+}
+
+impl Store for TestStore {
+    fn reserve<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
+        async move {
+            self.reserves.fetch_add(1, Ordering::SeqCst);
+            let gate = self.gate.lock().unwrap().clone();
+            if let Some(gate) = gate {
+                gate.acquire().await.expect("gate open").forget();
+            }
+            if self.fail_reserve.load(Ordering::SeqCst) {
+                return Err(failure());
+            }
+            if let Some(forced) = self.forced.lock().unwrap().clone() {
+                return Ok(forced);
+            }
+            self.inner.reserve(key, fingerprint, lease).await
+        }
+        .boxed()
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &'a Outcome,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        async move {
+            self.completes.fetch_add(1, Ordering::SeqCst);
+            if self.fail_complete.load(Ordering::SeqCst) {
+                return Err(failure());
+            }
+            self.inner
+                .complete(key, token, fingerprint, outcome, ttl)
+                .await
+        }
+        .boxed()
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        async move {
+            self.releases.fetch_add(1, Ordering::SeqCst);
+            if self.fail_release.load(Ordering::SeqCst) {
+                return Err(failure());
+            }
+            self.inner.release(key, token).await
+        }
+        .boxed()
+    }
+}
+
+/// Captures the tracing events emitted on this thread as `LEVEL fields` lines.
+#[derive(Clone, Default)]
+pub struct Captured(pub Arc<Mutex<Vec<String>>>);
+
+impl Captured {
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+thread_local! {
+    static SINK: std::cell::RefCell<Option<Captured>> = const { std::cell::RefCell::new(None) };
+}
+
+/// One global subscriber, installed once, that hands each event to the capture of the thread
+/// that emitted it. (A per-test `set_default` races with tracing's callsite interest cache
+/// when tests run in parallel and loses events.)
+struct ThreadSink;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ThreadSink {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!(" {}={:?}", field.name(), value));
+            }
+        }
+        SINK.with(|sink| {
+            if let Some(captured) = &*sink.borrow() {
+                let mut fields = Fields(format!("{}", event.metadata().level()));
+                event.record(&mut fields);
+                captured.0.lock().unwrap().push(fields.0);
+            }
+        });
+    }
+}
+
+/// Stops capturing on this thread when dropped.
+pub struct CaptureGuard;
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        SINK.with(|sink| sink.borrow_mut().take());
+    }
+}
+
+/// Captures the events of this thread (a current-thread tokio test runs its tasks here) until
+/// the guard drops.
+pub fn capture() -> (Captured, CaptureGuard) {
+    use tracing_subscriber::layer::SubscriberExt;
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::registry().with(ThreadSink);
+        let _ = tracing::subscriber::set_global_default(subscriber);
+    });
+    let captured = Captured::default();
+    SINK.with(|sink| *sink.borrow_mut() = Some(captured.clone()));
+    (captured, CaptureGuard)
+}
