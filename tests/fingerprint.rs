@@ -40,7 +40,11 @@ fn golden_messages() -> Vec<(&'static str, Message)> {
                 .html("<p>Vintage Nikon FM2 just sold.</p>")
                 .header("X-Campaign", "orders")
                 .header("List-Unsubscribe", "<mailto:u@example.com>")
-                .attachment(Attachment::new("invoice.pdf", "application/pdf", &b"%PDF"[..]))
+                .attachment(Attachment::new(
+                    "invoice.pdf",
+                    "application/pdf",
+                    &b"%PDF"[..],
+                ))
                 .message_id("<m1@example.com>")
                 .in_reply_to("<m0@example.com>")
                 .reference("<m-1@example.com>")
@@ -81,11 +85,26 @@ fn golden_messages() -> Vec<(&'static str, Message)> {
 /// store would answer `key_reused` after a deploy. Do not update these values; add a new
 /// encoding version instead.
 const GOLDEN: &[(&str, &str)] = &[
-    ("minimal", "028f60ddf07ae2788540747c79a9139e5f19fc5cae3d9de150379b35da76b3ad"),
-    ("sms", "356054e96c535d9775702b9b87c90669952c9d901a0a77100b3c125807e49e9b"),
-    ("full", "141cf1e2941fac59916e0085c126ad57c8af918601c47d902ae4c4dcda7c3532"),
-    ("html-only-unicode", "555f7ca5e9dc84ae31cb3c5a1f11c127342eaa3b76b8308c17830cec879512a4"),
-    ("scheduled-before-epoch", "c46f0f9d6019d82cc794525afcdfed90dca48aa7eeba2abe46e769f2942fd94a"),
+    (
+        "minimal",
+        "028f60ddf07ae2788540747c79a9139e5f19fc5cae3d9de150379b35da76b3ad",
+    ),
+    (
+        "sms",
+        "356054e96c535d9775702b9b87c90669952c9d901a0a77100b3c125807e49e9b",
+    ),
+    (
+        "full",
+        "141cf1e2941fac59916e0085c126ad57c8af918601c47d902ae4c4dcda7c3532",
+    ),
+    (
+        "html-only-unicode",
+        "555f7ca5e9dc84ae31cb3c5a1f11c127342eaa3b76b8308c17830cec879512a4",
+    ),
+    (
+        "scheduled-before-epoch",
+        "c46f0f9d6019d82cc794525afcdfed90dca48aa7eeba2abe46e769f2942fd94a",
+    ),
 ];
 
 const GOLDEN_RAW: &str = "bda066b7edd43b2212e3b83e78feeed6c7d9356b0b496d4a795b8b451c9dd75b";
@@ -144,7 +163,10 @@ fn text_moved_across_a_field_boundary_changes_the_fingerprint() {
     assert_ne!(Fingerprint::of(&a), Fingerprint::of(&b));
     // An empty subject is not an absent one.
     let a = base().subject("").build().unwrap();
-    assert_ne!(Fingerprint::of(&a), Fingerprint::of(&base().build().unwrap()));
+    assert_ne!(
+        Fingerprint::of(&a),
+        Fingerprint::of(&base().build().unwrap())
+    );
 }
 
 /// One fingerprinted field each; `edit` applies a change to it.
