@@ -1,3 +1,233 @@
-//! PostgreSQL store benchmark: to be written.
+//! `PostgresStore` against the same two statements issued straight through the same pool,
+//! at concurrency 1 and 64: reserve + complete pairs per second, and so the cost of our code
+//! (decoding, the trait's boxed futures, timeouts, outcome serialisation) over the raw SQL.
+//!
+//! Runs when `DATABASE_URL` is set, on a table of its own that it drops at the end.
 
-pub fn bench(_c: &mut criterion::Criterion) {}
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::outcome::{Outcome, Receipt};
+use tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::{self, NoTls};
+use tower_idempotency::store::postgres::deadpool_postgres::{
+    Manager, ManagerConfig, Pool, RecyclingMethod,
+};
+use tower_idempotency::store::{PostgresStore, Reservation, Store, Token};
+use uuid::Uuid;
+
+const CONCURRENCY: [usize; 2] = [1, 64];
+const LEASE: Duration = Duration::from_secs(600);
+const TTL: Duration = Duration::from_secs(3600);
+
+/// The statements `PostgresStore` issues, as its module docs give them.
+fn reserve_sql(table: &str) -> String {
+    format!(
+        "INSERT INTO \"{table}\" AS r (key, state, token, fingerprint, outcome, expires_at)
+         VALUES ($1, 'pending', $2, $3, NULL, now() + $4::bigint * interval '1 millisecond')
+         ON CONFLICT (key) DO UPDATE SET
+             state = CASE WHEN r.expires_at <= now() THEN excluded.state ELSE r.state END,
+             token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END,
+             fingerprint = CASE WHEN r.expires_at <= now()
+                 THEN excluded.fingerprint ELSE r.fingerprint END,
+             outcome = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.outcome END,
+             expires_at = CASE WHEN r.expires_at <= now()
+                 THEN excluded.expires_at ELSE r.expires_at END
+         RETURNING r.state, r.token, r.fingerprint, r.outcome::text"
+    )
+}
+
+fn complete_sql(table: &str) -> String {
+    format!(
+        "INSERT INTO \"{table}\" AS r (key, state, token, fingerprint, outcome, expires_at)
+         VALUES ($1, 'done', $2, $3, $4::text::jsonb,
+                 now() + $5::bigint * interval '1 millisecond')
+         ON CONFLICT (key) DO UPDATE SET
+             state = excluded.state, token = excluded.token,
+             fingerprint = excluded.fingerprint, outcome = excluded.outcome,
+             expires_at = excluded.expires_at
+         WHERE r.token = excluded.token OR r.expires_at <= now()"
+    )
+}
+
+/// What a pair needs, shared by the tasks of one measurement.
+struct Bench {
+    store: PostgresStore,
+    pool: Pool,
+    reserve: String,
+    complete: String,
+    prefix: String,
+    next: AtomicU64,
+    outcome: Outcome,
+    outcome_json: String,
+}
+
+impl Bench {
+    fn key(&self) -> String {
+        format!(
+            "{}:{}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    async fn store_pair(&self) {
+        let key = self.key();
+        let fingerprint = Fingerprint::from_bytes([7; 32]);
+        let Ok(Reservation::Reserved { token }) =
+            self.store.reserve(&key, fingerprint, LEASE).await
+        else {
+            panic!("a fresh key was not reserved")
+        };
+        let written = self
+            .store
+            .complete(&key, token, fingerprint, &self.outcome, TTL)
+            .await
+            .expect("complete");
+        assert!(written);
+    }
+
+    async fn raw_pair(&self) {
+        let key = self.key();
+        let token = Token::new();
+        let fingerprint: &[u8] = &[7; 32];
+        let lease = LEASE.as_millis() as i64;
+        let ttl = TTL.as_millis() as i64;
+        let client = self.pool.get().await.expect("connection");
+        let statement = client.prepare_cached(&self.reserve).await.expect("prepare");
+        let row = client
+            .query_one(&statement, &[&key, token.as_uuid(), &fingerprint, &lease])
+            .await
+            .expect("reserve");
+        let holder: Uuid = row.get(1);
+        assert_eq!(holder, *token.as_uuid());
+        drop(client);
+        let client = self.pool.get().await.expect("connection");
+        let statement = client
+            .prepare_cached(&self.complete)
+            .await
+            .expect("prepare");
+        let written = client
+            .execute(
+                &statement,
+                &[
+                    &key,
+                    token.as_uuid(),
+                    &fingerprint,
+                    &self.outcome_json,
+                    &ttl,
+                ],
+            )
+            .await
+            .expect("complete");
+        assert_eq!(written, 1);
+    }
+}
+
+/// Runs `iters` pairs spread over `concurrency` tasks; answers the wall time.
+async fn run(bench: &Arc<Bench>, iters: u64, concurrency: usize, raw: bool) -> Duration {
+    let tasks = concurrency as u64;
+    let start = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let bench = Arc::clone(bench);
+            let pairs = iters / tasks + u64::from(task < iters % tasks);
+            tokio::spawn(async move {
+                for _ in 0..pairs {
+                    if raw {
+                        bench.raw_pair().await;
+                    } else {
+                        bench.store_pair().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await.expect("bench task");
+    }
+    start.elapsed()
+}
+
+/// Measures reserve + complete pairs per second, ours and raw.
+pub fn bench(c: &mut Criterion) {
+    let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
+        eprintln!("skipped: DATABASE_URL is not set");
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let table = format!("idem_bench_{}", Uuid::new_v4().simple());
+    let max = CONCURRENCY.into_iter().max().unwrap_or(1);
+
+    let bench = runtime.block_on(async {
+        let config: tokio_postgres::Config = url.parse().expect("DATABASE_URL");
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager).max_size(max).build().expect("pool");
+        let store = PostgresStore::new(pool.clone())
+            .table(&table)
+            .expect("table name")
+            .timeout(Duration::from_secs(30));
+        store.migrate().await.expect("migrate");
+        // Open every connection up front, so no measurement pays for connecting.
+        let clients = futures_util::future::try_join_all((0..max).map(|_| pool.get()))
+            .await
+            .expect("connections");
+        let version: String = clients[0]
+            .query_one("SHOW server_version", &[])
+            .await
+            .expect("version")
+            .get(0);
+        eprintln!("postgres bench: PostgreSQL {version}, pool of {max}, table {table}");
+        drop(clients);
+        let outcome = Outcome::Sent(Receipt::new("msg_0123456789", "bench").with_accepted(["a@x"]));
+        Arc::new(Bench {
+            outcome_json: serde_json::to_string(&outcome).expect("outcome"),
+            outcome,
+            store,
+            pool,
+            reserve: reserve_sql(&table),
+            complete: complete_sql(&table),
+            prefix: format!("bench:{}", Uuid::new_v4().simple()),
+            next: AtomicU64::new(0),
+        })
+    });
+
+    let mut group = c.benchmark_group("postgres");
+    group
+        .throughput(Throughput::Elements(1))
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    for concurrency in CONCURRENCY {
+        for (name, raw) in [("store", false), ("raw", true)] {
+            group.bench_with_input(
+                BenchmarkId::new(format!("reserve+complete/{name}"), concurrency),
+                &concurrency,
+                |b, &concurrency| {
+                    b.to_async(&runtime)
+                        .iter_custom(|iters| run(&bench, iters, concurrency, raw));
+                },
+            );
+        }
+    }
+    group.finish();
+
+    runtime.block_on(async {
+        let client = bench.pool.get().await.expect("connection");
+        client
+            .batch_execute(&format!("DROP TABLE \"{table}\""))
+            .await
+            .expect("drop the bench table");
+    });
+}
