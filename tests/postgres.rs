@@ -66,6 +66,12 @@ async fn admin(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// Deletes the rows a test left in the shared table, whose keys start with `prefix`.
+async fn forget(url: &str, prefix: &str) {
+    let sql = format!("DELETE FROM {CONFORMANCE_TABLE} WHERE starts_with(key, $1)");
+    admin(url).await.execute(&sql, &[&prefix]).await.unwrap();
+}
+
 /// A store on a fresh table of its own, dropped by [`TempTable::drop`].
 struct TempTable {
     store: PostgresStore,
@@ -186,6 +192,7 @@ async fn sixty_four_connections_racing_one_key_reserve_it_once() {
             "expired key, {round}"
         );
     }
+    forget(&url, &prefix).await;
 }
 
 #[tokio::test]
@@ -217,6 +224,7 @@ async fn two_stores_see_each_others_keys() {
         }
         Reservation::Reserved { .. } => panic!("the second store reserved a done key"),
     }
+    forget(&url, &key).await;
 }
 
 #[tokio::test]
@@ -284,11 +292,7 @@ async fn rows_that_do_not_decode_are_reported_as_corrupt() {
         Reservation::Reserved { .. }
     ));
 
-    let cleanup = format!("DELETE FROM {CONFORMANCE_TABLE} WHERE key LIKE $1");
-    admin
-        .execute(&cleanup, &[&format!("{prefix}:%")])
-        .await
-        .unwrap();
+    forget(&url, &prefix).await;
 }
 
 /// Polls the server until a session of `application_name` waits on a lock; answers its pid.
@@ -355,19 +359,37 @@ async fn killed_sessions_fail_as_store_errors_and_the_store_recovers_by_itself()
     assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
     admin.batch_execute("ROLLBACK").await.unwrap();
 
-    // Kill every session of the store at once, idle ones included.
-    let clients = futures_util::future::try_join_all((0..4).map(|_| store.pool().get()))
-        .await
-        .unwrap();
-    drop(clients);
-    let killed = admin
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-            &[&application_name],
+    // Kill every session of the store at once, idle ones included. First make sure the pool
+    // holds four live sessions: the one killed above may not have been noticed as closed yet.
+    let mut pids = Vec::new();
+    for _ in 0..10 {
+        let clients = futures_util::future::try_join_all((0..4).map(|_| store.pool().get()))
+            .await
+            .unwrap();
+        let answers = futures_util::future::join_all(
+            clients
+                .iter()
+                .map(|client| client.query_one("SELECT pg_backend_pid()", &[])),
+        )
+        .await;
+        pids = answers
+            .into_iter()
+            .filter_map(|row| row.ok().map(|row| row.get::<_, i32>(0)))
+            .collect();
+        if pids.len() == 4 {
+            break;
+        }
+    }
+    assert_eq!(pids.len(), 4, "four live sessions");
+    let killed: i64 = admin
+        .query_one(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM unnest($1::int[]) AS pid",
+            &[&pids],
         )
         .await
-        .unwrap();
-    assert_eq!(killed, 4);
+        .unwrap()
+        .get(0);
+    assert_eq!(killed, 4, "sessions killed");
 
     // No action on our side: within a few attempts the pool has replaced the dead sessions.
     let mut failures = 0;
@@ -399,6 +421,7 @@ async fn killed_sessions_fail_as_store_errors_and_the_store_recovers_by_itself()
             }
         }
     }
+    eprintln!("{failures} operations failed before the pool replaced the killed sessions");
     assert!(recovered, "still failing after {failures} attempts");
     assert!(failures <= 4, "{failures} failures for 4 dead sessions");
     // Every session is a new one now.
@@ -406,11 +429,7 @@ async fn killed_sessions_fail_as_store_errors_and_the_store_recovers_by_itself()
         let key = format!("{prefix}:later:{}", Uuid::new_v4());
         store.reserve(&key, fp(1), LEASE).await.expect("healthy");
     }
-    let cleanup = format!("DELETE FROM {CONFORMANCE_TABLE} WHERE key LIKE $1");
-    admin
-        .execute(&cleanup, &[&format!("{prefix}:%")])
-        .await
-        .unwrap();
+    forget(&url, &prefix).await;
 }
 
 #[tokio::test]
@@ -430,8 +449,7 @@ async fn an_operation_past_its_timeout_fails_with_a_timeout_error() {
         .expect_err("blocked on the row lock");
     assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
     admin.batch_execute("ROLLBACK").await.unwrap();
-    let sql = format!("DELETE FROM {CONFORMANCE_TABLE} WHERE key = $1");
-    admin.execute(&sql, &[&key]).await.unwrap();
+    forget(&url, &key).await;
 }
 
 #[tokio::test]
@@ -454,9 +472,7 @@ async fn huge_leases_and_ttls_do_not_overflow() {
         store.reserve(&key, fp(1), Duration::MAX).await.unwrap(),
         Reservation::Held { record } if record.state == RecordState::Done
     ));
-    let admin = admin(&url).await;
-    let sql = format!("DELETE FROM {CONFORMANCE_TABLE} WHERE key = $1");
-    admin.execute(&sql, &[&key]).await.unwrap();
+    forget(&url, &key).await;
 }
 
 #[tokio::test]
