@@ -1,1 +1,219 @@
-fn main() {}
+//! The layer's own cost over a bare service, fingerprint throughput against raw SHA-256, and
+//! the memory store's scaling across threads. `cargo bench --bench layer`.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use sha2::{Digest, Sha256};
+use tower::Service;
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::outcome::{Outcome, Receipt};
+use tower_idempotency::store::{Reservation, Store};
+use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message};
+
+fn message(body_len: usize, key: Option<String>) -> Message {
+    let b = Message::builder()
+        .from("orders@marketplace.example")
+        .to("seller@example.com")
+        .subject("New order ord_20481")
+        .text("x".repeat(body_len));
+    match key {
+        Some(k) => b.idempotency_key(k),
+        None => b,
+    }
+    .build()
+    .expect("valid message")
+}
+
+fn provider()
+-> impl Service<Message, Response = Receipt, Error = BoxError, Future: Send> + Clone + Send {
+    tower::service_fn(|_m: Message| {
+        std::future::ready(Ok::<_, BoxError>(Receipt::new("msg_1", "bench")))
+    })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn layer_cost(c: &mut Criterion) {
+    let rt = runtime();
+    for (label, len) in [("2KiB", 2 * 1024), ("200KiB", 200 * 1024)] {
+        let mut group = c.benchmark_group(format!("layer/{label}"));
+        let unkeyed = message(len, None);
+        let replay = message(len, Some("replay-key".into()));
+
+        group.bench_function("bare", |b| {
+            let mut svc = provider();
+            b.to_async(&rt).iter(|| {
+                let m = unkeyed.clone();
+                let fut = svc.call(m);
+                async move { black_box(fut.await.expect("sent")) }
+            })
+        });
+
+        group.bench_function("unkeyed", |b| {
+            let mut svc = IdempotencyLayer::in_memory().layer_service(provider());
+            b.to_async(&rt).iter(|| {
+                let fut = svc.call(unkeyed.clone());
+                async move { black_box(fut.await.expect("sent")) }
+            })
+        });
+
+        group.bench_function("fresh_key", |b| {
+            // Room for every key the run makes, so this measures the send, not eviction.
+            let store = MemoryStore::with_max_entries(usize::MAX);
+            let mut svc = IdempotencyLayer::new(store).layer_service(provider());
+            let next = AtomicU64::new(0);
+            b.to_async(&rt).iter_batched(
+                || {
+                    message(
+                        len,
+                        Some(format!("fresh:{}", next.fetch_add(1, Ordering::Relaxed))),
+                    )
+                },
+                |m| {
+                    let fut = svc.call(m);
+                    async move { black_box(fut.await.expect("sent")) }
+                },
+                BatchSize::SmallInput,
+            )
+        });
+
+        group.bench_function("replayed", |b| {
+            let mut svc = IdempotencyLayer::in_memory().layer_service(provider());
+            rt.block_on(svc.call(replay.clone())).expect("first send");
+            b.to_async(&rt).iter(|| {
+                let fut = svc.call(replay.clone());
+                async move { black_box(fut.await.expect("replayed")) }
+            })
+        });
+        group.finish();
+    }
+
+    // Fresh keys on a full store: every send first evicts the oldest done record.
+    let mut group = c.benchmark_group("layer/2KiB-at-capacity");
+    let store = MemoryStore::with_max_entries(10_000);
+    let mut svc = IdempotencyLayer::new(store).layer_service(provider());
+    let next = AtomicU64::new(0);
+    group.bench_function("fresh_key", |b| {
+        b.to_async(&rt).iter_batched(
+            || {
+                message(
+                    2048,
+                    Some(format!("cap:{}", next.fetch_add(1, Ordering::Relaxed))),
+                )
+            },
+            |m| {
+                let fut = svc.call(m);
+                async move { black_box(fut.await.expect("sent")) }
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+fn fingerprint_throughput(c: &mut Criterion) {
+    for (label, len) in [("2KiB", 2 * 1024), ("200KiB", 200 * 1024)] {
+        let m = message(len, None);
+        let bytes = m.text().expect("text").as_bytes().to_vec();
+        let mut group = c.benchmark_group(format!("fingerprint/{label}"));
+        group.throughput(Throughput::Bytes(bytes.len() as u64));
+        group.bench_function("raw_sha256", |b| {
+            b.iter(|| black_box(Sha256::digest(black_box(&bytes))))
+        });
+        group.bench_function("fingerprint", |b| {
+            b.iter(|| black_box(Fingerprint::of(black_box(&m))))
+        });
+        group.finish();
+    }
+}
+
+/// reserve + complete pairs on distinct keys, split over `threads` OS threads.
+fn store_pairs(store: &MemoryStore, threads: usize, iters: u64, run: u64) -> Duration {
+    let per_thread = iters.div_ceil(threads as u64);
+    let outcome = Arc::new(Outcome::Sent(Receipt::new("m", "bench")));
+    let keys: Vec<Vec<String>> = (0..threads)
+        .map(|t| {
+            (0..per_thread)
+                .map(|i| format!("k:{run}:{t}:{i}"))
+                .collect()
+        })
+        .collect();
+    let barrier = Arc::new(std::sync::Barrier::new(threads + 1));
+    let handles: Vec<_> = keys
+        .into_iter()
+        .map(|keys| {
+            let store = store.clone();
+            let outcome = Arc::clone(&outcome);
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                let fp = Fingerprint::from_bytes([1; 32]);
+                barrier.wait();
+                let start = Instant::now();
+                for key in &keys {
+                    let r = futures_util::FutureExt::now_or_never(store.reserve(
+                        key,
+                        fp,
+                        Duration::from_secs(600),
+                    ));
+                    if let Some(Ok(Reservation::Reserved { token })) = r {
+                        let _ = futures_util::FutureExt::now_or_never(store.complete(
+                            key,
+                            token,
+                            fp,
+                            &outcome,
+                            Duration::from_secs(3600),
+                        ));
+                    }
+                }
+                start.elapsed()
+            })
+        })
+        .collect();
+    barrier.wait();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("bench thread"))
+        .max()
+        .unwrap_or_default()
+}
+
+fn memory_store_scaling(c: &mut Criterion) {
+    let mut group = c.benchmark_group("memory_store/reserve_complete");
+    let run = AtomicU64::new(0);
+    for threads in [1usize, 2] {
+        group.throughput(Throughput::Elements(1));
+        group.bench_function(format!("threads={threads}"), |b| {
+            b.iter_custom(|iters| {
+                let store = MemoryStore::with_max_entries(usize::MAX);
+                store_pairs(&store, threads, iters, run.fetch_add(1, Ordering::Relaxed))
+            })
+        });
+    }
+    group.finish();
+}
+
+trait LayerService {
+    fn layer_service<S>(&self, inner: S) -> tower_idempotency::Idempotency<S>;
+}
+
+impl LayerService for IdempotencyLayer {
+    fn layer_service<S>(&self, inner: S) -> tower_idempotency::Idempotency<S> {
+        tower::Layer::layer(self, inner)
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = layer_cost, fingerprint_throughput, memory_store_scaling
+}
+criterion_main!(benches);
