@@ -46,6 +46,11 @@
 //! done row without an outcome, a fingerprint that is not 32 bytes) is reported as a
 //! [`Corrupt`](super::StoreErrorKind::Corrupt) error, never a panic.
 //!
+//! Keys are stored as given. The layer's key rules (at most 256 bytes, no control characters)
+//! keep them well inside what PostgreSQL accepts; called directly, a key with a NUL byte or
+//! longer than the index allows (about 2,700 bytes) fails as
+//! [`Unavailable`](super::StoreErrorKind::Unavailable).
+//!
 //! Broken connections (a restarted server, `pg_terminate_backend`) fail the operations that
 //! were using them with an [`Unavailable`](super::StoreErrorKind::Unavailable) error; the pool
 //! drops them and later operations open new ones, with nothing to do on your side.
