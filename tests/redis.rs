@@ -1,7 +1,7 @@
 //! `RedisStore` against a real server: the conformance suite on one node (`REDIS_URL`) and on a
 //! cluster (`REDIS_CLUSTER_URLS`, comma separated; `.ci/redis-cluster.sh` starts one), plus
 //! races across connections, corrupt values and connections killed under the store.
-#![cfg(feature = "redis")]
+#![cfg(all(feature = "redis", feature = "test-util"))]
 
 use std::sync::Arc;
 use std::time::Duration;

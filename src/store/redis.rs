@@ -53,8 +53,8 @@
 //! fail with an [`Unavailable`](super::StoreErrorKind::Unavailable) error; later ones succeed
 //! once the connection is back, with no action from the caller.
 //!
-//! With `redis-cluster`, [`RedisStore::connect_cluster`] uses a
-//! [`ClusterConnection`](redis::cluster_async::ClusterConnection), which routes each command by
+//! With `redis-cluster`, `RedisStore::connect_cluster` uses a
+//! `redis::cluster_async::ClusterConnection`, which routes each command by
 //! its key's slot, follows `MOVED`/`ASK` redirections, and reconnects to nodes it lost by
 //! itself, retrying the command. Each operation touches one key, so keys may live in any slot.
 //!
@@ -466,10 +466,13 @@ fn script_answer(answer: i64, operation: &str) -> Result<bool, StoreError> {
     }
 }
 
-/// A key of another Redis type is a record we cannot read; anything else is the backend.
+/// A key of another Redis type is a record we cannot read; the client's own response timeout
+/// is a timeout; anything else is the backend.
 fn server_error(error: RedisError) -> StoreError {
     if error.code() == Some("WRONGTYPE") {
         StoreError::corrupt("the key holds a value of another Redis type").with_source(error)
+    } else if error.is_timeout() {
+        StoreError::timeout().with_source(error)
     } else {
         unavailable(error)
     }
