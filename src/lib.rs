@@ -116,12 +116,14 @@ pub mod fingerprint;
 pub mod layer;
 pub mod message;
 pub mod outcome;
+pub mod retry;
 pub mod store;
 
 pub use fingerprint::{Fingerprint, Fingerprinted};
 pub use layer::{Idempotency, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use message::{Attachment, Envelope, IdempotencyKey, Message, MessageBuilder, RawMessage};
 pub use outcome::{BoxError, Category, Outcome, Receipt, SendError, counts_against_provider};
+pub use retry::RetryPolicy;
 pub use store::{MemoryStore, Store, StoreError};
 
 #[cfg(doctest)]
