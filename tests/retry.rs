@@ -11,11 +11,12 @@ use tower::retry::RetryLayer;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::{BoxError, IdempotencyLayer, Receipt, RetryPolicy, SendError};
 
+/// When each call came, with the key and text it carried.
+type Calls = Arc<Mutex<Vec<(Instant, Option<String>, String)>>>;
+
 /// A provider that fails with `errors` in turn, then succeeds, and records when and what it
 /// was called with.
-fn scripted(
-    errors: Vec<SendError>,
-) -> (Provider, Arc<Mutex<Vec<(Instant, Option<String>, String)>>>) {
+fn scripted(errors: Vec<SendError>) -> (Provider, Calls) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&seen);
     let provider = Provider::answering(move |n, m| {

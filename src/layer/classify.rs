@@ -16,10 +16,10 @@ use crate::outcome::{BoxError, Category, SendError, codes};
 pub fn default_classifier(error: &(dyn Error + 'static)) -> Category {
     let mut current = Some(error);
     while let Some(e) = current {
-        if let Some(io) = e.downcast_ref::<io::Error>() {
-            if io.kind() == io::ErrorKind::ConnectionRefused {
-                return Category::Retryable;
-            }
+        if let Some(io) = e.downcast_ref::<io::Error>()
+            && io.kind() == io::ErrorKind::ConnectionRefused
+        {
+            return Category::Retryable;
         }
         current = e.source();
     }

@@ -249,10 +249,10 @@ impl Inner {
         };
         let mut shard = lock(&self.shards[index]);
         // Another caller may have replaced it since the scan; then the next round looks again.
-        if let Some(key) = shard.by_completion.get(&seq).cloned() {
-            if shard.remove(&key) {
-                self.len.fetch_sub(1, Ordering::AcqRel);
-            }
+        if let Some(key) = shard.by_completion.get(&seq).cloned()
+            && shard.remove(&key)
+        {
+            self.len.fetch_sub(1, Ordering::AcqRel);
         }
         Ok(())
     }

@@ -30,12 +30,14 @@ pub fn message(key: Option<&str>, text: &str) -> Message {
     .expect("valid test message")
 }
 
+type Answer =
+    dyn Fn(usize, &Message) -> BoxFuture<'static, Result<Receipt, BoxError>> + Send + Sync;
+
 /// A provider that counts its calls and answers by a script.
 #[derive(Clone)]
 pub struct Provider {
     pub calls: Arc<AtomicUsize>,
-    answer:
-        Arc<dyn Fn(usize, &Message) -> BoxFuture<'static, Result<Receipt, BoxError>> + Send + Sync>,
+    answer: Arc<Answer>,
 }
 
 impl Provider {
