@@ -50,6 +50,8 @@ pub mod codes {
     pub const UNKNOWN: &str = "provider.unknown";
     /// An inner error the classifier judged not sent, retryable.
     pub const NOT_SENT: &str = "provider.not_sent";
+    /// A circuit breaker refused the call: not sent, retryable.
+    pub const CIRCUIT_OPEN: &str = "breaker.open";
 }
 
 /// What an outcome says about delivery; see the [module docs](self).
@@ -214,6 +216,30 @@ impl SendError {
         )
     }
 
+    /// A circuit breaker refused the call: not sent, so the layer frees the key. Map the
+    /// breaker's open-circuit error to it, as its own error type hides what it means:
+    ///
+    /// ```
+    /// use tower_idempotency::{BoxError, SendError};
+    /// use tower_resilience_circuitbreaker::CircuitBreakerError;
+    ///
+    /// fn breaker_error(e: CircuitBreakerError<BoxError>) -> BoxError {
+    ///     match e {
+    ///         CircuitBreakerError::OpenCircuit => SendError::circuit_open().into(),
+    ///         CircuitBreakerError::Inner(e) => e,
+    ///     }
+    /// }
+    /// # let _ = breaker_error;
+    /// ```
+    pub fn circuit_open() -> Self {
+        Self::new(
+            codes::CIRCUIT_OPEN,
+            Category::Retryable,
+            true,
+            "the circuit breaker is open; the message was not sent",
+        )
+    }
+
     /// The layer's answer when the key was used for a different message.
     pub fn key_reused() -> Self {
         Self::new(
@@ -319,9 +345,10 @@ impl SendError {
 
     /// Whether a circuit breaker should count this error against the provider: a retryable or
     /// unknown-delivery failure that came from the provider, not an answer of the idempotency
-    /// layer and not the caller's invalid input.
+    /// layer or of an open breaker, and not the caller's invalid input.
     pub fn counts_against_provider(&self) -> bool {
         !self.is_idempotency_answer()
+            && self.code != codes::CIRCUIT_OPEN
             && matches!(self.category, Category::Retryable | Category::Unknown)
     }
 }
