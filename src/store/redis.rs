@@ -265,7 +265,11 @@ impl RedisStore {
         self
     }
 
-    /// Sets the bound on each operation (default [`DEFAULT_TIMEOUT`]).
+    /// Sets the bound on each operation (default [`DEFAULT_TIMEOUT`]). When it passes, the
+    /// operation fails with a [`Timeout`](super::StoreErrorKind::Timeout) error.
+    ///
+    /// A store from `connect_cluster` (feature `redis-cluster`) also bounds each attempt the
+    /// cluster client makes by [`DEFAULT_TIMEOUT`]; a longer bound here lets it retry.
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
