@@ -3,7 +3,7 @@
 //! Each backend runs when its URL is set (`REDIS_URL`, `DATABASE_URL`) and its feature is on:
 //! `cargo bench --all-features --bench stores`.
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, criterion_group, criterion_main};
 
 #[cfg(feature = "postgres")]
 #[path = "stores/postgres.rs"]
