@@ -32,7 +32,7 @@
 //! | [`SendError`] that [`is_retryable`](SendError::is_retryable) (429, 502/503/504, connection refused) | yes, after the backoff or the provider's `retry_after` |
 //! | validation or permanent | never |
 //! | unknown delivery (a timeout after the request left, a 500) | only with [`retry_unknown_delivery(true)`](RetryPolicy::retry_unknown_delivery): safe only when the provider deduplicates on the forwarded `Idempotency-Key` |
-//! | another error | judged by [`default_classifier`](crate::layer::default_classifier) |
+//! | another error | judged by [`default_classifier`] |
 //!
 //! Attempts are bounded in number ([`max_attempts`](RetryPolicy::max_attempts)) and in total
 //! time ([`max_elapsed`](RetryPolicy::max_elapsed)): a `retry_after` that would end past the

@@ -12,8 +12,16 @@
 //! may take it under a new token, and the first owner's late `complete` or `release` must leave
 //! the new owner's record alone. Expiry is decided by the store's own clock, never the caller's.
 //!
-//! Stores: [`MemoryStore`] (the default, one process). Every store passes the conformance suite
-//! in `store::conformance` (feature `test-util`), which third-party stores can run as well.
+//! Stores:
+//!
+//! | store | feature | for |
+//! |---|---|---|
+//! | [`MemoryStore`] | default | one process: bounded, sharded, forgets on restart |
+//! | `RedisStore` | `redis` (`redis-cluster` for Redis Cluster) | several processes; `SET NX GET PX` reserves, Lua scripts fence complete and release |
+//! | `PostgresStore` | `postgres` | several processes; one statement per operation, expiry by the server's `now()` |
+//!
+//! Every store passes the conformance suite in `store::conformance` (feature `test-util`),
+//! which third-party stores can run as well.
 
 use std::fmt;
 use std::str::FromStr;
