@@ -86,6 +86,8 @@ async fn full_store_drops_the_oldest_done_record_and_never_a_live_pending_one() 
     let store = MemoryStore::with_max_entries(3);
     reserve(&store, "pending").await.unwrap();
     done(&store, "done-1").await;
+    // "Oldest" is by completion time on the store's clock.
+    tokio::time::advance(Duration::from_secs(1)).await;
     done(&store, "done-2").await;
 
     reserve(&store, "incoming-1")

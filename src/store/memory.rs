@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -28,9 +28,9 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// processes, and forgets on restart: for several processes use a networked store.
 ///
 /// - **Bounded.** It keeps at most `max_entries` records ([`DEFAULT_MAX_ENTRIES`]). To make
-///   room it drops expired records first, then the oldest done ones even within their ttl (a
-///   message sent again under such a key goes again). It never drops a pending record before
-///   its lease ends: when only those remain, it refuses with a
+///   room it drops expired records first, then the oldest done ones (by completion time) even
+///   within their ttl (a message sent again under such a key goes again). It never drops a
+///   pending record before its lease ends: when only those remain, it refuses with a
 ///   [`Capacity`](super::StoreErrorKind::Capacity) error and the layer answers `store_failed`
 ///   without sending.
 /// - **Sharded.** Keys are spread over independent locks, so unrelated keys do not contend.
@@ -62,15 +62,17 @@ struct Inner {
     hasher: RandomState,
     max_entries: usize,
     len: AtomicUsize,
-    /// Orders insertions and completions across shards, so "oldest done" is global.
-    seq: AtomicU64,
 }
 
+/// One lock's worth of records with two indexes: by expiry (to drop expired records first) and,
+/// for done records, by completion time (to drop the oldest done one next). Completion times
+/// come from the clock rather than a shared counter, so shards never touch a common cache line.
 #[derive(Default)]
 struct Shard {
     map: HashMap<Arc<str>, Entry>,
     by_expiry: BTreeMap<(Instant, u64), Arc<str>>,
-    by_completion: BTreeMap<u64, Arc<str>>,
+    by_completion: BTreeMap<(Instant, u64), Arc<str>>,
+    next_seq: u64,
 }
 
 struct Entry {
@@ -79,8 +81,9 @@ struct Entry {
     token: Token,
     outcome: Option<Outcome>,
     expires_at: Instant,
-    /// Unique id of this version of the record; ties `by_expiry` and, once done, orders
-    /// `by_completion`.
+    /// When the record was written; for a done record, its completion time.
+    written_at: Instant,
+    /// Unique (within the shard) id of this version of the record; breaks ties in the indexes.
     seq: u64,
 }
 
@@ -99,11 +102,17 @@ impl Entry {
 }
 
 impl Shard {
+    fn next_seq(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.next_seq
+    }
+
     fn insert(&mut self, key: Arc<str>, entry: Entry) {
         self.by_expiry
             .insert((entry.expires_at, entry.seq), Arc::clone(&key));
         if entry.state == RecordState::Done {
-            self.by_completion.insert(entry.seq, Arc::clone(&key));
+            self.by_completion
+                .insert((entry.written_at, entry.seq), Arc::clone(&key));
         }
         if let Some(old) = self.map.insert(key, entry) {
             self.unindex(&old);
@@ -113,7 +122,7 @@ impl Shard {
     fn unindex(&mut self, entry: &Entry) {
         self.by_expiry.remove(&(entry.expires_at, entry.seq));
         if entry.state == RecordState::Done {
-            self.by_completion.remove(&entry.seq);
+            self.by_completion.remove(&(entry.written_at, entry.seq));
         }
     }
 
@@ -137,7 +146,7 @@ impl Shard {
             let key = entry.remove();
             if let Some(old) = self.map.remove(&key) {
                 if old.state == RecordState::Done {
-                    self.by_completion.remove(&old.seq);
+                    self.by_completion.remove(&(old.written_at, old.seq));
                 }
                 dropped += 1;
             }
@@ -161,7 +170,6 @@ impl MemoryStore {
                 hasher: RandomState::new(),
                 max_entries,
                 len: AtomicUsize::new(0),
-                seq: AtomicU64::new(0),
             }),
         }
     }
@@ -209,10 +217,6 @@ impl Inner {
         lock(&self.shards[index])
     }
 
-    fn next_seq(&self) -> u64 {
-        self.seq.fetch_add(1, Ordering::Relaxed)
-    }
-
     /// Takes a slot for a new key, if the bound allows one.
     fn take_slot(&self) -> bool {
         self.len
@@ -241,15 +245,15 @@ impl Inner {
                 lock(shard)
                     .by_completion
                     .first_key_value()
-                    .map(|(seq, _)| (*seq, i))
+                    .map(|(order, _)| (*order, i))
             })
             .min();
-        let Some((seq, index)) = oldest else {
+        let Some((order, index)) = oldest else {
             return Err(StoreError::capacity(self.max_entries));
         };
         let mut shard = lock(&self.shards[index]);
         // Another caller may have replaced it since the scan; then the next round looks again.
-        if let Some(key) = shard.by_completion.get(&seq).cloned()
+        if let Some(key) = shard.by_completion.get(&order).cloned()
             && shard.remove(&key)
         {
             self.len.fetch_sub(1, Ordering::AcqRel);
@@ -284,7 +288,8 @@ impl Inner {
                         token,
                         outcome: None,
                         expires_at: deadline(now, lease),
-                        seq: self.next_seq(),
+                        written_at: now,
+                        seq: shard.next_seq(),
                     };
                     shard.insert(Arc::from(key), entry);
                     return Ok(Reservation::Reserved { token });
@@ -318,7 +323,8 @@ impl Inner {
                         token,
                         outcome: Some(outcome.clone()),
                         expires_at: deadline(now, ttl),
-                        seq: self.next_seq(),
+                        written_at: now,
+                        seq: shard.next_seq(),
                     };
                     shard.insert(Arc::from(key), entry);
                     return Ok(true);
