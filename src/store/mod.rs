@@ -248,6 +248,73 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes `key` when `token` holds it pending.
     fn release<'a>(&'a self, key: &'a str, token: Token)
     -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// [`reserve`](Self::reserve) for many keys, in as few round trips as the backend allows.
+    ///
+    /// The keys must be distinct (the layer guarantees it); a store may refuse a repeated key.
+    /// The answer has one entry per request, in order: an entry's error concerns that key
+    /// alone (a corrupt record), while an outer error means the whole call failed and no key
+    /// may be assumed reserved. The default calls `reserve` once per key.
+    fn reserve_many<'a>(
+        &'a self,
+        requests: &'a [(&'a str, Fingerprint)],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
+        Box::pin(async move {
+            let mut answers = Vec::with_capacity(requests.len());
+            for (key, fingerprint) in requests {
+                answers.push(self.reserve(key, *fingerprint, lease).await);
+            }
+            Ok(answers)
+        })
+    }
+
+    /// [`complete`](Self::complete) for many keys, in as few round trips as the backend
+    /// allows; one answer per completion, in order. The default calls `complete` once per key.
+    fn complete_many<'a>(
+        &'a self,
+        completions: &'a [Completion<'a>],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        Box::pin(async move {
+            let mut answers = Vec::with_capacity(completions.len());
+            for c in completions {
+                answers.push(
+                    self.complete(c.key, c.token, c.fingerprint, c.outcome, ttl)
+                        .await?,
+                );
+            }
+            Ok(answers)
+        })
+    }
+
+    /// [`release`](Self::release) for many keys, in as few round trips as the backend allows;
+    /// one answer per key, in order. The default calls `release` once per key.
+    fn release_many<'a>(
+        &'a self,
+        releases: &'a [(&'a str, Token)],
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        Box::pin(async move {
+            let mut answers = Vec::with_capacity(releases.len());
+            for (key, token) in releases {
+                answers.push(self.release(key, *token).await?);
+            }
+            Ok(answers)
+        })
+    }
+}
+
+/// One completion of [`Store::complete_many`].
+#[derive(Clone, Copy, Debug)]
+pub struct Completion<'a> {
+    /// The key.
+    pub key: &'a str,
+    /// The token that reserved it.
+    pub token: Token,
+    /// The fingerprint of the message sent under it.
+    pub fingerprint: Fingerprint,
+    /// The outcome to keep.
+    pub outcome: &'a Outcome,
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
@@ -277,5 +344,28 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         (**self).release(key, token)
+    }
+
+    fn reserve_many<'a>(
+        &'a self,
+        requests: &'a [(&'a str, Fingerprint)],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
+        (**self).reserve_many(requests, lease)
+    }
+
+    fn complete_many<'a>(
+        &'a self,
+        completions: &'a [Completion<'a>],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        (**self).complete_many(completions, ttl)
+    }
+
+    fn release_many<'a>(
+        &'a self,
+        releases: &'a [(&'a str, Token)],
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        (**self).release_many(releases)
     }
 }
