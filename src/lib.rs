@@ -113,6 +113,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod fingerprint;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod layer;
 pub mod message;
 pub mod outcome;
@@ -120,6 +122,8 @@ pub mod retry;
 pub mod store;
 
 pub use fingerprint::{Fingerprint, Fingerprinted};
+#[cfg(feature = "http")]
+pub use http::HttpTransport;
 pub use layer::{Idempotency, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use message::{Attachment, Envelope, IdempotencyKey, Message, MessageBuilder, RawMessage};
 pub use outcome::{BoxError, Category, Outcome, Receipt, SendError, counts_against_provider};

@@ -1,0 +1,110 @@
+//! The [`Codec`] trait: what a provider's HTTP API looks like.
+
+use bytes::Bytes;
+
+use crate::message::Message;
+use crate::outcome::{BoxError, Receipt, SendError};
+
+/// Turns a [`Message`] into a provider's HTTP request, and the provider's answer into a
+/// [`Receipt`].
+///
+/// A codec knows one provider's API: its URL, authentication, JSON shape and error bodies.
+/// [`HttpTransport`](super::HttpTransport) owns everything common to providers: it sets the
+/// `Idempotency-Key` header, reads the response body (bounded), and maps status codes to
+/// outcomes (see the [module docs](super)). It asks the codec only for what differs:
+///
+/// - [`encode`](Self::encode) every message;
+/// - [`decode`](Self::decode) the body of a 2xx answer;
+/// - [`conflict`](Self::conflict) decides a 409, which providers use for their own
+///   idempotency answers;
+/// - [`error_detail`](Self::error_detail) picks the provider's error text out of a 4xx or
+///   5xx body, to keep in the [`SendError`].
+///
+/// Codecs must not copy message content (bodies, addresses) into errors: errors are logged and
+/// may be kept in the idempotency store.
+///
+/// ```
+/// use bytes::Bytes;
+/// use tower_idempotency::http::Codec;
+/// use tower_idempotency::{BoxError, Message, Receipt, SendError};
+///
+/// /// A provider that takes the text body as `text/plain` and answers its id as the body.
+/// struct PlainText;
+///
+/// impl Codec for PlainText {
+///     fn encode(&self, message: &Message) -> Result<http::Request<Bytes>, SendError> {
+///         http::Request::post("https://sms.example/send")
+///             .header("x-to", message.to().join(","))
+///             .body(Bytes::from(message.text().unwrap_or_default().to_owned()))
+///             .map_err(|e| SendError::validation("provider.invalid_request", "bad request").with_source(e))
+///     }
+///
+///     fn decode(&self, _: &Message, response: &http::Response<Bytes>) -> Result<Receipt, BoxError> {
+///         let id = std::str::from_utf8(response.body())?.trim();
+///         if id.is_empty() {
+///             return Err("the provider answered no id".into());
+///         }
+///         Ok(Receipt::new(id, "plain-text"))
+///     }
+/// }
+/// ```
+pub trait Codec {
+    /// The request for `message`: method, URI, headers (authentication, content type) and
+    /// body. The transport adds the `Idempotency-Key` header afterwards.
+    ///
+    /// # Errors
+    /// A [`SendError`] (usually [`validation`](SendError::validation)) when the message
+    /// cannot be expressed in the provider's API; the message is not sent.
+    fn encode(&self, message: &Message) -> Result<http::Request<Bytes>, SendError>;
+
+    /// The receipt in a 2xx answer to `message`.
+    ///
+    /// # Errors
+    /// Any error when the body is not what the provider documents. The transport turns it
+    /// into an unknown-delivery [`SendError`] with code
+    /// [`provider.bad_response`](super::codes::BAD_RESPONSE): the provider said 2xx, so the
+    /// message was probably accepted, and the key must not be freed.
+    fn decode(
+        &self,
+        message: &Message,
+        response: &http::Response<Bytes>,
+    ) -> Result<Receipt, BoxError>;
+
+    /// What a 409 Conflict means, or `None` when the codec does not know; the transport then
+    /// answers a permanent [`provider.conflict`](super::codes::CONFLICT).
+    fn conflict(&self, response: &http::Response<Bytes>) -> Option<SendError> {
+        let _ = response;
+        None
+    }
+
+    /// The provider's own error text in a 4xx or 5xx body, kept in the error's message.
+    ///
+    /// Return only the provider's explanation, never the raw body (it may echo the message).
+    /// The transport keeps at most 300 characters of it.
+    fn error_detail(&self, response: &http::Response<Bytes>) -> Option<String> {
+        let _ = response;
+        None
+    }
+}
+
+impl<C: Codec + ?Sized> Codec for std::sync::Arc<C> {
+    fn encode(&self, message: &Message) -> Result<http::Request<Bytes>, SendError> {
+        (**self).encode(message)
+    }
+
+    fn decode(
+        &self,
+        message: &Message,
+        response: &http::Response<Bytes>,
+    ) -> Result<Receipt, BoxError> {
+        (**self).decode(message, response)
+    }
+
+    fn conflict(&self, response: &http::Response<Bytes>) -> Option<SendError> {
+        (**self).conflict(response)
+    }
+
+    fn error_detail(&self, response: &http::Response<Bytes>) -> Option<String> {
+        (**self).error_detail(response)
+    }
+}

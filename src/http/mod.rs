@@ -1,0 +1,147 @@
+//! The HTTP provider transport: [`HttpTransport`] sends a [`Message`](crate::Message) through
+//! any HTTP client that is a `tower::Service<http::Request<Bytes>>`, in the API a [`Codec`]
+//! describes; [`ResendCodec`] is Resend's.
+//!
+//! Enabled by the `http` feature.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_idempotency::http::{HttpTransport, ResendCodec};
+//! use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message};
+//!
+//! # #[tokio::main] async fn main() -> Result<(), BoxError> {
+//! // hyper-util's client takes a body type; `Full` wraps the codec's bytes.
+//! // (Resend is https: build the client over an HTTPS connector such as hyper-rustls.)
+//! let client = ServiceBuilder::new()
+//!     .map_request(|request: http::Request<Bytes>| request.map(Full::new))
+//!     .service(Client::builder(TokioExecutor::new()).build_http());
+//! let api_key = std::env::var("RESEND_API_KEY")?;
+//!
+//! let resend = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::builder().store(MemoryStore::new()).namespace("resend").build()?)
+//!     // Retry and a circuit breaker go here: every attempt carries the same Idempotency-Key.
+//!     .timeout(Duration::from_secs(10))
+//!     .service(HttpTransport::new(client, ResendCodec::new(api_key)));
+//!
+//! let message = Message::builder()
+//!     .from("orders@marketplace.example")
+//!     .to("seller@example.com")
+//!     .subject("New order ord_20481")
+//!     .text("Vintage Nikon FM2 just sold.")
+//!     .idempotency_key("order.created:ord_20481:email")
+//!     .build()?;
+//! let receipt = resend.oneshot(message).await?;
+//! println!("sent as {}", receipt.id);
+//! # Ok(()) }
+//! ```
+//!
+//! # What the transport does on every send
+//!
+//! 1. The codec encodes the message ([`Codec::encode`]); a message it cannot express fails
+//!    as a validation error and the client is not called.
+//! 2. The transport sets `Idempotency-Key` to the message's key (and removes it when the
+//!    message has none), so every attempt of a retried message carries the same key and the
+//!    provider can deduplicate too: the second net behind the idempotency store.
+//! 3. The client sends it. The response body is read up to [`DEFAULT_MAX_RESPONSE_BODY`]
+//!    bytes ([`HttpTransport::max_response_body`]).
+//! 4. The answer is mapped to an outcome:
+//!
+//! | answer | outcome | category | code |
+//! |---|---|---|---|
+//! | 2xx, body decodes | the codec's [`Receipt`](crate::Receipt) | delivered | |
+//! | 2xx, body does not decode, is cut off or too long | error | unknown (the provider said yes) | `provider.bad_response` |
+//! | 408 Request Timeout | error | retryable | `provider.request_timeout` |
+//! | 409 Conflict | [`Codec::conflict`] decides; when it does not know | permanent | `provider.conflict` |
+//! | 429 Too Many Requests | error, with `Retry-After` | retryable | `provider.rate_limited` |
+//! | other 4xx | error, with the provider's error text | permanent | `provider.rejected` |
+//! | 502, 503, 504 | error, with `Retry-After` when given | retryable | `provider.unavailable` |
+//! | 500 and other 5xx | error | unknown | `provider.server_error` |
+//! | 1xx, 3xx (redirects are not followed) | error | permanent | `provider.unexpected_status` |
+//! | client error that certainly did not send (default: connection refused) | error | retryable | `provider.connect` |
+//! | client error: `tower` or `tokio` timeout `Elapsed` | error | unknown | `provider.timeout` |
+//! | any other client error (the request may have been written) | error | unknown | `provider.unknown` |
+//! | the client's `poll_ready` fails | error | retryable | `provider.not_sent` |
+//!
+//! With [`ResendCodec`], a 409 named `concurrent_idempotent_requests` is of unknown delivery
+//! (`provider.idempotency_in_flight`: Resend holds the key for a request in flight) and one
+//! named `invalid_idempotent_request` a validation error (`provider.idempotency_key_reused`:
+//! the key was used at Resend for another payload).
+//!
+//! Decisions:
+//! - **408** is retryable under its own code, `provider.request_timeout`, not the
+//!   `provider.timeout` of a client-side timeout: a 408 is the server saying it gave up
+//!   waiting for the request, so it did not act on it, while a client-side timeout leaves
+//!   delivery unknown.
+//! - **500** is of unknown delivery, while 502/503/504 are retryable: a gateway or an
+//!   overloaded front refuses before the application runs, but a 500 may come after the
+//!   provider queued the message.
+//! - **`Retry-After`** is read as delta-seconds or an HTTP-date ([`parse_retry_after`]); a
+//!   date in the past is zero, anything else is ignored.
+//! - **Connect errors.** Only errors the [`not_sent_if`](HttpTransport::not_sent_if) judge
+//!   recognises are retryable; by default that is [`connection_refused`]. Give it
+//!   hyper-util's `is_connect()` to cover DNS failures and connect timeouts too.
+//! - **Logs and errors** never hold message content: the transport logs nothing, error texts
+//!   hold the status and the provider's own explanation (at most 300 characters), never the
+//!   body that was sent.
+//!
+//! # Clients
+//!
+//! - **hyper-util**'s legacy `Client` needs a body type: put
+//!   `map_request(|r: http::Request<Bytes>| r.map(http_body_util::Full::new))` in front of it,
+//!   as above.
+//! - **reqwest** (0.13): `reqwest::Client` is a `Service<reqwest::Request>`; adapt it with
+//!   `reqwest::Request::try_from(request)` and `http::Response::from(response)`. Turn its own
+//!   retries off (`ClientBuilder::retry(reqwest::retry::never())`) so a retry is always one
+//!   the stack chose, and its redirects (`redirect::Policy::none()`), which turn a POST into a
+//!   GET.
+
+mod codec;
+mod future;
+mod resend;
+mod status;
+mod transport;
+
+pub use codec::Codec;
+pub use future::ResponseFuture;
+pub use resend::{RESEND, RESEND_API, ResendCodec};
+pub use status::{NotSentFn, connection_refused, parse_retry_after};
+pub use transport::{DEFAULT_MAX_RESPONSE_BODY, HttpTransport, IDEMPOTENCY_KEY};
+
+/// The stable codes of the errors [`HttpTransport`] and [`ResendCodec`] make; see the
+/// mapping table in the [module docs](self). Client timeouts and other client errors use
+/// [`outcome::codes::TIMEOUT`](crate::outcome::codes::TIMEOUT) and
+/// [`outcome::codes::UNKNOWN`](crate::outcome::codes::UNKNOWN).
+pub mod codes {
+    /// 429: the provider is rate limiting. Retryable, with the `Retry-After` wait.
+    pub const RATE_LIMITED: &str = "provider.rate_limited";
+    /// 502, 503, 504: the provider is unavailable. Retryable.
+    pub const UNAVAILABLE: &str = "provider.unavailable";
+    /// The client could not connect (connection refused by default). Retryable.
+    pub const CONNECT: &str = "provider.connect";
+    /// 408: the provider timed out waiting for the request. Retryable.
+    pub const REQUEST_TIMEOUT: &str = "provider.request_timeout";
+    /// 500 and 5xx other than 502/503/504. Unknown delivery.
+    pub const SERVER_ERROR: &str = "provider.server_error";
+    /// A 2xx whose body does not decode, is cut off or is too long. Unknown delivery.
+    pub const BAD_RESPONSE: &str = "provider.bad_response";
+    /// 409 that the codec does not know. Permanent.
+    pub const CONFLICT: &str = "provider.conflict";
+    /// 4xx other than 408, 409 and 429. Permanent.
+    pub const REJECTED: &str = "provider.rejected";
+    /// 1xx or 3xx. Permanent.
+    pub const UNEXPECTED_STATUS: &str = "provider.unexpected_status";
+    /// The message cannot be expressed as the provider's request. Validation.
+    pub const INVALID_REQUEST: &str = "provider.invalid_request";
+    /// The provider is still handling a request under this idempotency key (Resend's 409
+    /// `concurrent_idempotent_requests`). Unknown delivery.
+    pub const IDEMPOTENCY_IN_FLIGHT: &str = "provider.idempotency_in_flight";
+    /// The provider holds this idempotency key for a different request (Resend's 409
+    /// `invalid_idempotent_request`). Validation.
+    pub const IDEMPOTENCY_KEY_REUSED: &str = "provider.idempotency_key_reused";
+}

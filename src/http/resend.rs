@@ -1,0 +1,383 @@
+//! [`ResendCodec`]: Resend's email API (`POST /emails`).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
+use http::{HeaderValue, Method, StatusCode, Uri};
+use serde::{Deserialize, Serialize};
+
+use super::codec::Codec;
+use super::codes;
+use crate::message::Message;
+use crate::outcome::{BoxError, Receipt, SendError};
+
+/// Resend's API, where [`ResendCodec::new`] points.
+pub const RESEND_API: &str = "https://api.resend.com";
+
+/// The transport name in receipts from [`ResendCodec`].
+pub const RESEND: &str = "resend";
+
+/// The [`Codec`] of [Resend](https://resend.com/docs/api-reference/emails/send-email)'s
+/// `POST /emails`.
+///
+/// The request carries `Authorization: Bearer <api key>` and a JSON body:
+///
+/// | message | JSON field |
+/// |---|---|
+/// | from, to, cc, bcc, reply_to | `from`, `to`, `cc`, `bcc`, `reply_to` (arrays) |
+/// | subject, html, text | `subject`, `html`, `text` |
+/// | headers, threading (message id, in-reply-to, references) | `headers` object (`Message-ID`, `In-Reply-To`, `References`) |
+/// | attachments | `attachments`: `[{filename, content (base64), content_type}]` |
+/// | metadata | `tags`: `[{name, value}]` (Resend accepts ASCII letters, digits, `_` and `-`) |
+/// | send_at | `scheduled_at`, RFC 3339 in UTC, whole seconds |
+///
+/// Tracking flags are not sent: Resend sets tracking per domain. Empty lists and absent
+/// fields are left out.
+///
+/// The answer `{"id": "…"}` becomes `Receipt { id, transport: "resend", accepted }` with the
+/// message's to, cc and bcc. A 409 is read by its `name`: `concurrent_idempotent_requests`
+/// (Resend is still handling a request under this key) is of unknown delivery,
+/// [`provider.idempotency_in_flight`](codes::IDEMPOTENCY_IN_FLIGHT);
+/// `invalid_idempotent_request` (the key was used with another payload) is a validation
+/// error, [`provider.idempotency_key_reused`](codes::IDEMPOTENCY_KEY_REUSED). Error texts are
+/// taken from the body's `name` and `message`.
+///
+/// ```
+/// use tower_idempotency::http::ResendCodec;
+///
+/// let codec = ResendCodec::new("re_123").base_url("http://127.0.0.1:8080".parse()?);
+/// // The key never shows in Debug output.
+/// assert!(!format!("{codec:?}").contains("re_123"));
+/// # Ok::<(), http::uri::InvalidUri>(())
+/// ```
+#[derive(Clone)]
+pub struct ResendCodec {
+    authorization: String,
+    base_url: Uri,
+}
+
+impl ResendCodec {
+    /// A codec that sends to [`RESEND_API`] with `api_key`.
+    pub fn new(api_key: impl AsRef<str>) -> Self {
+        Self {
+            authorization: format!("Bearer {}", api_key.as_ref()),
+            base_url: Uri::from_static(RESEND_API),
+        }
+    }
+
+    /// Sends to `base_url` instead of [`RESEND_API`] (a test server, a proxy): requests go to
+    /// `<base_url>/emails`.
+    #[must_use]
+    pub fn base_url(mut self, base_url: Uri) -> Self {
+        self.base_url = base_url;
+        self
+    }
+
+    fn endpoint(&self) -> Result<Uri, SendError> {
+        let base = self.base_url.to_string();
+        format!("{}/emails", base.trim_end_matches('/'))
+            .parse::<Uri>()
+            .ok()
+            .filter(|uri| uri.scheme().is_some() && uri.authority().is_some())
+            .ok_or_else(|| {
+                SendError::validation(
+                    codes::INVALID_REQUEST,
+                    "the Resend base URL is not an absolute http(s) URL",
+                )
+            })
+    }
+}
+
+impl fmt::Debug for ResendCodec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResendCodec")
+            .field("api_key", &"<redacted>")
+            .field("base_url", &self.base_url)
+            .finish()
+    }
+}
+
+#[derive(Serialize)]
+struct Email<'a> {
+    from: &'a str,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    to: &'a [String],
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    cc: &'a [String],
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    bcc: &'a [String],
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    reply_to: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subject: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    html: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    headers: BTreeMap<&'a str, Cow<'a, str>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    attachments: Vec<Attachment<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tags: Vec<Tag<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scheduled_at: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Attachment<'a> {
+    filename: &'a str,
+    content: String,
+    content_type: &'a str,
+}
+
+#[derive(Serialize)]
+struct Tag<'a> {
+    name: &'a str,
+    value: &'a str,
+}
+
+#[derive(Deserialize)]
+struct Created {
+    id: String,
+}
+
+#[derive(Deserialize)]
+struct ResendError {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+fn resend_error(response: &http::Response<Bytes>) -> Option<ResendError> {
+    serde_json::from_slice(response.body()).ok()
+}
+
+fn invalid(text: &'static str) -> impl FnOnce(http::Error) -> SendError {
+    move |e| SendError::validation(codes::INVALID_REQUEST, text).with_source(e)
+}
+
+impl Codec for ResendCodec {
+    fn encode(&self, message: &Message) -> Result<http::Request<Bytes>, SendError> {
+        let mut headers: BTreeMap<&str, Cow<'_, str>> = message
+            .headers()
+            .iter()
+            .map(|(name, value)| (name.as_str(), Cow::Borrowed(value.as_str())))
+            .collect();
+        let threading = message.threading();
+        if let Some(id) = &threading.message_id {
+            headers.insert("Message-ID", Cow::Borrowed(id));
+        }
+        if let Some(id) = &threading.in_reply_to {
+            headers.insert("In-Reply-To", Cow::Borrowed(id));
+        }
+        if !threading.references.is_empty() {
+            headers.insert("References", Cow::Owned(threading.references.join(" ")));
+        }
+        let scheduled_at = match message.send_at() {
+            Some(at) => Some(rfc3339(at).ok_or_else(|| {
+                SendError::validation(
+                    codes::INVALID_REQUEST,
+                    "the message is scheduled before 1970, which Resend cannot take",
+                )
+            })?),
+            None => None,
+        };
+        let email = Email {
+            from: message.from(),
+            to: message.to(),
+            cc: message.cc(),
+            bcc: message.bcc(),
+            reply_to: message.reply_to(),
+            subject: message.subject(),
+            html: message.html(),
+            text: message.text(),
+            headers,
+            attachments: message
+                .attachments()
+                .iter()
+                .map(|a| Attachment {
+                    filename: &a.filename,
+                    content: base64(&a.content),
+                    content_type: &a.content_type,
+                })
+                .collect(),
+            tags: message
+                .metadata()
+                .iter()
+                .map(|(name, value)| Tag { name, value })
+                .collect(),
+            scheduled_at,
+        };
+        let body = serde_json::to_vec(&email).map_err(|e| {
+            SendError::validation(
+                codes::INVALID_REQUEST,
+                "the message cannot be encoded as JSON",
+            )
+            .with_source(e)
+        })?;
+        let mut authorization = HeaderValue::from_str(&self.authorization).map_err(|e| {
+            SendError::validation(
+                codes::INVALID_REQUEST,
+                "the Resend API key cannot be sent as an HTTP header",
+            )
+            .with_source(e)
+        })?;
+        authorization.set_sensitive(true);
+        http::Request::builder()
+            .method(Method::POST)
+            .uri(self.endpoint()?)
+            .header(AUTHORIZATION, authorization)
+            .header(CONTENT_TYPE, "application/json")
+            .header(
+                USER_AGENT,
+                concat!("tower-idempotency/", env!("CARGO_PKG_VERSION")),
+            )
+            .body(Bytes::from(body))
+            .map_err(invalid("the Resend request cannot be built"))
+    }
+
+    fn decode(
+        &self,
+        message: &Message,
+        response: &http::Response<Bytes>,
+    ) -> Result<Receipt, BoxError> {
+        let created: Created = serde_json::from_slice(response.body())?;
+        if created.id.is_empty() {
+            return Err("Resend answered an empty message id".into());
+        }
+        Ok(Receipt::new(created.id, RESEND).with_accepted(message.recipients()))
+    }
+
+    fn conflict(&self, response: &http::Response<Bytes>) -> Option<SendError> {
+        debug_assert_eq!(response.status(), StatusCode::CONFLICT);
+        let error = resend_error(response)?;
+        let detail = error.message.unwrap_or_default();
+        match error.name.as_deref()? {
+            "concurrent_idempotent_requests" => Some(SendError::unknown_delivery(
+                codes::IDEMPOTENCY_IN_FLIGHT,
+                format!(
+                    "Resend is still handling a request under this idempotency key; \
+                     the message may have gone (HTTP 409 concurrent_idempotent_requests: {})",
+                    truncate(&detail)
+                ),
+            )),
+            "invalid_idempotent_request" => Some(SendError::validation(
+                codes::IDEMPOTENCY_KEY_REUSED,
+                format!(
+                    "Resend holds this idempotency key for a different request; not sent \
+                     (HTTP 409 invalid_idempotent_request: {})",
+                    truncate(&detail)
+                ),
+            )),
+            _ => None,
+        }
+    }
+
+    fn error_detail(&self, response: &http::Response<Bytes>) -> Option<String> {
+        let error = resend_error(response)?;
+        match (error.name, error.message) {
+            (Some(name), Some(message)) => Some(format!("{name}: {message}")),
+            (name, message) => name.or(message),
+        }
+    }
+}
+
+fn truncate(text: &str) -> String {
+    text.chars().take(300).collect()
+}
+
+/// Standard base64 with padding (RFC 4648 §4), as Resend takes attachment content.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let sextet = |n: u32, shift: u32| char::from(ALPHABET[((n >> shift) & 63) as usize]);
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let byte = |i: usize| u32::from(chunk.get(i).copied().unwrap_or(0));
+        let n = (byte(0) << 16) | (byte(1) << 8) | byte(2);
+        out.push(sextet(n, 18));
+        out.push(sextet(n, 12));
+        out.push(if chunk.len() > 1 { sextet(n, 6) } else { '=' });
+        out.push(if chunk.len() > 2 { sextet(n, 0) } else { '=' });
+    }
+    out
+}
+
+/// `at` as RFC 3339 in UTC with whole seconds (`2025-03-01T09:30:00Z`); `None` before 1970.
+fn rfc3339(at: SystemTime) -> Option<String> {
+    let secs = at.duration_since(UNIX_EPOCH).ok()?.as_secs();
+    let (year, month, day) = civil_from_days(secs / 86_400);
+    let time = secs % 86_400;
+    Some(format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        time / 3600,
+        time % 3600 / 60,
+        time % 60
+    ))
+}
+
+/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`,
+/// for non-negative day counts).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc_4648_vectors() {
+        for (input, expected) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(input.as_bytes()), expected, "{input:?}");
+        }
+        assert_eq!(base64(&[0xff, 0xfe, 0xfd]), "//79");
+    }
+
+    #[test]
+    fn rfc3339_formats_utc_dates_with_leap_days() {
+        let at = |secs| UNIX_EPOCH + Duration::from_secs(secs);
+        assert_eq!(rfc3339(at(0)).unwrap(), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(at(784_111_777)).unwrap(), "1994-11-06T08:49:37Z");
+        assert_eq!(rfc3339(at(951_782_400)).unwrap(), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(at(1_709_210_096)).unwrap(), "2024-02-29T12:34:56Z");
+        assert_eq!(rfc3339(at(4_102_444_800)).unwrap(), "2100-01-01T00:00:00Z");
+        assert_eq!(rfc3339(UNIX_EPOCH - Duration::from_secs(1)), None);
+        // Cross-check a day a week for 200 years against httpdate's IMF-fixdate.
+        const MONTHS: [&str; 12] = [
+            "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+        ];
+        for day in (0..73_000).step_by(7) {
+            let t = at(day * 86_400 + 3_723);
+            let imf = httpdate::fmt_http_date(t); // "Sun, 06 Nov 1994 01:02:03 GMT"
+            let parts: Vec<&str> = imf.split_whitespace().collect();
+            let month = MONTHS.iter().position(|m| *m == parts[2]).unwrap() + 1;
+            let expected = format!("{}-{month:02}-{}T{}Z", parts[3], parts[1], parts[4]);
+            assert_eq!(rfc3339(t).unwrap(), expected);
+        }
+    }
+}

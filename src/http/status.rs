@@ -1,0 +1,228 @@
+//! The status mapping: a provider's answer, or the inner client's error, as an outcome.
+
+use std::error::Error;
+use std::io;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode, header::RETRY_AFTER};
+
+use super::codec::Codec;
+use super::codes;
+use crate::message::Message;
+use crate::outcome::{self, BoxError, Receipt, SendError};
+
+/// The most characters of a provider's error text kept in a [`SendError`].
+const MAX_DETAIL_CHARS: usize = 300;
+
+/// Judges whether an inner error certainly did not send; see
+/// [`HttpTransport::not_sent_if`](super::HttpTransport::not_sent_if).
+pub type NotSentFn = fn(&(dyn Error + 'static)) -> bool;
+
+/// The default [`NotSentFn`]: true when the error's source chain holds an [`io::Error`] of kind
+/// [`ConnectionRefused`](io::ErrorKind::ConnectionRefused).
+///
+/// Nothing was written to a connection that was never opened, so the message certainly did
+/// not leave. hyper-util's legacy client and reqwest both keep the `io::Error` in the chain.
+pub fn connection_refused(error: &(dyn Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if e.downcast_ref::<io::Error>()
+            .is_some_and(|io| io.kind() == io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+/// Parses a `Retry-After` value: delta-seconds (`"120"`) or an HTTP-date
+/// (`"Wed, 21 Oct 2015 07:28:00 GMT"`), as of `now`.
+///
+/// A date in the past gives zero; anything else that is not one of the two forms gives
+/// `None`.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use tower_idempotency::http::parse_retry_after;
+///
+/// let now = SystemTime::now();
+/// assert_eq!(parse_retry_after("7", now), Some(Duration::from_secs(7)));
+/// assert_eq!(parse_retry_after("Thu, 01 Jan 1970 00:00:00 GMT", now), Some(Duration::ZERO));
+/// assert_eq!(parse_retry_after("soon", now), None);
+/// ```
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return value.parse::<u64>().ok().map(Duration::from_secs);
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?;
+    parse_retry_after(value, SystemTime::now())
+}
+
+fn with_retry_after(error: SendError, headers: &HeaderMap) -> SendError {
+    match retry_after(headers) {
+        Some(wait) => error.with_retry_after(wait),
+        None => error,
+    }
+}
+
+/// "the provider answered 422 Unprocessable Entity: <detail>", without message content.
+fn describe<C: Codec + ?Sized>(codec: &C, response: &http::Response<Bytes>, what: &str) -> String {
+    let status = response.status();
+    let mut text = format!("{what} (HTTP {status})");
+    if let Some(detail) = codec.error_detail(response) {
+        let detail = detail.trim();
+        if !detail.is_empty() {
+            text.push_str(": ");
+            text.extend(detail.chars().take(MAX_DETAIL_CHARS));
+        }
+    }
+    text
+}
+
+/// The outcome of a complete answer; see the mapping table in the [module docs](super).
+pub(crate) fn from_response<C: Codec + ?Sized>(
+    codec: &C,
+    message: &Message,
+    response: &http::Response<Bytes>,
+) -> Result<Receipt, SendError> {
+    let status = response.status();
+    if status.is_success() {
+        return codec.decode(message, response).map_err(|e| {
+            SendError::unknown_delivery(
+                codes::BAD_RESPONSE,
+                format!(
+                    "the provider answered HTTP {status} with a body that does not decode; \
+                     the message was probably accepted"
+                ),
+            )
+            .with_source(e)
+        });
+    }
+    Err(from_status(codec, response))
+}
+
+fn from_status<C: Codec + ?Sized>(codec: &C, response: &http::Response<Bytes>) -> SendError {
+    let status = response.status();
+    let headers = response.headers();
+    match status {
+        StatusCode::TOO_MANY_REQUESTS => with_retry_after(
+            SendError::retryable(
+                codes::RATE_LIMITED,
+                describe(codec, response, "the provider is rate limiting; not sent"),
+            ),
+            headers,
+        ),
+        StatusCode::REQUEST_TIMEOUT => SendError::retryable(
+            codes::REQUEST_TIMEOUT,
+            describe(
+                codec,
+                response,
+                "the provider timed out waiting for the request; not sent",
+            ),
+        ),
+        StatusCode::CONFLICT => codec.conflict(response).unwrap_or_else(|| {
+            SendError::permanent(
+                codes::CONFLICT,
+                describe(
+                    codec,
+                    response,
+                    "the provider refused the message as a conflict",
+                ),
+            )
+        }),
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
+            with_retry_after(
+                SendError::retryable(
+                    codes::UNAVAILABLE,
+                    describe(codec, response, "the provider is unavailable; not sent"),
+                ),
+                headers,
+            )
+        }
+        s if s.is_server_error() => SendError::unknown_delivery(
+            codes::SERVER_ERROR,
+            describe(
+                codec,
+                response,
+                "the provider failed while handling the request; the message may have gone",
+            ),
+        ),
+        s if s.is_client_error() => SendError::permanent(
+            codes::REJECTED,
+            describe(codec, response, "the provider rejected the message"),
+        ),
+        // 1xx and 3xx: the request was not handled at this URL (a redirect is not followed:
+        // following it with a POST is the client's business, and most turn it into a GET).
+        _ => SendError::permanent(
+            codes::UNEXPECTED_STATUS,
+            describe(
+                codec,
+                response,
+                "the provider answered an unexpected status",
+            ),
+        ),
+    }
+}
+
+/// The outcome when the status arrived but the body could not be read (too long, cut off).
+pub(crate) fn from_unread_body<C: Codec + ?Sized>(
+    codec: &C,
+    parts: http::response::Parts,
+    error: BoxError,
+    limit: usize,
+) -> SendError {
+    let status = parts.status;
+    if status.is_success() {
+        let why = if error.is::<http_body_util::LengthLimitError>() {
+            format!("is longer than {limit} bytes")
+        } else {
+            "could not be read".to_owned()
+        };
+        return SendError::unknown_delivery(
+            codes::BAD_RESPONSE,
+            format!(
+                "the provider answered HTTP {status} but the body {why}; \
+                 the message was probably accepted"
+            ),
+        )
+        .with_source(error);
+    }
+    // The status alone decides a failure; the codec sees an empty body.
+    from_status(codec, &http::Response::from_parts(parts, Bytes::new())).with_source(error)
+}
+
+/// The outcome of an error of the inner client: no answer came.
+pub(crate) fn from_inner_error(error: BoxError, not_sent: NotSentFn) -> SendError {
+    if not_sent(&*error) {
+        return SendError::retryable(
+            codes::CONNECT,
+            "could not connect to the provider; not sent",
+        )
+        .with_source(error);
+    }
+    let mut current: Option<&(dyn Error + 'static)> = Some(&*error);
+    while let Some(e) = current {
+        if e.is::<tower::timeout::error::Elapsed>() || e.is::<tokio::time::error::Elapsed>() {
+            return SendError::unknown_delivery(
+                outcome::codes::TIMEOUT,
+                "the provider did not answer in time; the message may have gone",
+            )
+            .with_source(error);
+        }
+        current = e.source();
+    }
+    SendError::unknown_delivery(
+        outcome::codes::UNKNOWN,
+        "the request to the provider failed after it may have been written; \
+         the message may have gone",
+    )
+    .with_source(error)
+}
