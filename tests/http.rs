@@ -374,6 +374,35 @@ over_both_clients!(
 );
 
 #[tokio::test]
+async fn hyper_util_connect_errors_can_be_judged_not_sent() {
+    fn never_connected(error: &(dyn std::error::Error + 'static)) -> bool {
+        let mut current = Some(error);
+        while let Some(e) = current {
+            if e.downcast_ref::<hyper_util::client::legacy::Error>()
+                .is_some_and(|e| e.is_connect())
+            {
+                return true;
+            }
+            current = e.source();
+        }
+        false
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let codec = ResendCodec::new(API_KEY).base_url(format!("http://{addr}").parse().unwrap());
+
+    let err = HttpTransport::new(hyper_client(), codec)
+        .not_sent_if(never_connected)
+        .oneshot(order_email())
+        .await
+        .unwrap_err();
+
+    assert_eq!(err.code(), codes::CONNECT);
+    assert!(!err.delivery_unknown());
+}
+
+#[tokio::test]
 async fn second_send_through_the_stack_is_replayed_and_the_provider_sees_one_request() {
     let provider = FakeProvider::answering(Reply::new(200, r#"{"id":"m1"}"#)).await;
     let codec = ResendCodec::new(API_KEY).base_url(provider.base_url());

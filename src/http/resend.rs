@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::header::{AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
-use http::{HeaderValue, Method, StatusCode, Uri};
+use http::{HeaderValue, Method, Uri};
 use serde::{Deserialize, Serialize};
 
 use super::codec::Codec;
@@ -255,7 +255,6 @@ impl Codec for ResendCodec {
     }
 
     fn conflict(&self, response: &http::Response<Bytes>) -> Option<SendError> {
-        debug_assert_eq!(response.status(), StatusCode::CONFLICT);
         let error = resend_error(response)?;
         let detail = error.message.unwrap_or_default();
         match error.name.as_deref()? {
