@@ -112,6 +112,7 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod batch;
 pub mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;

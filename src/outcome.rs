@@ -50,6 +50,9 @@ pub mod codes {
     pub const UNKNOWN: &str = "provider.unknown";
     /// An inner error the classifier judged not sent, retryable.
     pub const NOT_SENT: &str = "provider.not_sent";
+    /// A batch provider answered a different number of outcomes than messages; any of them
+    /// may have gone. Category unknown.
+    pub const BATCH_MISMATCH: &str = "provider.batch_mismatch";
     /// A circuit breaker refused the call: not sent, retryable.
     pub const CIRCUIT_OPEN: &str = "breaker.open";
 }

@@ -5,6 +5,7 @@ mod future;
 #[allow(clippy::module_inception)]
 mod layer;
 mod service;
+mod settle;
 mod stats;
 
 pub use classify::default_classifier;
@@ -15,3 +16,12 @@ pub use layer::{
 };
 pub use service::{Idempotency, IdempotentRequest, LayerOptions};
 pub use stats::Stats;
+
+/// What the batch send shares with the single send.
+pub(crate) mod internals {
+    pub(crate) use super::classify::classify;
+    pub(crate) use super::layer::Config;
+    pub(crate) use super::service::{KeyOf, answer_held, store_key};
+    pub(crate) use super::settle::{Finish, Held, Settle, reserve_many};
+    pub(crate) use super::stats::bump;
+}

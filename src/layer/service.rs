@@ -2,23 +2,22 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::future::{Future, poll_fn};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
-use futures_util::future::BoxFuture;
 use sha2::{Digest, Sha256};
 use tower_service::Service;
 
 use super::classify::classify;
 use super::future::ResponseFuture;
 use super::layer::Config;
+use super::settle::{Finish, Held, Settle, reserve_one};
 use super::stats::bump;
 use crate::fingerprint::{Fingerprint, Fingerprinted};
 use crate::message::{KeyError, Message, RawMessage, validate_key};
-use crate::outcome::{BoxError, Outcome, Receipt, SendError, codes};
-use crate::store::{RecordState, Reservation, StoreError, Token};
+use crate::outcome::{BoxError, Receipt, SendError, codes};
+use crate::store::{RecordState, Reservation, StoreError};
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer): it wraps a provider
 /// client and sends each keyed message once.
@@ -53,6 +52,10 @@ impl<S> Idempotency<S> {
     /// Unwraps the inner service.
     pub fn into_inner(self) -> S {
         self.inner
+    }
+
+    pub(crate) fn config(&self) -> &Arc<Config> {
+        &self.config
     }
 }
 
@@ -143,6 +146,37 @@ pub(crate) fn key_hash(key: &str) -> String {
     digest[..6].iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// What the layer makes of a request's key.
+pub(crate) enum KeyOf {
+    /// No key: sent as it is, the store untouched.
+    Unkeyed,
+    /// A key the rules refuse: answered `idempotency.invalid_key`, not sent.
+    Invalid(SendError),
+    /// The key as stored: `namespace:key`.
+    Keyed(Arc<str>),
+}
+
+/// The request's key in the store, counting and logging what is not one.
+pub(crate) fn store_key<R: IdempotentRequest>(config: &Config, request: &R) -> KeyOf {
+    match request.key_in(&LayerOptions(config)) {
+        None => {
+            bump(&config.counters.unkeyed);
+            KeyOf::Unkeyed
+        }
+        Some(Err(error)) => {
+            bump(&config.counters.invalid_key);
+            tracing::warn!(
+                namespace = %config.namespace,
+                code = codes::INVALID_KEY,
+                error = %error,
+                "idempotency key refused"
+            );
+            KeyOf::Invalid(SendError::invalid_key(error))
+        }
+        Some(Ok(key)) => KeyOf::Keyed(Arc::from(format!("{}:{key}", config.namespace))),
+    }
+}
+
 async fn send<S, R>(config: Arc<Config>, mut inner: S, request: R) -> Result<Receipt, SendError>
 where
     R: IdempotentRequest,
@@ -150,29 +184,19 @@ where
     S::Error: Into<BoxError>,
 {
     let counters = &config.counters;
-    let store_key: Arc<str> = match request.key_in(&LayerOptions(&config)) {
-        None => {
-            bump(&counters.unkeyed);
+    let store_key = match store_key(&config, &request) {
+        KeyOf::Unkeyed => {
             return inner
                 .call(request)
                 .await
                 .map_err(|e| classify(&config, e.into()));
         }
-        Some(Err(error)) => {
-            bump(&counters.invalid_key);
-            tracing::warn!(
-                namespace = %config.namespace,
-                code = codes::INVALID_KEY,
-                error = %error,
-                "idempotency key refused"
-            );
-            return Err(SendError::invalid_key(error));
-        }
-        Some(Ok(key)) => Arc::from(format!("{}:{key}", config.namespace)),
+        KeyOf::Invalid(error) => return Err(error),
+        KeyOf::Keyed(key) => key,
     };
     let fingerprint = request.fingerprint();
 
-    let token = match reserve(&config, &store_key, fingerprint).await {
+    let token = match reserve_one(&config, &store_key, fingerprint).await {
         Ok(Reservation::Reserved { token }) => token,
         Ok(Reservation::Held { record }) => {
             return answer_held(&config, &store_key, fingerprint, record);
@@ -190,30 +214,24 @@ where
         }
     };
 
-    // From here the message may go: a drop must never free the key.
-    let mut settle = Settle {
-        config: Arc::clone(&config),
-        key: Arc::clone(&store_key),
-        token,
-        fingerprint,
-        finish: None,
-        done: false,
-    };
+    let mut settle = Settle::new(
+        Arc::clone(&config),
+        vec![Held {
+            key: store_key,
+            token,
+            fingerprint,
+        }],
+    );
     bump(&counters.sent);
     let result = inner
         .call(request)
         .await
         .map_err(|e| classify(&config, e.into()));
-    settle.finish = Some(match &result {
-        Ok(receipt) => Finish::Complete(Outcome::Sent(receipt.clone())),
-        Err(error) if error.delivery_unknown() => Finish::Complete(Outcome::Failed(error.clone())),
-        Err(_) => Finish::Release,
-    });
-    settle.run().await;
+    settle.run(vec![Finish::for_result(&result)]).await;
     result
 }
 
-fn answer_held(
+pub(crate) fn answer_held(
     config: &Config,
     store_key: &str,
     fingerprint: Fingerprint,
@@ -265,169 +283,3 @@ fn answer_held(
     }
 }
 
-/// Reserves with the configured timeout. If the caller drops the send, or the timeout fires,
-/// while the store is still answering, the reservation is finished in the background and
-/// released at once, so the key is not held for a whole lease by a send that never happened.
-async fn reserve(
-    config: &Arc<Config>,
-    store_key: &Arc<str>,
-    fingerprint: Fingerprint,
-) -> Result<Reservation, StoreError> {
-    let store = Arc::clone(&config.store);
-    let key = Arc::clone(store_key);
-    let lease = config.lease;
-    let mut pending = PendingReserve {
-        future: Some(async move { store.reserve(&key, fingerprint, lease).await }.boxed()),
-        config: Arc::clone(config),
-        key: Arc::clone(store_key),
-    };
-    let answer = poll_fn(|cx| pending.poll(cx));
-    if tokio::runtime::Handle::try_current().is_ok() {
-        match tokio::time::timeout(config.reserve_timeout, answer).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::timeout()),
-        }
-    } else {
-        answer.await
-    }
-}
-
-struct PendingReserve {
-    future: Option<BoxFuture<'static, Result<Reservation, StoreError>>>,
-    config: Arc<Config>,
-    key: Arc<str>,
-}
-
-impl PendingReserve {
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reservation, StoreError>> {
-        let Some(future) = self.future.as_mut() else {
-            return Poll::Ready(Err(StoreError::new(
-                crate::store::StoreErrorKind::Unavailable,
-                "reservation polled after it finished",
-            )));
-        };
-        let result = std::task::ready!(future.poll_unpin(cx));
-        self.future = None;
-        Poll::Ready(result)
-    }
-}
-
-impl Drop for PendingReserve {
-    fn drop(&mut self) {
-        let Some(future) = self.future.take() else {
-            return;
-        };
-        let store = Arc::clone(&self.config.store);
-        let key = Arc::clone(&self.key);
-        spawn_detached(async move {
-            if let Ok(Reservation::Reserved { token }) = future.await {
-                // Nothing was sent under this reservation; failing to free it only costs the
-                // lease, so the error is not worth a warning.
-                let _ = store.release(&key, token).await;
-            }
-        });
-    }
-}
-
-enum Finish {
-    Complete(Outcome),
-    Release,
-}
-
-/// Keeps or frees a reserved key once the send is over, and, when the caller drops the send
-/// first, keeps it with an `idempotency.aborted` outcome from a background task.
-struct Settle {
-    config: Arc<Config>,
-    key: Arc<str>,
-    token: Token,
-    fingerprint: Fingerprint,
-    finish: Option<Finish>,
-    done: bool,
-}
-
-impl Settle {
-    async fn run(&mut self) {
-        if let Some(finish) = &self.finish {
-            apply(
-                &self.config,
-                &self.key,
-                self.token,
-                self.fingerprint,
-                finish,
-            )
-            .await;
-        }
-        self.done = true;
-    }
-}
-
-impl Drop for Settle {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let finish = self.finish.take().unwrap_or_else(|| {
-            bump(&self.config.counters.aborted);
-            Finish::Complete(Outcome::Failed(SendError::aborted()))
-        });
-        let config = Arc::clone(&self.config);
-        let key = Arc::clone(&self.key);
-        let (token, fingerprint) = (self.token, self.fingerprint);
-        spawn_detached(async move {
-            apply(&config, &key, token, fingerprint, &finish).await;
-        });
-    }
-}
-
-async fn apply(
-    config: &Config,
-    key: &str,
-    token: Token,
-    fingerprint: Fingerprint,
-    finish: &Finish,
-) {
-    let (result, action) = match finish {
-        Finish::Complete(outcome) => (
-            config
-                .store
-                .complete(key, token, fingerprint, outcome, config.ttl)
-                .await,
-            "keep the outcome",
-        ),
-        Finish::Release => (config.store.release(key, token).await, "free the key"),
-    };
-    match result {
-        Ok(true) => {}
-        Ok(false) => {
-            bump(&config.counters.lease_lost);
-            tracing::warn!(
-                namespace = %config.namespace,
-                key_hash = %key_hash(key),
-                code = codes::STORE_FAILED_WARNING,
-                "the lease passed before the send finished and another send holds the key; \
-                 make the lease longer than a send with all its retries"
-            );
-        }
-        Err(error) => {
-            bump(&config.counters.store_failed_after_send);
-            tracing::warn!(
-                namespace = %config.namespace,
-                key_hash = %key_hash(key),
-                code = codes::STORE_FAILED_WARNING,
-                error = %error,
-                "idempotency store failed to {action} after the send; the caller got the real outcome"
-            );
-        }
-    }
-}
-
-/// Runs `future` on the current tokio runtime, if there is one. Without one it is dropped:
-/// an aborted send's key then stays pending until its lease ends (see the crate docs).
-fn spawn_detached<F>(future: F)
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        drop(handle.spawn(future));
-    }
-}

@@ -88,6 +88,10 @@ pub struct TestStore {
     pub reserves: Arc<AtomicUsize>,
     pub completes: Arc<AtomicUsize>,
     pub releases: Arc<AtomicUsize>,
+    /// Calls of the batch operations.
+    pub reserve_many_calls: Arc<AtomicUsize>,
+    pub complete_many_calls: Arc<AtomicUsize>,
+    pub release_many_calls: Arc<AtomicUsize>,
     pub fail_reserve: Arc<AtomicBool>,
     pub fail_complete: Arc<AtomicBool>,
     pub fail_release: Arc<AtomicBool>,
@@ -156,6 +160,50 @@ impl Store for TestStore {
             self.inner
                 .complete(key, token, fingerprint, outcome, ttl)
                 .await
+        }
+        .boxed()
+    }
+
+    fn reserve_many<'a>(
+        &'a self,
+        requests: &'a [(&'a str, Fingerprint)],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
+        async move {
+            self.reserve_many_calls.fetch_add(1, Ordering::SeqCst);
+            if self.fail_reserve.load(Ordering::SeqCst) {
+                return Err(failure());
+            }
+            self.inner.reserve_many(requests, lease).await
+        }
+        .boxed()
+    }
+
+    fn complete_many<'a>(
+        &'a self,
+        completions: &'a [tower_idempotency::store::Completion<'a>],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        async move {
+            self.complete_many_calls.fetch_add(1, Ordering::SeqCst);
+            if self.fail_complete.load(Ordering::SeqCst) {
+                return Err(failure());
+            }
+            self.inner.complete_many(completions, ttl).await
+        }
+        .boxed()
+    }
+
+    fn release_many<'a>(
+        &'a self,
+        releases: &'a [(&'a str, Token)],
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        async move {
+            self.release_many_calls.fetch_add(1, Ordering::SeqCst);
+            if self.fail_release.load(Ordering::SeqCst) {
+                return Err(failure());
+            }
+            self.inner.release_many(releases).await
         }
         .boxed()
     }

@@ -1,0 +1,399 @@
+//! Batch sends: per-message answers in input order, one inner batch, keys kept or freed one by
+//! one, and a bounded number of store calls.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{TestStore, message};
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use tower::{Service, ServiceExt};
+use tower_idempotency::batch::{Batch, BatchOutcomes};
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::outcome::codes;
+use tower_idempotency::store::Store;
+use tower_idempotency::{BoxError, Idempotency, IdempotencyLayer, Message, Receipt, SendError};
+
+type Script = Arc<dyn Fn(&[Message]) -> Result<BatchOutcomes, BoxError> + Send + Sync>;
+
+/// A batch provider that records every batch it gets (as texts) and answers by a script.
+#[derive(Clone)]
+struct BatchProvider {
+    seen: Arc<Mutex<Vec<Vec<String>>>>,
+    script: Script,
+}
+
+impl BatchProvider {
+    fn ok() -> Self {
+        Self::answering(|batch| {
+            Ok(batch
+                .iter()
+                .map(|m| {
+                    Ok(Receipt::new(
+                        format!("id-{}", m.text().unwrap_or_default()),
+                        "bulk",
+                    ))
+                })
+                .collect())
+        })
+    }
+
+    fn answering(
+        f: impl Fn(&[Message]) -> Result<BatchOutcomes, BoxError> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            seen: Arc::default(),
+            script: Arc::new(f),
+        }
+    }
+
+    fn batches(&self) -> Vec<Vec<String>> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Service<Batch> for BatchProvider {
+    type Response = BatchOutcomes;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<BatchOutcomes, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, batch: Batch) -> Self::Future {
+        let texts = batch
+            .iter()
+            .map(|m| m.text().unwrap_or_default().to_owned())
+            .collect();
+        self.seen.lock().unwrap().push(texts);
+        let answer = (self.script)(batch.as_slice());
+        std::future::ready(answer).boxed()
+    }
+}
+
+fn service(store: &TestStore, provider: &BatchProvider) -> Idempotency<BatchProvider> {
+    let layer = IdempotencyLayer::builder()
+        .store(store.clone())
+        .namespace("batch")
+        .build()
+        .unwrap();
+    tower::Layer::layer(&layer, provider.clone())
+}
+
+async fn send(svc: &mut Idempotency<BatchProvider>, messages: Vec<Message>) -> BatchOutcomes {
+    svc.ready()
+        .await
+        .unwrap()
+        .call(Batch::from(messages))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_mixed_batch_gets_the_right_answer_at_each_position_and_sends_only_the_new() {
+    let store = TestStore::default();
+    let provider = BatchProvider::ok();
+    let mut svc = service(&store, &provider);
+    send(&mut svc, vec![message(Some("done"), "done")]).await;
+    // A send still in flight elsewhere under "pending".
+    let pending = message(Some("pending"), "pending");
+    store
+        .inner
+        .reserve(
+            "batch:pending",
+            Fingerprint::of(&pending),
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
+
+    let answers = send(
+        &mut svc,
+        vec![
+            message(Some("new-1"), "new-1"),   // 0: sent
+            message(Some("done"), "done"),     // 1: replayed
+            pending.clone(),                   // 2: in flight
+            message(Some("done"), "other"),    // 3: key reused (store)
+            message(Some("new-1"), "new-1"),   // 4: repeat of 0 in the batch
+            message(Some("new-1"), "changed"), // 5: key reused within the batch
+            message(None, "unkeyed"),          // 6: sent as it is
+            message(Some("new-2"), "new-2"),   // 7: sent
+        ],
+    )
+    .await;
+    assert_eq!(answers.len(), 8);
+    let ok = |i: usize| answers[i].as_ref().unwrap();
+    let err = |i: usize| answers[i].as_ref().unwrap_err();
+    assert_eq!(ok(0).id, "id-new-1");
+    assert!(!ok(0).replayed);
+    assert_eq!(ok(1).id, "id-done");
+    assert!(ok(1).replayed);
+    assert_eq!(err(2).code(), codes::IN_FLIGHT);
+    assert_eq!(err(3).code(), codes::KEY_REUSED);
+    assert_eq!(ok(4).id, "id-new-1");
+    assert!(ok(4).replayed);
+    assert_eq!(err(5).code(), codes::KEY_REUSED);
+    assert_eq!(ok(6).id, "id-unkeyed");
+    assert_eq!(ok(7).id, "id-new-2");
+    // The provider saw the first batch, then only the new and the unkeyed, in input order.
+    assert_eq!(
+        provider.batches(),
+        vec![
+            vec!["done".to_owned()],
+            vec!["new-1".into(), "unkeyed".into(), "new-2".into()]
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_batch_costs_one_reserve_call_and_one_complete_call() {
+    let store = TestStore::default();
+    let provider = BatchProvider::ok();
+    let mut svc = service(&store, &provider);
+    let messages: Vec<Message> = (0..100)
+        .map(|i| message(Some(&format!("k{i}")), &format!("m{i}")))
+        .collect();
+    let answers = send(&mut svc, messages.clone()).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.as_ref().is_ok_and(|r| !r.replayed))
+    );
+    assert_eq!(store.reserve_many_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(store.complete_many_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(store.release_many_calls.load(Ordering::SeqCst), 0);
+    assert_eq!(provider.batches().len(), 1);
+    // All of them again: answered from the store, no inner call, one more reserve call.
+    let again = send(&mut svc, messages).await;
+    assert!(again.iter().all(|a| a.as_ref().is_ok_and(|r| r.replayed)));
+    assert_eq!(store.reserve_many_calls.load(Ordering::SeqCst), 2);
+    assert_eq!(provider.batches().len(), 1);
+}
+
+#[tokio::test]
+async fn each_key_is_kept_or_freed_by_its_own_outcome() {
+    let store = TestStore::default();
+    let calls = Arc::new(Mutex::new(0));
+    let c = Arc::clone(&calls);
+    let provider = BatchProvider::answering(move |batch| {
+        *c.lock().unwrap() += 1;
+        Ok(batch
+            .iter()
+            .map(|m| match m.text().unwrap_or_default() {
+                "rejected" => Err(SendError::permanent("provider.rejected", "bad address")),
+                "unknown" => Err(SendError::unknown_delivery("provider.server_error", "500")),
+                text => Ok(Receipt::new(format!("id-{text}"), "bulk")),
+            })
+            .collect())
+    });
+    let mut svc = service(&store, &provider);
+    let batch = || {
+        vec![
+            message(Some("a"), "ok"),
+            message(Some("b"), "rejected"),
+            message(Some("c"), "unknown"),
+        ]
+    };
+    let first = send(&mut svc, batch()).await;
+    assert!(first[0].is_ok());
+    assert_eq!(first[1].as_ref().unwrap_err().code(), "provider.rejected");
+    assert_eq!(
+        first[2].as_ref().unwrap_err().code(),
+        "provider.server_error"
+    );
+    assert_eq!(store.release_many_calls.load(Ordering::SeqCst), 1);
+
+    let second = send(&mut svc, batch()).await;
+    assert!(
+        second[0].as_ref().unwrap().replayed,
+        "a delivered key is kept"
+    );
+    assert!(
+        !second[1].as_ref().unwrap_err().is_replayed(),
+        "a rejected key is freed and sent again"
+    );
+    assert!(
+        second[2].as_ref().unwrap_err().is_replayed(),
+        "an unknown key is kept"
+    );
+    assert_eq!(provider.batches()[1], vec!["rejected".to_owned()]);
+}
+
+#[tokio::test]
+async fn fewer_outcomes_than_messages_is_a_clear_error_and_keeps_every_key() {
+    let store = TestStore::default();
+    let provider = BatchProvider::answering(|batch| {
+        Ok(batch
+            .iter()
+            .skip(1)
+            .map(|_| Ok(Receipt::new("x", "bulk")))
+            .collect())
+    });
+    let mut svc = service(&store, &provider);
+    let messages = vec![
+        message(Some("a"), "a"),
+        message(Some("b"), "b"),
+        message(None, "c"),
+    ];
+    let answers = send(&mut svc, messages.clone()).await;
+    for answer in &answers {
+        let e = answer.as_ref().unwrap_err();
+        assert_eq!(e.code(), codes::BATCH_MISMATCH);
+        assert!(e.delivery_unknown());
+        assert!(
+            e.message().contains("2 outcomes for 3 messages"),
+            "{}",
+            e.message()
+        );
+    }
+    assert_eq!(
+        store.release_many_calls.load(Ordering::SeqCst),
+        0,
+        "no key may be freed"
+    );
+    let again = send(&mut svc, messages[..2].to_vec()).await;
+    for answer in &again {
+        let e = answer.as_ref().unwrap_err();
+        assert!(e.is_replayed());
+        assert_eq!(e.code(), codes::BATCH_MISMATCH);
+    }
+    assert_eq!(provider.batches().len(), 1);
+}
+
+#[tokio::test]
+async fn a_batch_that_fails_as_a_whole_answers_every_sent_message_and_frees_not_sent_keys() {
+    let store = TestStore::default();
+    let provider = BatchProvider::answering(|_| {
+        Err(SendError::retryable("provider.unavailable", "503").into())
+    });
+    let mut svc = service(&store, &provider);
+    let answers = send(
+        &mut svc,
+        vec![message(Some("a"), "a"), message(Some("b"), "b")],
+    )
+    .await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.as_ref().unwrap_err().code() == "provider.unavailable")
+    );
+    let again = send(&mut svc, vec![message(Some("a"), "a")]).await;
+    assert!(
+        !again[0].as_ref().unwrap_err().is_replayed(),
+        "the key was freed, so it was sent again"
+    );
+    assert_eq!(provider.batches().len(), 2);
+}
+
+#[tokio::test]
+async fn a_store_that_cannot_reserve_fails_the_keyed_messages_unsent_and_sends_the_unkeyed() {
+    let store = TestStore::default();
+    store.fail_reserve.store(true, Ordering::SeqCst);
+    let provider = BatchProvider::ok();
+    let mut svc = service(&store, &provider);
+    let answers = send(
+        &mut svc,
+        vec![message(Some("a"), "a"), message(None, "plain")],
+    )
+    .await;
+    let e = answers[0].as_ref().unwrap_err();
+    assert_eq!(e.code(), codes::STORE_FAILED);
+    assert!(e.is_retryable());
+    assert_eq!(answers[1].as_ref().unwrap().id, "id-plain");
+    assert_eq!(provider.batches(), vec![vec!["plain".to_owned()]]);
+}
+
+#[tokio::test]
+async fn an_empty_batch_answers_nothing_and_calls_nobody() {
+    let store = TestStore::default();
+    let provider = BatchProvider::ok();
+    let mut svc = service(&store, &provider);
+    assert!(send(&mut svc, vec![]).await.is_empty());
+    assert!(provider.batches().is_empty());
+    assert_eq!(store.total_calls(), 0);
+    assert_eq!(store.reserve_many_calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn dropping_a_batch_after_the_provider_was_called_keeps_every_key_as_aborted() {
+    let store = TestStore::default();
+    let (called_tx, called_rx) = tokio::sync::oneshot::channel::<()>();
+    let called_tx = Arc::new(Mutex::new(Some(called_tx)));
+    let layer = IdempotencyLayer::builder()
+        .store(store.clone())
+        .namespace("batch")
+        .build()
+        .unwrap();
+    let stalled = tower::service_fn(move |_batch: Batch| {
+        if let Some(tx) = called_tx.lock().unwrap().take() {
+            let _ = tx.send(());
+        }
+        std::future::pending::<Result<BatchOutcomes, BoxError>>()
+    });
+    let mut svc = tower::Layer::layer(&layer, stalled);
+    let future = svc.ready().await.unwrap().call(Batch::from(vec![
+        message(Some("a"), "a"),
+        message(Some("b"), "b"),
+    ]));
+    let task = tokio::spawn(future);
+    called_rx.await.unwrap();
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    while store.complete_many_calls.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let provider = BatchProvider::ok();
+    let mut svc = service(&store, &provider);
+    let answers = send(
+        &mut svc,
+        vec![message(Some("a"), "a"), message(Some("b"), "b")],
+    )
+    .await;
+    for answer in answers {
+        let e = answer.unwrap_err();
+        assert_eq!(e.code(), codes::ABORTED);
+        assert!(e.is_replayed());
+    }
+    assert!(provider.batches().is_empty());
+    assert_eq!(layer.stats().aborted, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_batches_with_the_same_keys_send_each_message_once() {
+    let store = TestStore::default();
+    let provider = BatchProvider::ok();
+    let svc = service(&store, &provider);
+    let barrier = Arc::new(tokio::sync::Barrier::new(20));
+    let tasks: Vec<_> = (0..20)
+        .map(|t| {
+            let svc = svc.clone();
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                let mut batch: Vec<Message> = (0..10)
+                    .map(|i| message(Some(&format!("k{i}")), &format!("m{i}")))
+                    .collect();
+                batch.rotate_left(t % 10);
+                barrier.wait().await;
+                svc.oneshot(Batch::from(batch)).await.unwrap()
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut sent: Vec<String> = provider.batches().into_iter().flatten().collect();
+    sent.sort();
+    let mut expected: Vec<String> = (0..10).map(|i| format!("m{i}")).collect();
+    expected.sort();
+    assert_eq!(
+        sent, expected,
+        "each message reached the provider exactly once"
+    );
+}
