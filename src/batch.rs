@@ -62,7 +62,8 @@ use crate::fingerprint::Fingerprint;
 use crate::layer::Idempotency;
 use crate::layer::IdempotentRequest;
 use crate::layer::internals::{
-    Config, Finish, Held, KeyOf, Settle, answer_held, bump, classify, reserve_many, store_key,
+    Config, Finish, Held, KeyOf, Settle, answer_held, bump, classify, key_hash, reserve_many,
+    store_key,
 };
 use crate::message::Message;
 use crate::outcome::{BoxError, Outcome, Receipt, SendError, codes};
@@ -374,6 +375,13 @@ async fn reserve_keyed(
             }
             Err(error) => {
                 bump(&config.counters.store_failed);
+                tracing::warn!(
+                    namespace = %config.namespace,
+                    key_hash = %key_hash(key),
+                    code = codes::STORE_FAILED,
+                    error = %error,
+                    "idempotency store failed to reserve; message not sent"
+                );
                 answers[i] = Some(Err(SendError::store_failed(error)));
                 Plan::Answered
             }

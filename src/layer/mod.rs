@@ -21,7 +21,7 @@ pub use stats::Stats;
 pub(crate) mod internals {
     pub(crate) use super::classify::classify;
     pub(crate) use super::layer::Config;
-    pub(crate) use super::service::{KeyOf, answer_held, store_key};
+    pub(crate) use super::service::{KeyOf, answer_held, key_hash, store_key};
     pub(crate) use super::settle::{Finish, Held, Settle, reserve_many};
     pub(crate) use super::stats::bump;
 }
