@@ -513,6 +513,17 @@ impl Outcome {
         }
     }
 
+    /// [`replay`](Self::replay), consuming the outcome instead of cloning it.
+    pub fn into_replay(self) -> Result<Receipt, SendError> {
+        match self {
+            Self::Sent(receipt) => Ok(Receipt {
+                replayed: true,
+                ..receipt
+            }),
+            Self::Failed(error) => Err(error.replayed()),
+        }
+    }
+
     /// The category of the outcome.
     pub fn category(&self) -> Category {
         match self {

@@ -266,7 +266,7 @@ pub(crate) fn answer_held(
                 key_hash = %key_hash(store_key),
                 "answered from the idempotency store"
             );
-            outcome.replay()
+            outcome.into_replay()
         }
         (RecordState::Done, None) => {
             bump(&counters.store_failed);
@@ -282,4 +282,3 @@ pub(crate) fn answer_held(
         }
     }
 }
-

@@ -28,6 +28,10 @@ pub(crate) async fn bounded<T: Send + 'static>(
         future: Some(future),
         abandon: Some(Box::new(abandon)),
     };
+    // An in-process store answers at once: take that answer without arming a timer.
+    if let Some(result) = poll_fn(|cx| pending.poll(cx)).now_or_never() {
+        return result;
+    }
     let answer = poll_fn(|cx| pending.poll(cx));
     if tokio::runtime::Handle::try_current().is_ok() {
         match tokio::time::timeout(config.reserve_timeout, answer).await {
@@ -138,7 +142,9 @@ impl Finish {
     pub(crate) fn for_result(result: &Result<crate::Receipt, SendError>) -> Self {
         match result {
             Ok(receipt) => Self::Complete(Outcome::Sent(receipt.clone())),
-            Err(error) if error.delivery_unknown() => Self::Complete(Outcome::Failed(error.clone())),
+            Err(error) if error.delivery_unknown() => {
+                Self::Complete(Outcome::Failed(error.clone()))
+            }
             Err(_) => Self::Release,
         }
     }
@@ -213,7 +219,12 @@ async fn apply(config: &Config, held: &[Held], finishes: &[Finish]) {
             }
             Finish::Release => config.store.release(&one.key, one.token).await,
         };
-        report(config, std::iter::once(one), finish_name(finish), result.map(|w| vec![w]));
+        report(
+            config,
+            std::iter::once(one),
+            finish_name(finish),
+            result.map(|w| vec![w]),
+        );
         return;
     }
     let mut completions = Vec::new();
