@@ -1,12 +1,16 @@
 //! `PostgresStore` against a real server: the conformance suite, races across connections,
-//! corrupt rows, killed connections, timeouts and purges.
+//! corrupt rows, killed connections, timeouts, purges, and the batch operations' statements.
 //!
 //! Runs when `DATABASE_URL` is set (e.g. `postgres://postgres@127.0.0.1:5432/test`), skips
 //! otherwise (and fails when `TOWER_IDEMPOTENCY_REQUIRE_BACKENDS` is set).
 #![cfg(feature = "postgres")]
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
@@ -16,7 +20,7 @@ use tower_idempotency::store::postgres::deadpool_postgres::{
     Manager, ManagerConfig, Pool, RecyclingMethod,
 };
 use tower_idempotency::store::{
-    PostgresStore, RecordState, Reservation, Store, StoreErrorKind, Token,
+    Completion, PostgresStore, RecordState, Reservation, Store, StoreErrorKind, Token,
 };
 use uuid::Uuid;
 
@@ -626,4 +630,440 @@ fn unsafe_table_names_are_refused_before_any_sql() {
     }
     let store = PostgresStore::new(pool).table("app.keys").unwrap();
     assert_eq!(store.table_name(), "app.keys");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn overlapping_batches_on_sixteen_connections_never_deadlock() {
+    let Some(url) = database_url() else { return };
+    const TASKS: usize = 16;
+    const BATCH: usize = 20;
+    // Task t asks for keys t*2 .. t*2+20 of the round: each key is wanted by up to ten tasks.
+    const KEYS: usize = (TASKS - 1) * 2 + BATCH;
+    let store = PostgresStore::new(pool(&url, TASKS, &unique("idem_batch_race")))
+        .table(CONFORMANCE_TABLE)
+        .unwrap()
+        .timeout(Duration::from_secs(30));
+    store.migrate().await.unwrap();
+    let clients = futures_util::future::try_join_all((0..TASKS).map(|_| store.pool().get()))
+        .await
+        .expect("16 connections");
+    drop(clients);
+
+    let prefix = unique("batch-race");
+    for round in 0..10 {
+        let keys: Arc<Vec<String>> = Arc::new(
+            (0..KEYS)
+                .map(|i| format!("{prefix}:{round}:{i:02}"))
+                .collect(),
+        );
+        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let (store, keys, barrier) =
+                    (store.clone(), Arc::clone(&keys), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    // Every task asks in its own order: rotated, and reversed for odd tasks,
+                    // so unordered locking would cross between almost every pair of tasks.
+                    let mut window: Vec<&str> = keys[t * 2..t * 2 + BATCH]
+                        .iter()
+                        .map(String::as_str)
+                        .collect();
+                    window.rotate_left((t * 7 + round) % BATCH);
+                    if t % 2 == 1 {
+                        window.reverse();
+                    }
+                    let requests: Vec<(&str, Fingerprint)> =
+                        window.iter().map(|key| (*key, fp(1))).collect();
+                    barrier.wait().await;
+                    let answers = store.reserve_many(&requests, LEASE).await;
+                    let answers = answers.unwrap_or_else(|e| panic!("task {t}: {e}"));
+                    assert_eq!(answers.len(), BATCH);
+                    let mut won = Vec::new();
+                    for (answer, key) in answers.into_iter().zip(window) {
+                        match answer {
+                            Ok(Reservation::Reserved { .. }) => won.push(key.to_owned()),
+                            Ok(Reservation::Held { record }) => {
+                                assert_eq!(record.state, RecordState::Pending);
+                            }
+                            Err(e) => panic!("task {t}, key {key}: {e}"),
+                        }
+                    }
+                    won
+                })
+            })
+            .collect();
+        let mut reserved = Vec::new();
+        for task in tasks {
+            reserved.extend(task.await.expect("a batch task failed"));
+        }
+        reserved.sort();
+        assert_eq!(
+            reserved, *keys,
+            "round {round}: each key reserved exactly once"
+        );
+    }
+    forget(&url, &prefix).await;
+}
+
+#[tokio::test]
+async fn a_key_repeated_in_one_batch_is_refused_before_any_statement() {
+    let Some(url) = database_url() else { return };
+    let store = shared_store(&url).await;
+    let key = unique("repeated");
+    let other = format!("{key}:other");
+    let error = store
+        .reserve_many(&[(&key, fp(1)), (&other, fp(1)), (&key, fp(2))], LEASE)
+        .await
+        .expect_err("a repeated key");
+    assert_eq!(error.kind(), StoreErrorKind::Corrupt, "{error}");
+    assert!(error.to_string().contains("distinct"), "{error}");
+    // Nothing was reserved: the statement never ran.
+    let answers = store
+        .reserve_many(&[(&key, fp(1)), (&other, fp(1))], LEASE)
+        .await
+        .unwrap();
+    let tokens: Vec<Token> = answers
+        .into_iter()
+        .map(|answer| match answer {
+            Ok(Reservation::Reserved { token }) => token,
+            other => panic!("a refused batch reserved something: {other:?}"),
+        })
+        .collect();
+
+    let outcome = Outcome::Sent(Receipt::new("m", "t"));
+    let twice = Completion {
+        key: &key,
+        token: tokens[0],
+        fingerprint: fp(1),
+        outcome: &outcome,
+    };
+    let error = store
+        .complete_many(&[twice, twice], LEASE)
+        .await
+        .expect_err("a repeated key");
+    assert_eq!(error.kind(), StoreErrorKind::Corrupt, "{error}");
+    let error = store
+        .release_many(&[(&key, tokens[0]), (&key, tokens[0])])
+        .await
+        .expect_err("a repeated key");
+    assert_eq!(error.kind(), StoreErrorKind::Corrupt, "{error}");
+    // Both keys are still held pending by their reservation.
+    assert_eq!(
+        store
+            .release_many(&[(&other, tokens[1]), (&key, tokens[0])])
+            .await
+            .unwrap(),
+        [true, true]
+    );
+    forget(&url, &key).await;
+}
+
+#[tokio::test]
+async fn a_row_that_does_not_decode_fails_its_own_entry_of_a_batch_only() {
+    let Some(url) = database_url() else { return };
+    let store = shared_store(&url).await;
+    let prefix = unique("corrupt-batch");
+    let (before, garbage, after) = (
+        format!("{prefix}:a"),
+        format!("{prefix}:b"),
+        format!("{prefix}:c"),
+    );
+    let insert = format!(
+        "INSERT INTO {CONFORMANCE_TABLE} (key, state, token, fingerprint, outcome, expires_at)
+         VALUES ($1, 'weird', $2, '\\x01', NULL, now() + interval '1 hour')"
+    );
+    admin(&url)
+        .await
+        .execute(&insert, &[&garbage, &Uuid::new_v4()])
+        .await
+        .unwrap();
+    let answers = store
+        .reserve_many(
+            &[(&after, fp(1)), (&garbage, fp(1)), (&before, fp(1))],
+            LEASE,
+        )
+        .await
+        .expect("the call as a whole succeeds");
+    assert_eq!(answers.len(), 3);
+    assert!(matches!(answers[0], Ok(Reservation::Reserved { .. })));
+    match &answers[1] {
+        Err(error) => assert_eq!(error.kind(), StoreErrorKind::Corrupt, "{error}"),
+        Ok(answer) => panic!("a garbage row decoded: {answer:?}"),
+    }
+    assert!(matches!(answers[2], Ok(Reservation::Reserved { .. })));
+    forget(&url, &prefix).await;
+}
+
+/// A TCP relay in front of the server that counts the server's `ReadyForQuery` messages.
+///
+/// The server sends exactly one `ReadyForQuery` per `Sync` or simple query it answers, and a
+/// client waits for it before it knows its statement finished: the count is the number of
+/// round trips, read off the wire, including any the driver makes behind our back (prepares,
+/// type look-ups) and any on extra connections. It is counted before the message is passed
+/// on, so it is exact the moment the store's call returns.
+///
+/// Why not the server's statistics: `pg_stat_statements` is not preloaded on the test server
+/// (loading it needs a restart); `pg_stat_database.xact_commit` is database-wide, counts
+/// autovacuum's transactions as well, and PostgreSQL 15 publishes a busy backend's counters
+/// only every second (or ten seconds after it goes idle), so reading it takes a dedicated
+/// database, a session closed to force the flush, and still a tolerance for noise.
+struct Relay {
+    port: u16,
+    ready: Arc<AtomicU64>,
+}
+
+impl Relay {
+    async fn start(server: (String, u16)) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let ready = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&ready);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let upstream = TcpStream::connect(server.clone()).await.unwrap();
+                tokio::spawn(relay_session(client, upstream, Arc::clone(&counter)));
+            }
+        });
+        Self { port, ready }
+    }
+
+    fn round_trips(&self) -> u64 {
+        self.ready.load(Ordering::SeqCst)
+    }
+}
+
+async fn relay_session(client: TcpStream, upstream: TcpStream, ready: Arc<AtomicU64>) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = upstream.into_split();
+    tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+        let _ = server_write.shutdown().await;
+    });
+    // The server's side, without TLS, is a stream of messages: a type byte, then a length
+    // that counts itself and the body.
+    let mut pending: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = match server_read.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        pending.extend_from_slice(&chunk[..n]);
+        let mut at = 0;
+        while pending.len() - at >= 5 {
+            let length = u32::from_be_bytes(pending[at + 1..at + 5].try_into().unwrap()) as usize;
+            if pending.len() - at < 1 + length {
+                break;
+            }
+            if pending[at] == b'Z' {
+                ready.fetch_add(1, Ordering::SeqCst);
+            }
+            at += 1 + length;
+        }
+        pending.drain(..at);
+        if client_write.write_all(&chunk[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Round trips, counted by [`Relay`] on the store's single pooled connection: a batch of 100
+/// costs one statement each for `reserve_many` and `complete_many` (two with its prepare the
+/// first time), where 100 single reserve + complete pairs cost 200.
+#[tokio::test]
+async fn a_batch_of_a_hundred_costs_one_round_trip_per_call() {
+    let Some(url) = database_url() else { return };
+    let direct: tokio_postgres::Config = url.parse().unwrap();
+    let host = match direct.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => {
+            eprintln!("skipped: DATABASE_URL does not name a TCP host to relay");
+            return;
+        }
+    };
+    let port = direct.get_ports().first().copied().unwrap_or(5432);
+    let relay = Relay::start((host, port)).await;
+
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(relay.port)
+        .ssl_mode(tokio_postgres::config::SslMode::Disable)
+        .application_name("idem_round_trips");
+    if let Some(user) = direct.get_user() {
+        config.user(user);
+    }
+    if let Some(password) = direct.get_password() {
+        config.password(password);
+    }
+    if let Some(dbname) = direct.get_dbname() {
+        config.dbname(dbname);
+    }
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager).max_size(1).build().unwrap();
+    let store = PostgresStore::new(pool)
+        .table(CONFORMANCE_TABLE)
+        .unwrap()
+        .timeout(Duration::from_secs(10));
+    store.migrate().await.unwrap();
+
+    let prefix = unique("round-trips");
+    let outcome = Outcome::Sent(Receipt::new("m", "t"));
+    let batch =
+        |name: &str| -> Vec<String> { (0..100).map(|i| format!("{prefix}:{name}:{i}")).collect() };
+    // Measures one call in round trips.
+    async fn counted<T>(relay: &Relay, call: impl Future<Output = T>) -> (T, u64) {
+        let before = relay.round_trips();
+        let answer = call.await;
+        (answer, relay.round_trips() - before)
+    }
+    let reserve_and_complete = |keys: Vec<String>| {
+        let (store, outcome) = (&store, &outcome);
+        let relay = &relay;
+        async move {
+            let requests: Vec<(&str, Fingerprint)> =
+                keys.iter().map(|key| (key.as_str(), fp(1))).collect();
+            let (answers, reserving) = counted(relay, store.reserve_many(&requests, LEASE)).await;
+            let completions: Vec<Completion<'_>> = answers
+                .unwrap()
+                .into_iter()
+                .zip(&keys)
+                .map(|(answer, key)| match answer {
+                    Ok(Reservation::Reserved { token }) => Completion {
+                        key,
+                        token,
+                        fingerprint: fp(1),
+                        outcome,
+                    },
+                    other => panic!("a fresh key was not reserved: {other:?}"),
+                })
+                .collect();
+            let (written, completing) =
+                counted(relay, store.complete_many(&completions, LEASE)).await;
+            assert_eq!(written.unwrap(), vec![true; 100]);
+            (reserving, completing)
+        }
+    };
+
+    // The first batch on the connection also prepares its statements.
+    let first = reserve_and_complete(batch("first")).await;
+    assert!(first.0 <= 2 && first.1 <= 2, "first batch: {first:?}");
+    let prepared = reserve_and_complete(batch("prepared")).await;
+    assert_eq!(prepared, (1, 1), "once prepared");
+    eprintln!("round trips for 100 keys: first batch {first:?}, then {prepared:?}");
+
+    // The same work as single operations: the relay counts what it should.
+    let (_, singles) = counted(&relay, async {
+        for key in batch("singles") {
+            let Reservation::Reserved { token } = store.reserve(&key, fp(1), LEASE).await.unwrap()
+            else {
+                panic!("a fresh key was not reserved")
+            };
+            assert!(
+                store
+                    .complete(&key, token, fp(1), &outcome, LEASE)
+                    .await
+                    .unwrap()
+            );
+        }
+    })
+    .await;
+    assert!(
+        singles >= 200,
+        "100 single pairs took {singles} round trips"
+    );
+    eprintln!("round trips for 100 single pairs: {singles}");
+    forget(&url, &prefix).await;
+}
+
+/// Releases and reserves of overlapping batches at once, over keys whose stale reservations
+/// have expired: no deadlock, and every key ends reserved by exactly one reserver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn overlapping_releases_and_reserves_never_deadlock() {
+    let Some(url) = database_url() else { return };
+    const TASKS: usize = 16;
+    const KEYS: usize = 30;
+    let store = PostgresStore::new(pool(&url, TASKS, &unique("idem_release_race")))
+        .table(CONFORMANCE_TABLE)
+        .unwrap()
+        .timeout(Duration::from_secs(30));
+    store.migrate().await.unwrap();
+    let prefix = unique("release-race");
+    for round in 0..10 {
+        let keys: Vec<String> = (0..KEYS)
+            .map(|i| format!("{prefix}:{round}:{i:02}"))
+            .collect();
+        let requests: Vec<(&str, Fingerprint)> =
+            keys.iter().map(|key| (key.as_str(), fp(2))).collect();
+        // Stale reservations: a zero lease has expired by the time anyone looks.
+        let stale: Arc<Vec<(String, Token)>> = Arc::new(
+            store
+                .reserve_many(&requests, Duration::ZERO)
+                .await
+                .unwrap()
+                .into_iter()
+                .zip(&keys)
+                .map(|(answer, key)| match answer {
+                    Ok(Reservation::Reserved { token }) => (key.clone(), token),
+                    other => panic!("a fresh key was not reserved: {other:?}"),
+                })
+                .collect(),
+        );
+        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let (store, stale, barrier) =
+                    (store.clone(), Arc::clone(&stale), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    let mut mine: Vec<(&str, Token)> = stale
+                        .iter()
+                        .map(|(key, token)| (key.as_str(), *token))
+                        .collect();
+                    mine.rotate_left(t * 3 % KEYS);
+                    if t % 2 == 1 {
+                        mine.reverse();
+                    }
+                    barrier.wait().await;
+                    if t % 2 == 0 {
+                        store
+                            .release_many(&mine)
+                            .await
+                            .unwrap_or_else(|e| panic!("release task {t}: {e}"));
+                        return Vec::new();
+                    }
+                    let requests: Vec<(&str, Fingerprint)> =
+                        mine.iter().map(|(key, _)| (*key, fp(1))).collect();
+                    let answers = store
+                        .reserve_many(&requests, LEASE)
+                        .await
+                        .unwrap_or_else(|e| panic!("reserve task {t}: {e}"));
+                    answers
+                        .into_iter()
+                        .zip(mine)
+                        .filter_map(|(answer, (key, _))| match answer {
+                            Ok(Reservation::Reserved { .. }) => Some(key.to_owned()),
+                            Ok(Reservation::Held { .. }) => None,
+                            Err(e) => panic!("reserve task {t}, key {key}: {e}"),
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        let mut reserved = Vec::new();
+        for task in tasks {
+            reserved.extend(task.await.expect("a batch task failed"));
+        }
+        reserved.sort();
+        assert_eq!(
+            reserved, keys,
+            "round {round}: each key reserved exactly once"
+        );
+    }
+    forget(&url, &prefix).await;
 }

@@ -2,6 +2,9 @@
 //! at concurrency 1 and 64: reserve + complete pairs per second, and so the cost of our code
 //! (decoding, the trait's boxed futures, timeouts, outcome serialisation) over the raw SQL.
 //!
+//! Then 100 keys through `reserve_many` + `complete_many` (two statements) against the same
+//! 100 keys as single reserve + complete pairs, one caller: keys per second.
+//!
 //! Runs when `DATABASE_URL` is set, on a table of its own that it drops at the end.
 
 use std::sync::Arc;
@@ -15,12 +18,13 @@ use tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::{self
 use tower_idempotency::store::postgres::deadpool_postgres::{
     Manager, ManagerConfig, Pool, RecyclingMethod,
 };
-use tower_idempotency::store::{PostgresStore, Reservation, Store, Token};
+use tower_idempotency::store::{Completion, PostgresStore, Reservation, Store, Token};
 use uuid::Uuid;
 
 const CONCURRENCY: [usize; 2] = [1, 64];
 const LEASE: Duration = Duration::from_secs(600);
 const TTL: Duration = Duration::from_secs(3600);
+const BATCH: usize = 100;
 
 /// The statements `PostgresStore` issues, as its module docs give them.
 fn reserve_sql(table: &str) -> String {
@@ -87,6 +91,39 @@ impl Bench {
             .await
             .expect("complete");
         assert!(written);
+    }
+
+    /// `BATCH` fresh keys reserved and completed in one `reserve_many` and one
+    /// `complete_many`.
+    async fn store_batch(&self) {
+        let keys: Vec<String> = (0..BATCH).map(|_| self.key()).collect();
+        let fingerprint = Fingerprint::from_bytes([7; 32]);
+        let requests: Vec<(&str, Fingerprint)> =
+            keys.iter().map(|key| (key.as_str(), fingerprint)).collect();
+        let answers = self
+            .store
+            .reserve_many(&requests, LEASE)
+            .await
+            .expect("reserve_many");
+        let completions: Vec<Completion<'_>> = answers
+            .into_iter()
+            .zip(&keys)
+            .map(|(answer, key)| match answer {
+                Ok(Reservation::Reserved { token }) => Completion {
+                    key,
+                    token,
+                    fingerprint,
+                    outcome: &self.outcome,
+                },
+                _ => panic!("a fresh key was not reserved"),
+            })
+            .collect();
+        let written = self
+            .store
+            .complete_many(&completions, TTL)
+            .await
+            .expect("complete_many");
+        assert!(written.iter().all(|w| *w));
     }
 
     async fn raw_pair(&self) {
@@ -221,6 +258,30 @@ pub fn bench(c: &mut Criterion) {
             );
         }
     }
+    group.finish();
+
+    let mut group = c.benchmark_group("postgres/100 keys");
+    group
+        .throughput(Throughput::Elements(BATCH as u64))
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    group.bench_function("reserve_many+complete_many", |b| {
+        b.to_async(&runtime).iter_custom(|iters| {
+            let bench = Arc::clone(&bench);
+            async move {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    bench.store_batch().await;
+                }
+                start.elapsed()
+            }
+        });
+    });
+    group.bench_function("100 × reserve+complete", |b| {
+        b.to_async(&runtime)
+            .iter_custom(|iters| run(&bench, iters * BATCH as u64, 1, false));
+    });
     group.finish();
 
     runtime.block_on(async {

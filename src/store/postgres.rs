@@ -25,9 +25,9 @@
 //!
 //! # How each operation runs
 //!
-//! Each operation is **one autocommit statement**, meant for the default `READ COMMITTED`
-//! isolation, and every expiry is decided by the server's `now()`, never by the client's
-//! clock:
+//! Each operation, single or batch, is **one autocommit statement**, so one round trip once
+//! prepared, meant for the default `READ COMMITTED` isolation, and every expiry is decided by
+//! the server's `now()`, never by the client's clock:
 //!
 //! - `reserve` is one `INSERT … ON CONFLICT (key) DO UPDATE` whose `SET` keeps the live row
 //!   as it is and replaces an expired one with the new reservation. An `ON CONFLICT` update
@@ -38,6 +38,26 @@
 //! - `complete` is an upsert whose `DO UPDATE` applies only `WHERE token = $token OR
 //!   expires_at <= now()`, so a stale owner never overwrites a new owner's record.
 //! - `release` is `DELETE … WHERE key = $1 AND token = $2 AND state = 'pending'`.
+//!
+//! The batch operations are one statement each too, whatever the number of keys: the keys,
+//! tokens, fingerprints (and outcomes) travel as arrays and `unnest` turns them back into
+//! rows, so every row gets exactly the single operation's treatment:
+//!
+//! - `reserve_many` is the reserve upsert over `SELECT … FROM unnest($1::text[], $2::uuid[],
+//!   $3::bytea[]) ORDER BY key`, returning the key with each row. The rows are matched back to
+//!   the requests by key; an entry whose row does not decode is a
+//!   [`Corrupt`](super::StoreErrorKind::Corrupt) error for that entry alone.
+//! - `complete_many` is the complete upsert over `unnest`, with the same token-or-expired
+//!   `WHERE`; `RETURNING key` names the rows it wrote.
+//! - `release_many` locks the matching pending rows (`JOIN unnest … FOR UPDATE`) and deletes
+//!   them, returning their keys.
+//!
+//! Every batch takes its row locks in key order (`ORDER BY key`), so overlapping batches
+//! running at once wait for each other instead of deadlocking. The keys of one call must be
+//! distinct: a repeated key fails the call with a [`Corrupt`](super::StoreErrorKind::Corrupt)
+//! error before any statement is sent. An empty call sends nothing. A failed batch statement
+//! (a timeout included) fails the whole call; keys it may have reserved free themselves when
+//! their lease ends, as with a single reserve that timed out.
 //!
 //! Statements are prepared once per pooled connection (deadpool's statement cache). Every
 //! operation, including the wait for a pooled connection, is bounded by a timeout
@@ -72,6 +92,7 @@
 //! default): under `SERIALIZABLE`, racing reserves may fail with serialization errors (they
 //! fail as [`Unavailable`](super::StoreErrorKind::Unavailable), never as a double send).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,7 +103,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
-use super::{Record, RecordState, Reservation, Store, StoreError, StoreErrorKind, Token};
+use super::{
+    Completion, Record, RecordState, Reservation, Store, StoreError, StoreErrorKind, Token,
+};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
@@ -168,6 +191,9 @@ struct Sql {
     reserve: String,
     complete: String,
     release: String,
+    reserve_many: String,
+    complete_many: String,
+    release_many: String,
     purge: String,
 }
 
@@ -240,6 +266,55 @@ impl Table {
             ),
             release: format!(
                 "DELETE FROM {quoted} WHERE key = $1 AND token = $2 AND state = 'pending'"
+            ),
+            // The batch statements feed the single statements' logic from arrays, one row per
+            // key. `ORDER BY key` makes every batch lock its rows in one global order, so
+            // overlapping batches wait on each other instead of deadlocking.
+            reserve_many: format!(
+                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
+                 SELECT i.key, 'pending', i.token, i.fingerprint, NULL,
+                        now() + $4::bigint * interval '1 millisecond'
+                 FROM unnest($1::text[], $2::uuid[], $3::bytea[]) AS i(key, token, fingerprint)
+                 ORDER BY i.key
+                 ON CONFLICT (key) DO UPDATE SET
+                     state = CASE WHEN r.expires_at <= now() THEN excluded.state ELSE r.state END,
+                     token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END,
+                     fingerprint = CASE WHEN r.expires_at <= now()
+                         THEN excluded.fingerprint ELSE r.fingerprint END,
+                     outcome = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.outcome END,
+                     expires_at = CASE WHEN r.expires_at <= now()
+                         THEN excluded.expires_at ELSE r.expires_at END
+                 RETURNING r.state, r.token, r.fingerprint, r.outcome::text, r.key"
+            ),
+            // Rows the WHERE leaves alone are not returned: the keys returned were written.
+            complete_many: format!(
+                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
+                 SELECT i.key, 'done', i.token, i.fingerprint, i.outcome::jsonb,
+                        now() + $5::bigint * interval '1 millisecond'
+                 FROM unnest($1::text[], $2::uuid[], $3::bytea[], $4::text[])
+                     AS i(key, token, fingerprint, outcome)
+                 ORDER BY i.key
+                 ON CONFLICT (key) DO UPDATE SET
+                     state = excluded.state, token = excluded.token,
+                     fingerprint = excluded.fingerprint, outcome = excluded.outcome,
+                     expires_at = excluded.expires_at
+                 WHERE r.token = excluded.token OR r.expires_at <= now()
+                 RETURNING r.key"
+            ),
+            // A DELETE cannot be ordered, so the rows are first locked in key order (a locking
+            // SELECT locks in its ORDER BY order, and under READ COMMITTED rechecks the token
+            // and state on a row changed meanwhile); the DELETE then only meets rows it holds.
+            release_many: format!(
+                "WITH doomed AS MATERIALIZED (
+                     SELECT r.key, r.token FROM {quoted} AS r
+                     JOIN unnest($1::text[], $2::uuid[]) AS i(key, token)
+                         ON r.key = i.key AND r.token = i.token AND r.state = 'pending'
+                     ORDER BY r.key
+                     FOR UPDATE OF r
+                 )
+                 DELETE FROM {quoted} AS r USING doomed AS d
+                 WHERE r.key = d.key AND r.token = d.token AND r.state = 'pending'
+                 RETURNING r.key"
             ),
             // SKIP LOCKED keeps concurrent purges (and reserves of those keys) from waiting
             // on each other; the outer condition is checked again on the row as it is when
@@ -574,13 +649,89 @@ impl PostgresStore {
             .ok_or_else(|| {
                 StoreError::new(StoreErrorKind::Unavailable, "reserve answered no row")
             })?;
+        self.reservation(&row, token)
+    }
+
+    /// What a reserve found, from the row it returned: ours when it holds our `token`.
+    fn reservation(&self, row: &Row, token: Token) -> Result<Reservation, StoreError> {
         let holder: Uuid = row
             .try_get(1)
             .map_err(|e| self.corrupt("has no readable token").with_source(e))?;
         if holder == *token.as_uuid() {
             return Ok(Reservation::Reserved { token });
         }
-        self.record(&row).map(|record| Reservation::Held { record })
+        self.record(row).map(|record| Reservation::Held { record })
+    }
+
+    /// Where the key a batch statement returned in `column` was asked, marking it answered.
+    ///
+    /// A key nobody asked for, or one returned twice, means the answer cannot be matched to
+    /// the requests, so the whole call fails rather than guess.
+    fn position(
+        &self,
+        positions: &HashMap<&str, usize>,
+        row: &Row,
+        column: usize,
+        answered: &mut [bool],
+    ) -> Result<usize, StoreError> {
+        let mismatch = |detail: &str| {
+            StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("a batch statement on table {:?} {detail}", self.table.name),
+            )
+        };
+        let key: &str = row
+            .try_get(column)
+            .map_err(|e| mismatch("answered a row without a readable key").with_source(e))?;
+        let at = *positions
+            .get(key)
+            .ok_or_else(|| mismatch("answered a key that was not asked for"))?;
+        if std::mem::replace(&mut answered[at], true) {
+            return Err(mismatch("answered a key twice"));
+        }
+        Ok(at)
+    }
+
+    async fn try_reserve_many(
+        &self,
+        requests: &[(&str, Fingerprint)],
+        lease: Duration,
+    ) -> Result<Vec<Result<Reservation, StoreError>>, StoreError> {
+        let positions = positions("reserve_many", requests.iter().map(|(key, _)| *key))?;
+        let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
+        let keys: Vec<&str> = requests.iter().map(|(key, _)| *key).collect();
+        let uuids: Vec<Uuid> = tokens.iter().map(|token| *token.as_uuid()).collect();
+        let fingerprints: Vec<&[u8]> = requests
+            .iter()
+            .map(|(_, fingerprint)| &fingerprint.as_bytes()[..])
+            .collect();
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.reserve_many)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let rows = client
+            .query(&statement, &[&keys, &uuids, &fingerprints, &millis(lease)])
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let mut answered = vec![false; requests.len()];
+        let mut answers: Vec<Option<Result<Reservation, StoreError>>> =
+            requests.iter().map(|_| None).collect();
+        for row in &rows {
+            let at = self.position(&positions, row, 4, &mut answered)?;
+            answers[at] = Some(self.reservation(row, tokens[at]));
+        }
+        Ok(answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        "reserve_many answered no row for this key",
+                    ))
+                })
+            })
+            .collect())
     }
 
     async fn try_complete(
@@ -614,6 +765,68 @@ impl PostgresStore {
         Ok(written > 0)
     }
 
+    async fn try_complete_many(
+        &self,
+        completions: &[Completion<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        let positions = positions("complete_many", completions.iter().map(|c| c.key))?;
+        let outcomes = completions
+            .iter()
+            .map(|c| serde_json::to_string(c.outcome))
+            .collect::<Result<Vec<String>, _>>()
+            .map_err(|e| {
+                StoreError::new(
+                    StoreErrorKind::Corrupt,
+                    "an outcome could not be serialized",
+                )
+                .with_source(e)
+            })?;
+        let keys: Vec<&str> = completions.iter().map(|c| c.key).collect();
+        let uuids: Vec<Uuid> = completions.iter().map(|c| *c.token.as_uuid()).collect();
+        let fingerprints: Vec<&[u8]> = completions
+            .iter()
+            .map(|c| &c.fingerprint.as_bytes()[..])
+            .collect();
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.complete_many)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let rows = client
+            .query(
+                &statement,
+                &[&keys, &uuids, &fingerprints, &outcomes, &millis(ttl)],
+            )
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let mut written = vec![false; completions.len()];
+        for row in &rows {
+            self.position(&positions, row, 0, &mut written)?;
+        }
+        Ok(written)
+    }
+
+    async fn try_release_many(&self, releases: &[(&str, Token)]) -> Result<Vec<bool>, StoreError> {
+        let positions = positions("release_many", releases.iter().map(|(key, _)| *key))?;
+        let keys: Vec<&str> = releases.iter().map(|(key, _)| *key).collect();
+        let uuids: Vec<Uuid> = releases.iter().map(|(_, token)| *token.as_uuid()).collect();
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.release_many)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let rows = client
+            .query(&statement, &[&keys, &uuids])
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let mut deleted = vec![false; releases.len()];
+        for row in &rows {
+            self.position(&positions, row, 0, &mut deleted)?;
+        }
+        Ok(deleted)
+    }
+
     async fn try_release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
         let client = self.client().await?;
         let statement = client
@@ -626,6 +839,27 @@ impl PostgresStore {
             .map_err(|e| self.db_error(e))?;
         Ok(deleted > 0)
     }
+}
+
+/// The position of each key of a batch call; refuses a key given twice, which one statement
+/// could not answer for separately (and PostgreSQL would refuse to upsert twice).
+fn positions<'k>(
+    operation: &str,
+    keys: impl Iterator<Item = &'k str>,
+) -> Result<HashMap<&'k str, usize>, StoreError> {
+    let mut positions = HashMap::new();
+    for (at, key) in keys.enumerate() {
+        if let Some(first) = positions.insert(key, at) {
+            return Err(StoreError::new(
+                StoreErrorKind::Corrupt,
+                format!(
+                    "{operation} was given one key at positions {first} and {at}: \
+                     the keys of one call must be distinct"
+                ),
+            ));
+        }
+    }
+    Ok(positions)
 }
 
 /// A duration as whole milliseconds for an interval, rounded up so a short lease never
@@ -662,6 +896,44 @@ impl Store for PostgresStore {
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(self.bounded(self.try_release(key, token)))
+    }
+
+    fn reserve_many<'a>(
+        &'a self,
+        requests: &'a [(&'a str, Fingerprint)],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
+        Box::pin(async move {
+            if requests.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.bounded(self.try_reserve_many(requests, lease)).await
+        })
+    }
+
+    fn complete_many<'a>(
+        &'a self,
+        completions: &'a [Completion<'a>],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        Box::pin(async move {
+            if completions.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.bounded(self.try_complete_many(completions, ttl)).await
+        })
+    }
+
+    fn release_many<'a>(
+        &'a self,
+        releases: &'a [(&'a str, Token)],
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        Box::pin(async move {
+            if releases.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.bounded(self.try_release_many(releases)).await
+        })
     }
 }
 
