@@ -715,7 +715,7 @@ async fn a_key_repeated_in_one_batch_is_refused_before_any_statement() {
         .reserve_many(&[(&key, fp(1)), (&other, fp(1)), (&key, fp(2))], LEASE)
         .await
         .expect_err("a repeated key");
-    assert_eq!(error.kind(), StoreErrorKind::Corrupt, "{error}");
+    assert_eq!(error.kind(), StoreErrorKind::InvalidInput, "{error}");
     assert!(error.to_string().contains("distinct"), "{error}");
     // Nothing was reserved: the statement never ran.
     let answers = store

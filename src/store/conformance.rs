@@ -42,9 +42,25 @@ pub fn backend_url(var: &str) -> Option<String> {
                 std::env::var_os(REQUIRE_BACKENDS_VAR).is_none(),
                 "{var} is not set but {REQUIRE_BACKENDS_VAR} requires every backend test to run"
             );
-            eprintln!("skipped: {var} is not set");
+            announce_skip(var);
             None
         }
+    }
+}
+
+/// Says once per test binary and variable that its tests are skipped. Written to the
+/// process's stderr directly, not through `eprintln!`, which the test harness captures and
+/// hides for passing tests.
+fn announce_skip(var: &str) {
+    use std::io::Write;
+    static ANNOUNCED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut announced = ANNOUNCED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !announced.iter().any(|v| v == var) {
+        announced.push(var.to_owned());
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: {var} is not set, so the tests that need it pass without running"
+        );
     }
 }
 

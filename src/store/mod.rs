@@ -146,6 +146,8 @@ pub enum StoreErrorKind {
     Corrupt,
     /// The store is full of records it may not drop.
     Capacity,
+    /// The call itself was invalid, such as a batch that names one key twice.
+    InvalidInput,
 }
 
 /// Why a store operation failed. The source error is kept.

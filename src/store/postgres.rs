@@ -54,8 +54,8 @@
 //!
 //! Every batch takes its row locks in key order (`ORDER BY key`), so overlapping batches
 //! running at once wait for each other instead of deadlocking. The keys of one call must be
-//! distinct: a repeated key fails the call with a [`Corrupt`](super::StoreErrorKind::Corrupt)
-//! error before any statement is sent. An empty call sends nothing. A failed batch statement
+//! distinct: a repeated key fails the call with an
+//! [`InvalidInput`](super::StoreErrorKind::InvalidInput) error before any statement is sent. An empty call sends nothing. A failed batch statement
 //! (a timeout included) fails the whole call; keys it may have reserved free themselves when
 //! their lease ends, as with a single reserve that timed out.
 //!
@@ -851,7 +851,7 @@ fn positions<'k>(
     for (at, key) in keys.enumerate() {
         if let Some(first) = positions.insert(key, at) {
             return Err(StoreError::new(
-                StoreErrorKind::Corrupt,
+                StoreErrorKind::InvalidInput,
                 format!(
                     "{operation} was given one key at positions {first} and {at}: \
                      the keys of one call must be distinct"
