@@ -11,7 +11,7 @@ use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::conformance::{Conformance, backend_url};
 use tower_idempotency::store::{
-    RecordState, RedisStore, Reservation, Store, StoreError, StoreErrorKind, Token,
+    Completion, RecordState, RedisStore, Reservation, Store, StoreError, StoreErrorKind, Token,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -650,6 +650,32 @@ mod cluster {
         assert_eq!(err.kind(), StoreErrorKind::Corrupt);
     }
 
+    /// Keys of one batch in many slots: a corrupt value fails its entry alone, as on one node.
+    #[tokio::test]
+    async fn cluster_batch_with_corrupt_values_fails_those_entries_alone() {
+        let Some(urls) = urls() else {
+            return;
+        };
+        let prefix = unique_prefix("cluster-batch-corrupt");
+        let store = RedisStore::connect_cluster(urls.iter().map(String::as_str))
+            .await
+            .unwrap()
+            .key_prefix(prefix.clone());
+        let client = redis::cluster::ClusterClient::new(urls.clone()).unwrap();
+        let mut raw = client.get_async_connection().await.unwrap();
+        for (i, value) in [(1, &b"garbage"[..]), (4, b"null")] {
+            let () = redis::cmd("SET")
+                .arg(format!("{prefix}k{i}"))
+                .arg(value)
+                .arg("PX")
+                .arg(60_000)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+        }
+        assert_batch_corrupt_entries_alone(&store, &[1, 4]).await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cluster_operations_recover_after_connections_are_killed() {
         let Some(urls) = urls() else {
@@ -728,4 +754,440 @@ mod cluster {
                 .unwrap();
         }
     }
+}
+
+/// A `redis-server` of the test's own on a free loopback port, so its statistics count this
+/// test's commands alone; killed when dropped.
+struct PrivateServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl PrivateServer {
+    async fn start() -> Self {
+        // A port nothing listens on: bind one, then free it for the server.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH (CI starts its Redis with it)");
+        let server = Self {
+            child,
+            url: format!("redis://127.0.0.1:{port}"),
+        };
+        let client = redis::Client::open(server.url.as_str()).unwrap();
+        for _ in 0..100 {
+            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                let pong: Result<String, _> = redis::cmd("PING").query_async(&mut c).await;
+                if pong.is_ok() {
+                    return server;
+                }
+            }
+            // Polls for the process to come up; no expiry depends on this wait.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the private redis-server did not answer PING within 5 s");
+    }
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Counts round trips between a client and a server by standing between them.
+///
+/// A round trip is counted each time the client sends after the server last sent (or first):
+/// the client had to wait for an answer before it could speak again. Each direction marks
+/// itself before it forwards its bytes, so a client that waits for a reply before its next
+/// command is always counted once per command; a pipeline that the kernel splits while the
+/// server already answers can only be counted more than once, never less.
+struct RoundTrips {
+    url: String,
+    count: Arc<std::sync::Mutex<(u64, bool)>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RoundTrips {
+    async fn between(upstream: &str) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let upstream = upstream.trim_start_matches("redis://").to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}", listener.local_addr().unwrap());
+        // (round trips, whether the client spoke last)
+        let count = Arc::new(std::sync::Mutex::new((0u64, false)));
+        let shared = Arc::clone(&count);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                let (mut client_rx, mut client_tx) = client.into_split();
+                let (mut server_rx, mut server_tx) = server.into_split();
+                let up = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    let mut buf = vec![0; 64 * 1024];
+                    while let Ok(n @ 1..) = client_rx.read(&mut buf).await {
+                        {
+                            let mut c = up.lock().unwrap();
+                            if !c.1 {
+                                c.0 += 1;
+                                c.1 = true;
+                            }
+                        }
+                        if server_tx.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                let down = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    let mut buf = vec![0; 64 * 1024];
+                    while let Ok(n @ 1..) = server_rx.read(&mut buf).await {
+                        down.lock().unwrap().1 = false;
+                        if client_tx.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Self { url, count, task }
+    }
+
+    fn so_far(&self) -> u64 {
+        self.count.lock().unwrap().0
+    }
+}
+
+impl Drop for RoundTrips {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The `calls` of each command in `INFO commandstats`, by command name.
+async fn command_calls(
+    admin: &mut MultiplexedConnection,
+) -> std::collections::HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(admin)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats.split(',').find_map(|s| s.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+async fn reset_stats(admin: &mut MultiplexedConnection) {
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(admin)
+        .await
+        .unwrap();
+}
+
+/// Each command's calls, without the ones the test's own admin connection makes.
+fn store_calls(calls: &std::collections::HashMap<String, u64>) -> Vec<(String, u64)> {
+    let mut calls: Vec<(String, u64)> = calls
+        .iter()
+        .filter(|(name, _)| !["info", "config|resetstat"].contains(&name.as_str()))
+        .map(|(name, n)| (name.clone(), *n))
+        .collect();
+    calls.sort();
+    calls
+}
+
+fn calls(list: &[(&str, u64)]) -> Vec<(String, u64)> {
+    let mut calls: Vec<(String, u64)> = list.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect();
+    calls.sort();
+    calls
+}
+
+/// 100 keys through `reserve_many`, `complete_many` and `release_many` cost one round trip
+/// each (three for the call that finds its script flushed), and exactly one command per key.
+///
+/// Round trips are counted by a proxy between the store and a private `redis-server` (see
+/// [`RoundTrips`]): no server statistic counts them. Commands are counted by that server's
+/// `INFO commandstats`, which no other test touches. The commands a script runs count under
+/// their own names, so each complete shows as one `evalsha`, one `get` and one `set`.
+#[tokio::test]
+async fn a_batch_of_100_keys_costs_one_round_trip_per_call() {
+    if backend_url("REDIS_URL").is_none() {
+        return;
+    }
+    let server = PrivateServer::start().await;
+    let trips = RoundTrips::between(&server.url).await;
+    let store = RedisStore::connect(&trips.url)
+        .await
+        .unwrap()
+        .key_prefix(unique_prefix("round-trips"));
+    let mut admin = admin(&server.url).await;
+    let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+    let requests: Vec<(&str, Fingerprint)> = keys.iter().map(|k| (k.as_str(), fp(1))).collect();
+
+    reset_stats(&mut admin).await;
+    let before = trips.so_far();
+    let tokens: Vec<Token> = store
+        .reserve_many(&requests, LEASE)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| match r {
+            Ok(Reservation::Reserved { token }) => token,
+            other => panic!("fresh key: {other:?}"),
+        })
+        .collect();
+    let reserve_trips = trips.so_far() - before;
+    assert_eq!(
+        store_calls(&command_calls(&mut admin).await),
+        calls(&[("set", 100)])
+    );
+
+    // The server knows the script (as after any earlier complete): one pipeline.
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(tower_idempotency::store::redis::COMPLETE_SCRIPT)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let outcome = Outcome::Sent(Receipt::new("m", "test"));
+    let completions: Vec<Completion<'_>> = keys
+        .iter()
+        .zip(&tokens)
+        .map(|(key, token)| Completion {
+            key,
+            token: *token,
+            fingerprint: fp(1),
+            outcome: &outcome,
+        })
+        .collect();
+    reset_stats(&mut admin).await;
+    let before = trips.so_far();
+    let written = store.complete_many(&completions, TTL).await.unwrap();
+    let complete_trips = trips.so_far() - before;
+    assert_eq!(written, vec![true; 100]);
+    assert_eq!(
+        store_calls(&command_calls(&mut admin).await),
+        calls(&[("evalsha", 100), ("get", 100), ("set", 100)])
+    );
+
+    // The server forgot its scripts: NOSCRIPT for all, one SCRIPT LOAD, the pipeline again.
+    let fresh: Vec<String> = (0..100).map(|i| format!("fresh{i}")).collect();
+    let requests: Vec<(&str, Fingerprint)> = fresh.iter().map(|k| (k.as_str(), fp(1))).collect();
+    let releases: Vec<(&str, Token)> = store
+        .reserve_many(&requests, LEASE)
+        .await
+        .unwrap()
+        .into_iter()
+        .zip(&fresh)
+        .map(|(r, key)| match r {
+            Ok(Reservation::Reserved { token }) => (key.as_str(), token),
+            other => panic!("fresh key: {other:?}"),
+        })
+        .collect();
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    reset_stats(&mut admin).await;
+    let before = trips.so_far();
+    let released = store.release_many(&releases).await.unwrap();
+    let release_trips = trips.so_far() - before;
+    assert_eq!(released, vec![true; 100]);
+    let seen = store_calls(&command_calls(&mut admin).await);
+    eprintln!("release_many after SCRIPT FLUSH: {seen:?}");
+    assert_eq!(
+        seen,
+        // 100 EVALSHA answered NOSCRIPT, then 100 that ran, each a GET and a DEL.
+        calls(&[
+            ("evalsha", 200),
+            ("script|load", 1),
+            ("get", 100),
+            ("del", 100)
+        ])
+    );
+
+    // The yardstick: 100 single reserves wait for each answer.
+    let before = trips.so_far();
+    for i in 0..100 {
+        store
+            .reserve(&format!("single{i}"), fp(1), LEASE)
+            .await
+            .unwrap();
+    }
+    let single_trips = trips.so_far() - before;
+    eprintln!(
+        "round trips for 100 keys: reserve_many {reserve_trips}, complete_many \
+         {complete_trips}, release_many after SCRIPT FLUSH {release_trips}, 100 reserves \
+         {single_trips}"
+    );
+    assert_eq!(single_trips, 100, "the counter sees every round trip");
+    // One pipeline; a second only if the kernel split it while the server already answered.
+    assert!(reserve_trips <= 2, "reserve_many: {reserve_trips}");
+    assert!(complete_trips <= 2, "complete_many: {complete_trips}");
+    // Pipeline, SCRIPT LOAD, the pipeline again.
+    assert!(
+        (3..=4).contains(&release_trips),
+        "release_many: {release_trips}"
+    );
+}
+
+/// A batch with unreadable values among fresh keys, as each single operation would answer it:
+/// `reserve_many` fails only those entries (`Corrupt`) and reserves the others;
+/// `complete_many` and `release_many`, whose answers are one `bool` per key, fail as a whole
+/// with `Corrupt`, as `complete` and `release` fail. The other keys of that call were still
+/// acted on (the pipeline runs every script), and the unreadable values are left as they are.
+async fn assert_batch_corrupt_entries_alone(store: &RedisStore, planted: &[usize]) {
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let requests: Vec<(&str, Fingerprint)> = keys.iter().map(|k| (k.as_str(), fp(1))).collect();
+    let answers = store.reserve_many(&requests, LEASE).await.unwrap();
+    assert_eq!(answers.len(), keys.len());
+    let mut tokens = Vec::new();
+    for (i, answer) in answers.into_iter().enumerate() {
+        if planted.contains(&i) {
+            let err = answer.expect_err("an unreadable value is an error for its entry");
+            assert_eq!(err.kind(), StoreErrorKind::Corrupt, "entry {i}: {err}");
+            tokens.push(Token::new());
+        } else {
+            match answer {
+                Ok(Reservation::Reserved { token }) => tokens.push(token),
+                other => panic!("entry {i} is a fresh key: {other:?}"),
+            }
+        }
+    }
+
+    let outcome = Outcome::Sent(Receipt::new("m", "test"));
+    let completions: Vec<Completion<'_>> = keys
+        .iter()
+        .zip(&tokens)
+        .map(|(key, token)| Completion {
+            key,
+            token: *token,
+            fingerprint: fp(1),
+            outcome: &outcome,
+        })
+        .collect();
+    let err = store.complete_many(&completions, TTL).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "complete_many: {err}");
+    let releases: Vec<(&str, Token)> = keys.iter().map(|k| k.as_str()).zip(tokens).collect();
+    let err = store.release_many(&releases).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "release_many: {err}");
+
+    // The readable keys were completed, so their releases changed nothing.
+    let states = store.reserve_many(&requests, LEASE).await.unwrap();
+    for (i, state) in states.into_iter().enumerate() {
+        if !planted.contains(&i) {
+            assert!(
+                matches!(&state, Ok(Reservation::Held { record }) if record.state == RecordState::Done),
+                "entry {i}: {state:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_corrupt_value_in_a_batch_fails_its_entry_alone() {
+    let Some(url) = backend_url("REDIS_URL") else {
+        return;
+    };
+    let prefix = unique_prefix("batch-corrupt");
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .key_prefix(prefix.clone());
+    plant(&url, &format!("{prefix}k2"), b"garbage").await;
+    let done_without_outcome = format!(
+        r#"{{"state":"done","token":"{}","fingerprint":"{}"}}"#,
+        Token::new(),
+        fp(1)
+    );
+    plant(
+        &url,
+        &format!("{prefix}k5"),
+        done_without_outcome.as_bytes(),
+    )
+    .await;
+    let mut admin = admin(&url).await;
+    let () = redis::pipe()
+        .cmd("RPUSH")
+        .arg(format!("{prefix}k7"))
+        .arg("x")
+        .ignore()
+        .cmd("PEXPIRE")
+        .arg(format!("{prefix}k7"))
+        .arg(60_000)
+        .ignore()
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+
+    // k5 is corrupt only to reserve: the scripts read its token, which another holds.
+    let keys = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
+    let answers = store
+        .reserve_many(&keys.iter().map(|k| (*k, fp(1))).collect::<Vec<_>>(), LEASE)
+        .await
+        .unwrap();
+    for (i, answer) in answers.iter().enumerate() {
+        match i {
+            2 | 5 | 7 => assert!(
+                matches!(answer, Err(e) if e.kind() == StoreErrorKind::Corrupt),
+                "k{i}: {answer:?}"
+            ),
+            _ => assert!(
+                matches!(answer, Ok(Reservation::Reserved { .. })),
+                "k{i}: {answer:?}"
+            ),
+        }
+    }
+    // The same, through a fresh prefix, with the complete and release of the whole batch.
+    let prefix = unique_prefix("batch-corrupt-all");
+    let store = store.key_prefix(prefix.clone());
+    plant(&url, &format!("{prefix}k2"), b"garbage").await;
+    plant(&url, &format!("{prefix}k6"), b"\xff\xfe").await;
+    assert_batch_corrupt_entries_alone(&store, &[2, 6]).await;
+    assert_eq!(
+        raw_get(&url, &format!("{prefix}k2")).await.as_deref(),
+        Some(&b"garbage"[..])
+    );
+    assert_eq!(
+        raw_get(&url, &format!("{prefix}k6")).await.as_deref(),
+        Some(&b"\xff\xfe"[..])
+    );
+}
+
+#[tokio::test]
+async fn a_batch_on_a_server_that_never_answers_times_out_as_a_whole() {
+    let (url, server) = silent_server().await;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let manager = ConnectionManager::new_lazy_with_config(
+        client,
+        ConnectionManagerConfig::new().set_number_of_retries(0),
+    )
+    .unwrap();
+    let store = RedisStore::new(manager).timeout(Duration::from_millis(200));
+    let err = store
+        .reserve_many(&[("a", fp(1)), ("b", fp(1))], LEASE)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err}");
+    let err = store
+        .release_many(&[("a", Token::new()), ("b", Token::new())])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err}");
+    server.abort();
 }

@@ -3,6 +3,10 @@
 //! same complete script, through the same connection, with values built by `format!`: what is
 //! left between the two is our encoding, decoding, key building and timeout.
 //!
+//! `redis/batch-100` puts 100 keys through `reserve_many` then `complete_many` (two
+//! pipelines) against 100 `reserve` + `complete` pairs one after the other, and 100 pairs all
+//! in flight together on the one connection.
+//!
 //! Runs when `REDIS_URL` is set: `REDIS_URL=redis://127.0.0.1:6379 cargo bench --all-features
 //! --bench stores -- redis`.
 
@@ -16,7 +20,7 @@ use redis::aio::ConnectionManager;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::redis::COMPLETE_SCRIPT;
-use tower_idempotency::store::{RedisStore, Reservation, Store, Token};
+use tower_idempotency::store::{Completion, RedisStore, Reservation, Store, Token};
 
 /// Short, so the keys a run makes leave the server soon after.
 const LEASE: Duration = Duration::from_secs(10);
@@ -52,6 +56,38 @@ impl Fixture {
             }
             other => panic!("reserve of a fresh key: {other:?}"),
         }
+    }
+
+    async fn batch(&self, n: usize) {
+        let keys: Vec<String> = (0..n).map(|_| self.key()).collect();
+        let requests: Vec<(&str, Fingerprint)> = keys
+            .iter()
+            .map(|k| (k.as_str(), self.fingerprint))
+            .collect();
+        let answers = self
+            .store
+            .reserve_many(&requests, LEASE)
+            .await
+            .expect("reserve_many");
+        let completions: Vec<Completion<'_>> = answers
+            .into_iter()
+            .zip(&keys)
+            .map(|(answer, key)| match answer {
+                Ok(Reservation::Reserved { token }) => Completion {
+                    key,
+                    token,
+                    fingerprint: self.fingerprint,
+                    outcome: &self.outcome,
+                },
+                other => panic!("reserve of a fresh key: {other:?}"),
+            })
+            .collect();
+        let wrote = self
+            .store
+            .complete_many(&completions, TTL)
+            .await
+            .expect("complete_many");
+        assert!(wrote.iter().all(|w| *w), "complete_many: {wrote:?}");
     }
 
     async fn raw(&self) {
@@ -134,5 +170,28 @@ pub fn bench(c: &mut Criterion) {
                 .iter(|| join_all((0..concurrency).map(|_| fixture.raw())));
         });
     }
+    group.finish();
+
+    let mut group = c.benchmark_group("redis/batch-100");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .throughput(Throughput::Elements(100));
+    let fixture = &fixture;
+    group.bench_function("reserve_many+complete_many", |b| {
+        b.to_async(&runtime).iter(|| fixture.batch(100));
+    });
+    group.bench_function("sequential reserve+complete", |b| {
+        b.to_async(&runtime).iter(|| async {
+            for _ in 0..100 {
+                fixture.ours().await;
+            }
+        });
+    });
+    group.bench_function("concurrent reserve+complete", |b| {
+        b.to_async(&runtime)
+            .iter(|| join_all((0..100).map(|_| fixture.ours())));
+    });
     group.finish();
 }

@@ -14,6 +14,38 @@
 //! Scripts run with `EVALSHA` and are loaded again by themselves when the server answers
 //! `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 //!
+//! # Batches
+//!
+//! [`reserve_many`](Store::reserve_many), [`complete_many`](Store::complete_many) and
+//! [`release_many`](Store::release_many) send the same commands, one per key, as one pipeline:
+//! one write and one read of all the replies, so a batch of any size costs one round trip
+//! (three for a script batch that meets `NOSCRIPT`: the pipeline, `SCRIPT LOAD`, then the
+//! entries that answered `NOSCRIPT` once more). Each command is still its own atomic step, so
+//! every key gets exactly the answer its single operation would give; the batch as a whole is
+//! not a transaction.
+//!
+//! - `reserve_many` answers per key: a value under one key that cannot be read is a
+//!   [`Corrupt`](super::StoreErrorKind::Corrupt) error in that key's entry, and the other keys
+//!   are reserved or reported held.
+//! - `complete_many` and `release_many` answer one `bool` per key, so a key whose value cannot
+//!   be read fails the whole call with a `Corrupt` error, as `complete` and `release` fail.
+//!   The other scripts of the pipeline ran: their keys were completed or released. Running
+//!   `complete_many` again is harmless (the holder's complete writes the same record); a
+//!   release that ran answers `false` the second time.
+//! - The timeout bounds the whole call. A failed or timed-out `reserve_many` may still have
+//!   reserved keys on the server; their leases free them.
+//! - The number of replies is checked against the number of commands; a mismatch fails the
+//!   call with an [`Unavailable`](super::StoreErrorKind::Unavailable) error.
+//!
+//! On Redis Cluster a pipeline may not cross hash slots (the cluster client refuses it), so a
+//! batch is split into one pipeline per slot, all sent at once; the call waits for the
+//! slowest. Keys with no hash tag spread over slots, so a batch of N keys is then about N
+//! small pipelines in parallel over the cluster client's connections: one round trip of
+//! latency, but N requests. A prefix with a hash tag (`{idem}:`) puts every key in one slot,
+//! and one pipeline, at the price of one node holding all keys. When a slot's pipeline fails
+//! (its node is unreachable), `reserve_many` reports that error in the entries of that slot
+//! alone, and `complete_many` and `release_many` fail as a whole.
+//!
 //! # Expiry
 //!
 //! Every record is written with `PX`, so the server's clock decides expiry and an expired
@@ -56,7 +88,8 @@
 //! With `redis-cluster`, `RedisStore::connect_cluster` uses a
 //! `redis::cluster_async::ClusterConnection`, which routes each command by
 //! its key's slot, follows `MOVED`/`ASK` redirections, and reconnects to nodes it lost by
-//! itself, retrying the command. Each operation touches one key, so keys may live in any slot.
+//! itself, retrying the command. Each operation touches one key, so keys may live in any slot;
+//! batches are split by slot (see [Batches](#batches)).
 //!
 //! Every operation is bounded by a timeout ([`DEFAULT_TIMEOUT`], 2 s, set with
 //! [`RedisStore::timeout`]); when it passes the operation fails with a
@@ -72,7 +105,9 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 use serde::{Deserialize, Serialize};
 
-use super::{Record, RecordState, Reservation, Store, StoreError, Token};
+use super::{
+    Completion, Record, RecordState, Reservation, Store, StoreError, StoreErrorKind, Token,
+};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
@@ -292,12 +327,13 @@ impl RedisStore {
             .unwrap_or_else(|_| Err(StoreError::timeout()))
     }
 
-    async fn reserve_once(
+    /// `SET key pending NX GET PX lease`, and the token it reserves under.
+    fn reserve_cmd(
         &self,
         key: &str,
         fingerprint: Fingerprint,
         lease: Duration,
-    ) -> Result<Reservation, StoreError> {
+    ) -> Result<(Cmd, Token), StoreError> {
         let token = Token::new();
         let pending = encode(&StoredRef {
             state: RecordState::Pending,
@@ -305,21 +341,57 @@ impl RedisStore {
             fingerprint,
             outcome: None,
         })?;
-        let mut connection = self.connection.clone();
-        let previous: Option<Vec<u8>> = redis::cmd("SET")
-            .arg(self.redis_key(key))
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(self.redis_key(key))
             .arg(pending)
             .arg("NX")
             .arg("GET")
             .arg("PX")
-            .arg(millis(lease))
-            .query_async(&mut connection)
+            .arg(millis(lease));
+        Ok((cmd, token))
+    }
+
+    /// `EVALSHA` of [`COMPLETE_SCRIPT`] for one key, as a command a pipeline can carry.
+    fn complete_cmd(&self, c: &Completion<'_>, ttl: Duration) -> Result<Cmd, StoreError> {
+        let done = encode(&StoredRef {
+            state: RecordState::Done,
+            token: c.token,
+            fingerprint: c.fingerprint,
+            outcome: Some(c.outcome),
+        })?;
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.complete.get_hash())
+            .arg(1)
+            .arg(self.redis_key(c.key))
+            .arg(c.token.to_string())
+            .arg(done)
+            .arg(millis(ttl));
+        Ok(cmd)
+    }
+
+    /// `EVALSHA` of [`RELEASE_SCRIPT`] for one key, as a command a pipeline can carry.
+    fn release_cmd(&self, key: &str, token: Token) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.release.get_hash())
+            .arg(1)
+            .arg(self.redis_key(key))
+            .arg(token.to_string());
+        cmd
+    }
+
+    async fn reserve_once(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<Reservation, StoreError> {
+        let (cmd, token) = self.reserve_cmd(key, fingerprint, lease)?;
+        let mut connection = self.connection.clone();
+        let reply = connection
+            .req_packed_command(&cmd)
             .await
             .map_err(server_error)?;
-        match previous {
-            None => Ok(Reservation::Reserved { token }),
-            Some(value) => decode(&value).map(|record| Reservation::Held { record }),
-        }
+        reservation(reply, token)
     }
 
     async fn complete_once(
@@ -359,6 +431,184 @@ impl RedisStore {
             .await
             .map_err(server_error)?;
         script_answer(answer, "release")
+    }
+
+    async fn reserve_batch(
+        &self,
+        requests: &[(&str, Fingerprint)],
+        lease: Duration,
+    ) -> Result<Vec<Result<Reservation, StoreError>>, StoreError> {
+        let mut commands = Vec::with_capacity(requests.len());
+        let mut tokens = Vec::with_capacity(requests.len());
+        for (key, fingerprint) in requests {
+            let (cmd, token) = self.reserve_cmd(key, *fingerprint, lease)?;
+            commands.push((self.redis_key(key), cmd));
+            tokens.push(token);
+        }
+        let replies = self.send_batch(&commands).await?;
+        Ok(replies
+            .into_iter()
+            .zip(tokens)
+            .map(|(reply, token)| reservation(reply?, token))
+            .collect())
+    }
+
+    async fn complete_batch(
+        &self,
+        completions: &[Completion<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut commands = Vec::with_capacity(completions.len());
+        for c in completions {
+            commands.push((self.redis_key(c.key), self.complete_cmd(c, ttl)?));
+        }
+        let replies = self.send_scripts(&self.complete, &commands).await?;
+        replies
+            .into_iter()
+            .map(|reply| script_reply(reply?, "complete"))
+            .collect()
+    }
+
+    async fn release_batch(&self, releases: &[(&str, Token)]) -> Result<Vec<bool>, StoreError> {
+        let commands: Vec<(String, Cmd)> = releases
+            .iter()
+            .map(|(key, token)| (self.redis_key(key), self.release_cmd(key, *token)))
+            .collect();
+        let replies = self.send_scripts(&self.release, &commands).await?;
+        replies
+            .into_iter()
+            .map(|reply| script_reply(reply?, "release"))
+            .collect()
+    }
+
+    /// [`send_batch`](Self::send_batch) for `EVALSHA` commands of `script`: the entries the
+    /// server answered `NOSCRIPT` (after a restart or `SCRIPT FLUSH`) did not run, so the
+    /// script is loaded and those entries alone are sent once more. At most three round trips.
+    async fn send_scripts(
+        &self,
+        script: &Script,
+        commands: &[(String, Cmd)],
+    ) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
+        let mut replies = self.send_batch(commands).await?;
+        let unknown: Vec<usize> = replies
+            .iter()
+            .enumerate()
+            .filter(
+                |(_, reply)| matches!(reply, Ok(Value::ServerError(e)) if e.code() == "NOSCRIPT"),
+            )
+            .map(|(i, _)| i)
+            .collect();
+        if unknown.is_empty() {
+            return Ok(replies);
+        }
+        let mut connection = self.connection.clone();
+        script
+            .load_async(&mut connection)
+            .await
+            .map_err(server_error)?;
+        let again: Vec<(String, Cmd)> = unknown.iter().map(|&i| commands[i].clone()).collect();
+        for (i, reply) in unknown.into_iter().zip(self.send_batch(&again).await?) {
+            replies[i] = reply;
+        }
+        Ok(replies)
+    }
+
+    /// Sends one command per key and answers one reply per command, in order. A reply the
+    /// server answered with an error stays a [`Value::ServerError`], for the caller to judge.
+    ///
+    /// On one node: one pipeline, whose failure fails the call. On a cluster: one pipeline
+    /// per hash slot (a cluster pipeline may not cross slots), all sent at once; a slot whose
+    /// pipeline fails gets that error for each of its entries, and the other slots' replies
+    /// stand.
+    async fn send_batch(
+        &self,
+        commands: &[(String, Cmd)],
+    ) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
+        if commands.is_empty() {
+            return Ok(Vec::new());
+        }
+        match &self.connection {
+            Connection::Single(_) => Ok(self
+                .pipeline(commands.iter().map(|(_, cmd)| cmd))
+                .await?
+                .into_iter()
+                .map(Ok)
+                .collect()),
+            #[cfg(feature = "redis-cluster")]
+            Connection::Cluster(_) => Ok(self.send_by_slot(commands).await),
+        }
+    }
+
+    #[cfg(feature = "redis-cluster")]
+    async fn send_by_slot(&self, commands: &[(String, Cmd)]) -> Vec<Result<Value, StoreError>> {
+        use redis::cluster_routing::Slot;
+        use std::collections::HashMap;
+
+        let mut slots: HashMap<Slot, Vec<usize>> = HashMap::new();
+        for (i, (key, _)) in commands.iter().enumerate() {
+            slots.entry(Slot::for_key(key)).or_default().push(i);
+        }
+        let sent = futures_util::future::join_all(slots.into_values().map(|entries| async move {
+            let replies = self.pipeline(entries.iter().map(|&i| &commands[i].1)).await;
+            (entries, replies)
+        }))
+        .await;
+        let mut replies: Vec<Option<Result<Value, StoreError>>> = std::iter::repeat_with(|| None)
+            .take(commands.len())
+            .collect();
+        for (entries, answer) in sent {
+            match answer {
+                Ok(values) => {
+                    for (i, value) in entries.into_iter().zip(values) {
+                        replies[i] = Some(Ok(value));
+                    }
+                }
+                Err(error) => {
+                    for i in entries {
+                        replies[i] = Some(Err(StoreError::new(error.kind(), error.to_string())));
+                    }
+                }
+            }
+        }
+        replies
+            .into_iter()
+            .map(|reply| {
+                reply.unwrap_or_else(|| {
+                    Err(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        "a batch entry was sent in no pipeline",
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Sends `commands` as one pipeline: one write, one read of all replies. The number of
+    /// replies is checked, so a short or long answer is an error, never a misplaced reply.
+    async fn pipeline<'c>(
+        &self,
+        commands: impl Iterator<Item = &'c Cmd>,
+    ) -> Result<Vec<Value>, StoreError> {
+        let mut pipe = redis::pipe();
+        for cmd in commands {
+            pipe.add_command(cmd.clone());
+        }
+        let sent = pipe.len();
+        let mut connection = self.connection.clone();
+        let replies = connection
+            .req_packed_commands(&pipe, 0, sent)
+            .await
+            .map_err(server_error)?;
+        if replies.len() != sent {
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!(
+                    "the server answered a pipeline of {sent} commands with {} replies",
+                    replies.len()
+                ),
+            ));
+        }
+        Ok(replies)
     }
 }
 
@@ -406,6 +656,29 @@ impl Store for RedisStore {
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         self.bounded(self.release_once(key, token)).boxed()
+    }
+
+    fn reserve_many<'a>(
+        &'a self,
+        requests: &'a [(&'a str, Fingerprint)],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
+        self.bounded(self.reserve_batch(requests, lease)).boxed()
+    }
+
+    fn complete_many<'a>(
+        &'a self,
+        completions: &'a [Completion<'a>],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        self.bounded(self.complete_batch(completions, ttl)).boxed()
+    }
+
+    fn release_many<'a>(
+        &'a self,
+        releases: &'a [(&'a str, Token)],
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        self.bounded(self.release_batch(releases)).boxed()
     }
 }
 
@@ -455,6 +728,25 @@ fn decode(value: &[u8]) -> Result<Record, StoreError> {
             "the value under the key is a done record without an outcome",
         )),
     }
+}
+
+/// What the reply to `SET NX GET` says: nothing held the key, so `token` reserved it; or the
+/// value that holds it.
+fn reservation(reply: Value, token: Token) -> Result<Reservation, StoreError> {
+    let reply = reply.extract_error().map_err(server_error)?;
+    let previous: Option<Vec<u8>> =
+        redis::from_redis_value(reply).map_err(|e| server_error(e.into()))?;
+    match previous {
+        None => Ok(Reservation::Reserved { token }),
+        Some(value) => decode(&value).map(|record| Reservation::Held { record }),
+    }
+}
+
+/// What the reply to a script says, as [`script_answer`] reads it.
+fn script_reply(reply: Value, operation: &str) -> Result<bool, StoreError> {
+    let reply = reply.extract_error().map_err(server_error)?;
+    let answer: i64 = redis::from_redis_value(reply).map_err(|e| server_error(e.into()))?;
+    script_answer(answer, operation)
 }
 
 fn script_answer(answer: i64, operation: &str) -> Result<bool, StoreError> {
