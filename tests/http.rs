@@ -1,6 +1,7 @@
 //! `HttpTransport` with `ResendCodec` against a fake provider on 127.0.0.1, over hyper-util's
 //! legacy client and over reqwest: the request the provider receives, every status mapping,
-//! connection failures, timeouts, and the whole stack under `IdempotencyLayer`.
+//! connection failures, timeouts, the batch form (`/emails/batch`), and the whole stack under
+//! `IdempotencyLayer`.
 #![cfg(feature = "http")]
 
 mod http_support;
@@ -11,7 +12,10 @@ use http_support::{ClientKind, FakeProvider, Reply, hyper_client};
 use tower::timeout::TimeoutLayer;
 use tower::timeout::error::Elapsed;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_idempotency::http::{HttpTransport, ResendCodec, codes};
+use tower_idempotency::batch::{Batch, BatchOutcomes};
+use tower_idempotency::http::{
+    HttpTransport, RESEND_MAX_BATCH, ResendCodec, batch_idempotency_key, codes,
+};
 use tower_idempotency::outcome::{Category, codes as layer_codes};
 use tower_idempotency::{Attachment, IdempotencyLayer, MemoryStore, Message, SendError};
 
@@ -55,7 +59,11 @@ fn transport(
 async fn error_for(kind: ClientKind, reply: Reply) -> SendError {
     let provider = FakeProvider::answering(reply).await;
     let mut transport = transport(kind, &provider);
-    let result = transport.ready().await.unwrap().call(order_email()).await;
+    let result = ServiceExt::<Message>::ready(&mut transport)
+        .await
+        .unwrap()
+        .call(order_email())
+        .await;
     assert_eq!(provider.requests().len(), 1);
     result.expect_err("the provider answered a failure")
 }
@@ -76,8 +84,7 @@ async fn sends_resend_json_with_authorization_and_idempotency_key(kind: ClientKi
     .await;
     let mut transport = transport(kind, &provider);
 
-    let receipt = transport
-        .ready()
+    let receipt = ServiceExt::<Message>::ready(&mut transport)
         .await
         .unwrap()
         .call(order_email())
@@ -150,9 +157,17 @@ async fn every_attempt_of_a_message_carries_the_same_idempotency_key(kind: Clien
     let mut transport = transport(kind, &provider);
     let message = order_email();
 
-    let first = transport.ready().await.unwrap().call(message.clone()).await;
+    let first = ServiceExt::<Message>::ready(&mut transport)
+        .await
+        .unwrap()
+        .call(message.clone())
+        .await;
     assert_eq!(first.unwrap_err().code(), codes::UNAVAILABLE);
-    let second = transport.ready().await.unwrap().call(message).await;
+    let second = ServiceExt::<Message>::ready(&mut transport)
+        .await
+        .unwrap()
+        .call(message)
+        .await;
     assert_eq!(second.unwrap().id, "m1");
 
     let keys: Vec<_> = provider
@@ -331,6 +346,315 @@ async fn stalled_provider_with_a_timeout_around_the_client_leaves_delivery_unkno
     provider.received(1).await;
 }
 
+// ---- The batch form: `Service<Batch<Message>>` on `/emails/batch`. ----
+
+/// A batchable message to `user_<key>@example.com` under idempotency key `key`.
+fn welcome(key: &str) -> Message {
+    Message::builder()
+        .from("hello@marketplace.example")
+        .to(format!("user_{key}@example.com"))
+        .subject("Welcome")
+        .text("Thanks for signing up.")
+        .metadata("kind", "welcome")
+        .idempotency_key(key)
+        .build()
+        .unwrap()
+}
+
+fn welcomes(keys: &[&str]) -> Batch {
+    keys.iter().map(|key| welcome(key)).collect()
+}
+
+/// Resend's answer to a batch: `{"data": [{"id": ids[0]}, …]}`.
+fn batch_ids(ids: &[&str]) -> Reply {
+    let data: Vec<_> = ids
+        .iter()
+        .map(|id| serde_json::json!({ "id": id }))
+        .collect();
+    Reply::new(200, serde_json::json!({ "data": data }).to_string())
+        .header("content-type", "application/json")
+}
+
+async fn send_batch(kind: ClientKind, provider: &FakeProvider, batch: Batch) -> BatchOutcomes {
+    ServiceExt::<Batch>::ready(&mut transport(kind, provider))
+        .await
+        .unwrap()
+        .call(batch)
+        .await
+        .expect("a batch is answered message by message")
+}
+
+fn ids(outcomes: &BatchOutcomes) -> Vec<&str> {
+    outcomes
+        .iter()
+        .map(|o| o.as_ref().expect("delivered").id.as_str())
+        .collect()
+}
+
+fn assert_every_error(outcomes: &BatchOutcomes, n: usize, code: &str, category: Category) {
+    assert_eq!(outcomes.len(), n);
+    for outcome in outcomes {
+        let err = outcome.as_ref().expect_err("every message failed");
+        assert_eq!(err.code(), code, "{err}");
+        assert_eq!(err.category(), category, "{err}");
+    }
+}
+
+async fn batch_goes_as_one_json_array_to_emails_batch_and_receipts_follow_its_order(
+    kind: ClientKind,
+) {
+    let provider = FakeProvider::answering(batch_ids(&["id-a", "id-b", "id-c"])).await;
+
+    let outcomes = send_batch(kind, &provider, welcomes(&["a", "b", "c"])).await;
+
+    assert_eq!(ids(&outcomes), ["id-a", "id-b", "id-c"]);
+    let first = outcomes[0].as_ref().unwrap();
+    assert_eq!(first.transport, "resend");
+    assert_eq!(first.accepted, ["user_a@example.com"]);
+    assert!(!first.replayed);
+    assert_eq!(
+        outcomes[2].as_ref().unwrap().accepted,
+        ["user_c@example.com"]
+    );
+
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 1);
+    let request = &requests[0];
+    assert_eq!(request.method, http::Method::POST);
+    assert_eq!(request.uri.path(), "/emails/batch");
+    assert_eq!(request.header("authorization"), Some("Bearer re_test_123"));
+    assert_eq!(request.header("content-type"), Some("application/json"));
+    let email = |key: &str| {
+        serde_json::json!({
+            "from": "hello@marketplace.example",
+            "to": [format!("user_{key}@example.com")],
+            "subject": "Welcome",
+            "text": "Thanks for signing up.",
+            "tags": [{ "name": "kind", "value": "welcome" }],
+        })
+    };
+    assert_eq!(
+        request.json(),
+        serde_json::json!([email("a"), email("b"), email("c")])
+    );
+    let key = request
+        .header("idempotency-key")
+        .expect("a keyed batch carries a key");
+    assert!(key.starts_with("batch-") && key.len() == 38, "{key}");
+    assert_eq!(
+        Some(key.to_owned()),
+        batch_idempotency_key(welcomes(&["a", "b", "c"]).as_slice())
+    );
+}
+
+async fn every_attempt_of_a_batch_carries_the_same_key_and_another_batch_another(kind: ClientKind) {
+    let provider = FakeProvider::start(vec![
+        Reply::new(503, ""),
+        batch_ids(&["id-a", "id-b"]),
+        batch_ids(&["id-a", "id-c"]),
+    ])
+    .await;
+    let mut transport = transport(kind, &provider);
+
+    let first = ServiceExt::<Batch>::ready(&mut transport)
+        .await
+        .unwrap()
+        .call(welcomes(&["a", "b"]))
+        .await
+        .unwrap();
+    assert_every_error(&first, 2, codes::UNAVAILABLE, Category::Retryable);
+    let retried = ServiceExt::<Batch>::ready(&mut transport)
+        .await
+        .unwrap()
+        .call(welcomes(&["a", "b"]))
+        .await
+        .unwrap();
+    assert_eq!(ids(&retried), ["id-a", "id-b"]);
+    let other = ServiceExt::<Batch>::ready(&mut transport)
+        .await
+        .unwrap()
+        .call(welcomes(&["a", "c"]))
+        .await
+        .unwrap();
+    assert_eq!(ids(&other), ["id-a", "id-c"]);
+
+    let keys: Vec<String> = provider
+        .requests()
+        .iter()
+        .map(|r| r.header("idempotency-key").expect("keyed").to_owned())
+        .collect();
+    assert_eq!(
+        keys[0], keys[1],
+        "a retry of the same batch has the same key"
+    );
+    assert_ne!(keys[1], keys[2], "another batch has another key");
+    // Neither is a message's own key: a batch is a different request from a single send.
+    assert!(keys.iter().all(|k| k != "a" && k.starts_with("batch-")));
+}
+
+async fn batch_with_an_unkeyed_message_goes_without_idempotency_key(kind: ClientKind) {
+    let provider = FakeProvider::answering(batch_ids(&["id-a", "id-x"])).await;
+    let unkeyed = Message::builder()
+        .from("hello@marketplace.example")
+        .to("someone@example.com")
+        .text("Your code is 123456")
+        .build()
+        .unwrap();
+
+    let outcomes = send_batch(kind, &provider, Batch::from(vec![welcome("a"), unkeyed])).await;
+
+    assert_eq!(ids(&outcomes), ["id-a", "id-x"]);
+    assert_eq!(provider.requests()[0].header("idempotency-key"), None);
+}
+
+async fn batch_answered_with_too_few_ids_leaves_every_message_unknown(kind: ClientKind) {
+    let provider = FakeProvider::answering(batch_ids(&["id-a", "id-b"])).await;
+
+    let outcomes = send_batch(kind, &provider, welcomes(&["a", "b", "c"])).await;
+
+    assert_every_error(&outcomes, 3, codes::BAD_RESPONSE, Category::Unknown);
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| o.as_ref().unwrap_err().delivery_unknown())
+    );
+}
+
+async fn batch_answered_with_a_garbage_body_leaves_every_message_unknown(kind: ClientKind) {
+    let provider = FakeProvider::answering(Reply::new(200, r#"{"id":"single"}"#)).await;
+
+    let outcomes = send_batch(kind, &provider, welcomes(&["a", "b"])).await;
+
+    assert_every_error(&outcomes, 2, codes::BAD_RESPONSE, Category::Unknown);
+    assert!(std::error::Error::source(outcomes[0].as_ref().unwrap_err()).is_some());
+}
+
+async fn rate_limited_batch_makes_every_message_retryable_with_retry_after(kind: ClientKind) {
+    let reply =
+        resend_error(429, "rate_limit_exceeded", "Too many requests.").header("retry-after", "3");
+    let provider = FakeProvider::answering(reply).await;
+
+    let outcomes = send_batch(kind, &provider, welcomes(&["a", "b", "c"])).await;
+
+    assert_every_error(&outcomes, 3, codes::RATE_LIMITED, Category::Retryable);
+    for outcome in &outcomes {
+        let err = outcome.as_ref().unwrap_err();
+        assert!(err.is_retryable());
+        assert_eq!(err.retry_after(), Some(Duration::from_secs(3)));
+    }
+    assert_eq!(provider.requests().len(), 1);
+}
+
+async fn server_error_500_on_a_batch_leaves_every_message_unknown(kind: ClientKind) {
+    let provider =
+        FakeProvider::answering(resend_error(500, "internal_server_error", "oops")).await;
+
+    let outcomes = send_batch(kind, &provider, welcomes(&["a", "b"])).await;
+
+    assert_every_error(&outcomes, 2, codes::SERVER_ERROR, Category::Unknown);
+}
+
+async fn more_than_100_messages_is_a_validation_error_and_nothing_is_sent(kind: ClientKind) {
+    let provider = FakeProvider::answering(batch_ids(&["never"])).await;
+    let keys: Vec<String> = (0..=RESEND_MAX_BATCH).map(|i| format!("k{i}")).collect();
+    let batch: Batch = keys.iter().map(|k| welcome(k)).collect();
+    assert_eq!(batch.len(), 101);
+
+    let outcomes = send_batch(kind, &provider, batch).await;
+
+    assert_every_error(&outcomes, 101, codes::BATCH_TOO_LARGE, Category::Validation);
+    assert!(provider.requests().is_empty());
+}
+
+async fn exactly_100_messages_go_in_one_request(kind: ClientKind) {
+    let ids_sent: Vec<String> = (0..RESEND_MAX_BATCH).map(|i| format!("id-{i}")).collect();
+    let id_refs: Vec<&str> = ids_sent.iter().map(String::as_str).collect();
+    let provider = FakeProvider::answering(batch_ids(&id_refs)).await;
+    let keys: Vec<String> = (0..RESEND_MAX_BATCH).map(|i| format!("k{i}")).collect();
+
+    let outcomes = send_batch(kind, &provider, keys.iter().map(|k| welcome(k)).collect()).await;
+
+    assert_eq!(ids(&outcomes), id_refs);
+    assert_eq!(provider.requests()[0].json().as_array().unwrap().len(), 100);
+}
+
+async fn messages_with_attachments_or_a_schedule_are_left_out_of_the_batch_with_a_validation_error(
+    kind: ClientKind,
+) {
+    let provider = FakeProvider::answering(batch_ids(&["id-a", "id-d"])).await;
+    let with_attachment = Message::builder()
+        .from("hello@marketplace.example")
+        .to("user_b@example.com")
+        .text("Your invoice.")
+        .attachment(Attachment::new("invoice.txt", "text/plain", &b"foobar"[..]))
+        .idempotency_key("b")
+        .build()
+        .unwrap();
+    let scheduled = Message::builder()
+        .from("hello@marketplace.example")
+        .to("user_c@example.com")
+        .text("Later.")
+        .send_at(SystemTime::now() + Duration::from_secs(3600))
+        .idempotency_key("c")
+        .build()
+        .unwrap();
+    let batch = Batch::from(vec![welcome("a"), with_attachment, scheduled, welcome("d")]);
+
+    let outcomes = send_batch(kind, &provider, batch).await;
+
+    assert_eq!(outcomes.len(), 4);
+    assert_eq!(outcomes[0].as_ref().unwrap().id, "id-a");
+    assert_eq!(outcomes[3].as_ref().unwrap().id, "id-d");
+    for (i, what) in [(1, "attachments"), (2, "schedule")] {
+        let err = outcomes[i].as_ref().unwrap_err();
+        assert_eq!(err.code(), codes::NOT_BATCHABLE);
+        assert_eq!(err.category(), Category::Validation);
+        assert!(err.message().contains(what), "{err}");
+    }
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 1);
+    let body = requests[0].json();
+    let sent: Vec<_> = body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["to"][0].clone())
+        .collect();
+    assert_eq!(sent, ["user_a@example.com", "user_d@example.com"]);
+    assert!(
+        body.as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e.get("attachments").is_none() && e.get("scheduled_at").is_none())
+    );
+    // The key is that of the messages actually sent.
+    assert_eq!(
+        requests[0].header("idempotency-key").map(str::to_owned),
+        batch_idempotency_key(&[welcome("a"), welcome("d")])
+    );
+}
+
+async fn batch_of_nothing_sendable_makes_no_request(kind: ClientKind) {
+    let provider = FakeProvider::answering(batch_ids(&["never"])).await;
+    let with_attachment = Message::builder()
+        .from("hello@marketplace.example")
+        .to("user_b@example.com")
+        .text("Your invoice.")
+        .attachment(Attachment::new("invoice.txt", "text/plain", &b"foobar"[..]))
+        .build()
+        .unwrap();
+
+    assert!(
+        send_batch(kind, &provider, Batch::new(Vec::new()))
+            .await
+            .is_empty()
+    );
+    let outcomes = send_batch(kind, &provider, Batch::from(vec![with_attachment])).await;
+    assert_every_error(&outcomes, 1, codes::NOT_BATCHABLE, Category::Validation);
+
+    assert!(provider.requests().is_empty());
+}
+
 macro_rules! over_both_clients {
     ($($test:ident),* $(,)?) => {
         mod over_hyper_util {
@@ -371,6 +695,17 @@ over_both_clients!(
     connection_refused_is_retryable_and_not_sent,
     stalled_provider_behind_a_timeout_layer_gives_elapsed,
     stalled_provider_with_a_timeout_around_the_client_leaves_delivery_unknown,
+    batch_goes_as_one_json_array_to_emails_batch_and_receipts_follow_its_order,
+    every_attempt_of_a_batch_carries_the_same_key_and_another_batch_another,
+    batch_with_an_unkeyed_message_goes_without_idempotency_key,
+    batch_answered_with_too_few_ids_leaves_every_message_unknown,
+    batch_answered_with_a_garbage_body_leaves_every_message_unknown,
+    rate_limited_batch_makes_every_message_retryable_with_retry_after,
+    server_error_500_on_a_batch_leaves_every_message_unknown,
+    more_than_100_messages_is_a_validation_error_and_nothing_is_sent,
+    exactly_100_messages_go_in_one_request,
+    messages_with_attachments_or_a_schedule_are_left_out_of_the_batch_with_a_validation_error,
+    batch_of_nothing_sendable_makes_no_request,
 );
 
 #[tokio::test]
@@ -416,15 +751,13 @@ async fn second_send_through_the_stack_is_replayed_and_the_provider_sees_one_req
         .timeout(Duration::from_secs(10))
         .service(HttpTransport::new(hyper_client(), codec));
 
-    let first = service
-        .ready()
+    let first = ServiceExt::<Message>::ready(&mut service)
         .await
         .unwrap()
         .call(order_email())
         .await
         .unwrap();
-    let again = service
-        .ready()
+    let again = ServiceExt::<Message>::ready(&mut service)
         .await
         .unwrap()
         .call(order_email())
@@ -447,8 +780,7 @@ async fn timeout_through_the_stack_keeps_the_key_and_the_provider_sees_one_reque
         .timeout(Duration::from_millis(200))
         .service(HttpTransport::new(hyper_client(), codec));
 
-    let first = service
-        .ready()
+    let first = ServiceExt::<Message>::ready(&mut service)
         .await
         .unwrap()
         .call(order_email())
@@ -456,8 +788,7 @@ async fn timeout_through_the_stack_keeps_the_key_and_the_provider_sees_one_reque
         .unwrap_err();
     assert_eq!(first.code(), layer_codes::TIMEOUT);
     assert!(first.delivery_unknown());
-    let again = service
-        .ready()
+    let again = ServiceExt::<Message>::ready(&mut service)
         .await
         .unwrap()
         .call(order_email())
@@ -479,8 +810,7 @@ async fn refused_connection_through_the_stack_frees_the_key_for_a_later_send() {
     let mut down = ServiceBuilder::new()
         .layer(layer.clone())
         .service(HttpTransport::new(hyper_client(), codec));
-    let err = down
-        .ready()
+    let err = ServiceExt::<Message>::ready(&mut down)
         .await
         .unwrap()
         .call(order_email())
@@ -494,8 +824,144 @@ async fn refused_connection_through_the_stack_frees_the_key_for_a_later_send() {
     let mut up = ServiceBuilder::new()
         .layer(layer)
         .service(HttpTransport::new(hyper_client(), codec));
-    let receipt = up.ready().await.unwrap().call(order_email()).await.unwrap();
+    let receipt = ServiceExt::<Message>::ready(&mut up)
+        .await
+        .unwrap()
+        .call(order_email())
+        .await
+        .unwrap();
     assert_eq!(receipt.id, "m2");
     assert!(!receipt.replayed);
     assert_eq!(provider.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn batch_through_the_stack_sends_only_new_messages_and_replays_the_next_identical_batch() {
+    let provider = FakeProvider::start(vec![
+        Reply::new(200, r#"{"id":"id-seen"}"#),
+        batch_ids(&["id-a", "id-b", "id-c"]),
+    ])
+    .await;
+    let codec = ResendCodec::new(API_KEY).base_url(provider.base_url());
+    let layer = IdempotencyLayer::builder()
+        .store(MemoryStore::new())
+        .namespace("resend")
+        .build()
+        .unwrap();
+    let mut service = ServiceBuilder::new()
+        .layer(layer)
+        .timeout(Duration::from_secs(10))
+        .service(HttpTransport::new(hyper_client(), codec));
+
+    // "seen" went before, alone, through the same store.
+    let seen = ServiceExt::<Message>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(welcome("seen"))
+        .await
+        .unwrap();
+    assert_eq!(seen.id, "id-seen");
+
+    let batch = || welcomes(&["a", "seen", "b", "c"]);
+    let first = ServiceExt::<Batch>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(batch())
+        .await
+        .unwrap();
+
+    let receipts: Vec<_> = first.iter().map(|o| o.as_ref().unwrap()).collect();
+    let ids: Vec<_> = receipts.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["id-a", "id-seen", "id-b", "id-c"]);
+    let replayed: Vec<_> = receipts.iter().map(|r| r.replayed).collect();
+    assert_eq!(replayed, [false, true, false, false]);
+
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].uri.path(), "/emails");
+    let request = &requests[1];
+    assert_eq!(request.uri.path(), "/emails/batch");
+    let to: Vec<_> = request
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["to"][0].clone())
+        .collect();
+    assert_eq!(
+        to,
+        [
+            "user_a@example.com",
+            "user_b@example.com",
+            "user_c@example.com"
+        ]
+    );
+    assert_eq!(
+        request.header("idempotency-key").map(str::to_owned),
+        batch_idempotency_key(welcomes(&["a", "b", "c"]).as_slice())
+    );
+
+    // The same batch again: every message answered from the store, no request.
+    let again = ServiceExt::<Batch>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(batch())
+        .await
+        .unwrap();
+    let receipts: Vec<_> = again.iter().map(|o| o.as_ref().unwrap()).collect();
+    assert_eq!(
+        receipts.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["id-a", "id-seen", "id-b", "id-c"]
+    );
+    assert!(receipts.iter().all(|r| r.replayed));
+    assert_eq!(provider.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn batch_left_out_message_frees_its_key_through_the_stack_for_a_single_send() {
+    let provider = FakeProvider::start(vec![
+        batch_ids(&["id-a"]),
+        Reply::new(200, r#"{"id":"id-invoice"}"#),
+    ])
+    .await;
+    let codec = ResendCodec::new(API_KEY).base_url(provider.base_url());
+    let mut service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(MemoryStore::new()))
+        .service(HttpTransport::new(hyper_client(), codec));
+    let invoice = Message::builder()
+        .from("hello@marketplace.example")
+        .to("user_b@example.com")
+        .text("Your invoice.")
+        .attachment(Attachment::new("invoice.txt", "text/plain", &b"foobar"[..]))
+        .idempotency_key("invoice:b")
+        .build()
+        .unwrap();
+
+    let outcomes = ServiceExt::<Batch>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(Batch::from(vec![welcome("a"), invoice.clone()]))
+        .await
+        .unwrap();
+    assert_eq!(outcomes[0].as_ref().unwrap().id, "id-a");
+    assert_eq!(
+        outcomes[1].as_ref().unwrap_err().code(),
+        codes::NOT_BATCHABLE
+    );
+
+    // As its error says: send it on its own, under the same key.
+    let receipt = ServiceExt::<Message>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(invoice)
+        .await
+        .unwrap();
+    assert_eq!(receipt.id, "id-invoice");
+    assert!(!receipt.replayed);
+    let paths: Vec<_> = provider
+        .requests()
+        .iter()
+        .map(|r| r.uri.path().to_owned())
+        .collect();
+    assert_eq!(paths, ["/emails/batch", "/emails"]);
 }

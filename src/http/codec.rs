@@ -108,3 +108,72 @@ impl<C: Codec + ?Sized> Codec for std::sync::Arc<C> {
         (**self).error_detail(response)
     }
 }
+
+/// A [`Codec`] whose provider also takes many messages in one request: what
+/// [`HttpTransport`](super::HttpTransport) needs to be a `Service<Batch<Message>>`.
+///
+/// The transport does the rest, as for single sends: it checks the batch size against
+/// [`max_batch`](Self::max_batch), leaves out the messages [`batchable`](Self::batchable)
+/// refuses (each answered with that error), derives one `Idempotency-Key` for the batch,
+/// reads the body and maps the status to every message of the batch (see the
+/// [module docs](super#batches)).
+pub trait BatchCodec: Codec {
+    /// The most messages one batch request may hold. A larger batch is a validation error,
+    /// [`provider.batch_too_large`](super::codes::BATCH_TOO_LARGE), for every message, and
+    /// nothing is sent.
+    fn max_batch(&self) -> usize;
+
+    /// Whether `message` can go in a batch request.
+    ///
+    /// # Errors
+    /// A [`SendError`] (usually [`validation`](SendError::validation), code
+    /// [`provider.not_batchable`](super::codes::NOT_BATCHABLE)) that becomes this message's
+    /// outcome; it is left out of the request and the rest of the batch goes.
+    fn batchable(&self, message: &Message) -> Result<(), SendError> {
+        let _ = message;
+        Ok(())
+    }
+
+    /// The request for `messages`, in order; each passed [`batchable`](Self::batchable). The
+    /// transport adds the `Idempotency-Key` header afterwards.
+    ///
+    /// # Errors
+    /// A [`SendError`] when the messages cannot be expressed in the provider's API; it becomes
+    /// the outcome of every one of them, and nothing is sent.
+    fn encode_batch(&self, messages: &[Message]) -> Result<http::Request<Bytes>, SendError>;
+
+    /// The outcomes in a 2xx answer to `messages`: one per message, in order.
+    ///
+    /// # Errors
+    /// Any error when the body is not what the provider documents. The transport turns it
+    /// into an unknown-delivery [`SendError`] with code
+    /// [`provider.bad_response`](super::codes::BAD_RESPONSE) for every message, as it does
+    /// when the answer holds a different number of outcomes than messages.
+    fn decode_batch(
+        &self,
+        messages: &[Message],
+        response: &http::Response<Bytes>,
+    ) -> Result<Vec<Result<Receipt, SendError>>, BoxError>;
+}
+
+impl<C: BatchCodec + ?Sized> BatchCodec for std::sync::Arc<C> {
+    fn max_batch(&self) -> usize {
+        (**self).max_batch()
+    }
+
+    fn batchable(&self, message: &Message) -> Result<(), SendError> {
+        (**self).batchable(message)
+    }
+
+    fn encode_batch(&self, messages: &[Message]) -> Result<http::Request<Bytes>, SendError> {
+        (**self).encode_batch(messages)
+    }
+
+    fn decode_batch(
+        &self,
+        messages: &[Message],
+        response: &http::Response<Bytes>,
+    ) -> Result<Vec<Result<Receipt, SendError>>, BoxError> {
+        (**self).decode_batch(messages, response)
+    }
+}

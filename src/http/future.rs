@@ -1,4 +1,6 @@
-//! [`ResponseFuture`]: the future of an [`HttpTransport`](super::HttpTransport) send.
+//! The futures of [`HttpTransport`](super::HttpTransport): [`ResponseFuture`] for a message,
+//! [`BatchResponseFuture`] for a batch. Both drive one [`Exchange`]: call the client, then read
+//! the body (bounded).
 
 use std::fmt;
 use std::future::Future;
@@ -6,15 +8,122 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
+use bytes::Bytes;
 use http_body::Body;
 use http_body_util::combinators::Collect;
 use http_body_util::{BodyExt, Limited};
 use pin_project_lite::pin_project;
 
-use super::codec::Codec;
+use super::codec::{BatchCodec, Codec};
 use super::status::{self, NotSentFn};
+use crate::batch::BatchOutcomes;
 use crate::message::Message;
 use crate::outcome::{BoxError, Receipt, SendError};
+
+pin_project! {
+    /// One request and its answer: the client's future, then the body read up to a bound.
+    #[project = ExchangeProj]
+    pub(crate) enum Exchange<F, B>
+    where
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
+        Calling { #[pin] future: F, max_body: usize },
+        Reading {
+            #[pin]
+            body: Collect<Limited<B>>,
+            parts: Option<http::response::Parts>,
+            max_body: usize,
+        },
+        // Nothing to send, or the answer was handed out.
+        Done,
+    }
+}
+
+/// How an [`Exchange`] ended.
+pub(crate) enum Exchanged {
+    /// The whole answer.
+    Answered(http::Response<Bytes>),
+    /// The status came but the body could not be read (too long, cut off).
+    Unread {
+        parts: http::response::Parts,
+        error: BoxError,
+        max_body: usize,
+    },
+    /// The client failed: no answer.
+    Failed(BoxError),
+    /// Polled after it ended, or with nothing to send.
+    Spent,
+}
+
+impl<F, B> Exchange<F, B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    pub(crate) fn new(future: F, max_body: usize) -> Self {
+        Self::Calling { future, max_body }
+    }
+}
+
+impl<F, B, E> Future for Exchange<F, B>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+    E: Into<BoxError>,
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Output = Exchanged;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Exchanged> {
+        loop {
+            match self.as_mut().project() {
+                ExchangeProj::Calling { future, max_body } => {
+                    let max_body = *max_body;
+                    match ready!(future.poll(cx)) {
+                        Err(error) => {
+                            self.set(Self::Done);
+                            return Poll::Ready(Exchanged::Failed(error.into()));
+                        }
+                        Ok(response) => {
+                            let (parts, body) = response.into_parts();
+                            self.set(Self::Reading {
+                                body: Limited::new(body, max_body).collect(),
+                                parts: Some(parts),
+                                max_body,
+                            });
+                        }
+                    }
+                }
+                ExchangeProj::Reading {
+                    body,
+                    parts,
+                    max_body,
+                } => {
+                    let collected = ready!(body.poll(cx));
+                    let max_body = *max_body;
+                    let parts = parts.take();
+                    self.set(Self::Done);
+                    let Some(parts) = parts else {
+                        return Poll::Ready(Exchanged::Spent);
+                    };
+                    return Poll::Ready(match collected {
+                        Ok(collected) => Exchanged::Answered(http::Response::from_parts(
+                            parts,
+                            collected.to_bytes(),
+                        )),
+                        Err(error) => Exchanged::Unread {
+                            parts,
+                            error,
+                            max_body,
+                        },
+                    });
+                }
+                ExchangeProj::Done => return Poll::Ready(Exchanged::Spent),
+            }
+        }
+    }
+}
 
 pin_project! {
     /// The future of a send through [`HttpTransport`](super::HttpTransport): waits for the
@@ -25,29 +134,12 @@ pin_project! {
         B::Error: Into<BoxError>,
     {
         #[pin]
-        state: State<F, B>,
+        exchange: Exchange<F, B>,
+        // The codec refused the message; the client was never called.
+        rejected: Option<SendError>,
         codec: Arc<C>,
         message: Message,
-        max_body: usize,
         not_sent: NotSentFn,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    enum State<F, B>
-    where
-        B: Body,
-        B::Error: Into<BoxError>,
-    {
-        // The codec refused the message; the client was never called.
-        Rejected { error: Option<SendError> },
-        Calling { #[pin] future: F },
-        Reading {
-            #[pin]
-            body: Collect<Limited<B>>,
-            parts: Option<http::response::Parts>,
-        },
     }
 }
 
@@ -64,20 +156,20 @@ where
         not_sent: NotSentFn,
     ) -> Self {
         Self {
-            state: State::Calling { future },
+            exchange: Exchange::new(future, max_body),
+            rejected: None,
             codec,
             message,
-            max_body,
             not_sent,
         }
     }
 
     pub(crate) fn rejected(error: SendError, codec: Arc<C>, message: Message) -> Self {
         Self {
-            state: State::Rejected { error: Some(error) },
+            exchange: Exchange::Done,
+            rejected: Some(error),
             codec,
             message,
-            max_body: 0,
             not_sent: status::connection_refused,
         }
     }
@@ -93,49 +185,180 @@ where
 {
     type Output = Result<Receipt, SendError>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        loop {
-            let mut this = self.as_mut().project();
-            match this.state.as_mut().project() {
-                StateProj::Rejected { error } => {
-                    return Poll::Ready(Err(error.take().unwrap_or_else(polled_after_completion)));
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Some(error) = this.rejected.take() {
+            return Poll::Ready(Err(error));
+        }
+        let codec: &C = this.codec;
+        Poll::Ready(match ready!(this.exchange.poll(cx)) {
+            Exchanged::Answered(response) => status::from_response(codec, this.message, &response),
+            Exchanged::Unread {
+                parts,
+                error,
+                max_body,
+            } => Err(status::from_unread_body(codec, parts, error, max_body)),
+            Exchanged::Failed(error) => Err(status::from_inner_error(error, *this.not_sent)),
+            Exchanged::Spent => Err(polled_after_completion()),
+        })
+    }
+}
+
+impl<F, B, C> fmt::Debug for ResponseFuture<F, B, C>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match (&self.rejected, &self.exchange) {
+            (Some(_), _) => "rejected",
+            (None, exchange) => exchange.state(),
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+pin_project! {
+    /// The future of a batch send through [`HttpTransport`](super::HttpTransport): waits for
+    /// the answer to the one batch request, reads its body (bounded) and answers one outcome
+    /// per message of the batch, in order.
+    pub struct BatchResponseFuture<F, B, C>
+    where
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
+        #[pin]
+        exchange: Exchange<F, B>,
+        codec: Arc<C>,
+        // The messages in the request, and where each stands in the batch.
+        sent: Vec<Message>,
+        positions: Vec<usize>,
+        // One per message of the batch; those left out of the request are answered already.
+        answers: Vec<Option<Result<Receipt, SendError>>>,
+        not_sent: NotSentFn,
+    }
+}
+
+impl<F, B, C> BatchResponseFuture<F, B, C>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    pub(crate) fn new(
+        exchange: Exchange<F, B>,
+        codec: Arc<C>,
+        sent: Vec<Message>,
+        positions: Vec<usize>,
+        answers: Vec<Option<Result<Receipt, SendError>>>,
+        not_sent: NotSentFn,
+    ) -> Self {
+        Self {
+            exchange,
+            codec,
+            sent,
+            positions,
+            answers,
+            not_sent,
+        }
+    }
+
+    /// Every message is answered already: no request.
+    pub(crate) fn answered(
+        codec: Arc<C>,
+        answers: Vec<Option<Result<Receipt, SendError>>>,
+    ) -> Self {
+        Self::new(
+            Exchange::Done,
+            codec,
+            Vec::new(),
+            Vec::new(),
+            answers,
+            status::connection_refused,
+        )
+    }
+}
+
+impl<F, B, C, E> Future for BatchResponseFuture<F, B, C>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+    E: Into<BoxError>,
+    B: Body,
+    B::Error: Into<BoxError>,
+    C: BatchCodec,
+{
+    type Output = Result<BatchOutcomes, SendError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if !this.positions.is_empty() {
+            let codec: &C = this.codec;
+            let outcomes = match ready!(this.exchange.poll(cx)) {
+                Exchanged::Answered(response) => {
+                    status::from_batch_response(codec, this.sent, &response)
                 }
-                StateProj::Calling { future } => match ready!(future.poll(cx)) {
-                    Err(error) => {
-                        return Poll::Ready(Err(status::from_inner_error(
-                            error.into(),
-                            *this.not_sent,
-                        )));
-                    }
-                    Ok(response) => {
-                        let (parts, body) = response.into_parts();
-                        this.state.set(State::Reading {
-                            body: Limited::new(body, *this.max_body).collect(),
-                            parts: Some(parts),
-                        });
-                    }
-                },
-                StateProj::Reading { body, parts } => {
-                    let collected = ready!(body.poll(cx));
-                    let Some(parts) = parts.take() else {
-                        return Poll::Ready(Err(polled_after_completion()));
-                    };
-                    let codec: &C = this.codec;
-                    return Poll::Ready(match collected {
-                        Ok(collected) => status::from_response(
-                            codec,
-                            this.message,
-                            &http::Response::from_parts(parts, collected.to_bytes()),
-                        ),
-                        Err(error) => Err(status::from_unread_body(
-                            codec,
-                            parts,
-                            error,
-                            *this.max_body,
-                        )),
-                    });
+                Exchanged::Unread {
+                    parts,
+                    error,
+                    max_body,
+                } => every(
+                    status::from_unread_body(codec, parts, error, max_body),
+                    this.sent.len(),
+                ),
+                Exchanged::Failed(error) => every(
+                    status::from_inner_error(error, *this.not_sent),
+                    this.sent.len(),
+                ),
+                Exchanged::Spent => every(polled_after_completion(), this.sent.len()),
+            };
+            for (&position, outcome) in this.positions.iter().zip(outcomes) {
+                if let Some(answer) = this.answers.get_mut(position) {
+                    *answer = Some(outcome);
                 }
             }
+            this.positions.clear();
+        }
+        Poll::Ready(Ok(std::mem::take(this.answers)
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(polled_after_completion())))
+            .collect()))
+    }
+}
+
+fn every(error: SendError, n: usize) -> BatchOutcomes {
+    vec![Err(error); n]
+}
+
+impl<F, B, C> fmt::Debug for BatchResponseFuture<F, B, C>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = if self.positions.is_empty() {
+            "answered"
+        } else {
+            self.exchange.state()
+        };
+        f.debug_struct("BatchResponseFuture")
+            .field("state", &state)
+            .field("messages", &self.answers.len())
+            .field("sent", &self.sent.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, B> Exchange<F, B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    fn state(&self) -> &'static str {
+        match self {
+            Self::Calling { .. } => "calling",
+            Self::Reading { .. } => "reading",
+            Self::Done => "done",
         }
     }
 }
@@ -145,21 +368,4 @@ fn polled_after_completion() -> SendError {
         crate::outcome::codes::UNKNOWN,
         "the send future was polled after it completed",
     )
-}
-
-impl<F, B, C> fmt::Debug for ResponseFuture<F, B, C>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Rejected { .. } => "rejected",
-            State::Calling { .. } => "calling",
-            State::Reading { .. } => "reading",
-        };
-        f.debug_struct("ResponseFuture")
-            .field("state", &state)
-            .finish_non_exhaustive()
-    }
 }

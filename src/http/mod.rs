@@ -90,6 +90,68 @@
 //!   hold the status and the provider's own explanation (at most 300 characters), never the
 //!   body that was sent.
 //!
+//! # Batches
+//!
+//! With a [`BatchCodec`] ([`ResendCodec`]: `POST /emails/batch`), the transport is also a
+//! `Service<Batch<Message>>` whose answer holds one outcome per message, in the batch's order
+//! ([`BatchOutcomes`](crate::batch::BatchOutcomes)). Under [`IdempotencyLayer`](crate::IdempotencyLayer)
+//! the batch it receives holds only the messages the store let through. On every call:
+//!
+//! 1. A batch larger than [`BatchCodec::max_batch`] (Resend: [`RESEND_MAX_BATCH`], 100) is a
+//!    validation error for every message, [`provider.batch_too_large`](codes::BATCH_TOO_LARGE),
+//!    and nothing is sent: split it before, so no half of it goes by surprise.
+//! 2. A message the codec cannot put in a batch ([`BatchCodec::batchable`]; Resend: one with
+//!    attachments or a `send_at`) is answered a validation error,
+//!    [`provider.not_batchable`](codes::NOT_BATCHABLE), and left out; the rest go. The error
+//!    lands on the message at fault and says what to do (send it alone); failing its
+//!    neighbours too would only make the caller find which one was at fault.
+//! 3. The rest go as **one** request ([`BatchCodec::encode_batch`]), with one
+//!    `Idempotency-Key` derived from their keys in order ([`batch_idempotency_key`]): the
+//!    same on every attempt of the same batch, different for any other. A batch holding a
+//!    message without a key goes without the header, as that message would alone.
+//! 4. The answer maps as in the table above, to **every** message of the request: a 429 makes
+//!    each retryable with the `Retry-After` wait, a 500 each of unknown delivery, and so on.
+//!    A 2xx is decoded by [`BatchCodec::decode_batch`]; a body that does not decode, or one
+//!    with a different number of outcomes than messages, is `provider.bad_response`, of
+//!    unknown delivery, for every message (any of them may have gone; no outcome is matched
+//!    to a message by guesswork).
+//!
+//! Messages left out (2.) and an empty batch send no request. The call fails as a whole only
+//! when the client cannot become ready (`provider.not_sent`).
+//!
+//! A transport with a batch codec is a `Service` of two request types, and so is a stack over
+//! it: `ready()` must be told which one (`ServiceExt::<Batch>::ready(&mut service)`, as with
+//! axum's `Router`); `oneshot` and `call` infer it from their argument.
+//!
+//! ```
+//! use tower::{Service, ServiceExt};
+//! use tower_idempotency::batch::Batch;
+//! use tower_idempotency::http::{HttpTransport, ResendCodec, codes};
+//! use tower_idempotency::{Attachment, BoxError, Message};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), BoxError> {
+//! # let client = tower::service_fn(|request: http::Request<bytes::Bytes>| async move {
+//! #     assert_eq!(request.uri().path(), "/emails/batch");
+//! #     let body = r#"{"data":[{"id":"id-1"},{"id":"id-2"}]}"#.to_owned();
+//! #     Ok::<_, std::convert::Infallible>(http::Response::new(body))
+//! # });
+//! let mut resend = HttpTransport::new(client, ResendCodec::new("re_123"));
+//! let m = |to: &str| Message::builder().from("hello@shop.example").to(to).text("Welcome!");
+//! let batch = Batch::from(vec![
+//!     m("a@example.com").idempotency_key("welcome:a").build()?,
+//!     m("b@example.com").idempotency_key("invoice:b")
+//!         .attachment(Attachment::new("invoice.pdf", "application/pdf", &b"%PDF"[..]))
+//!         .build()?,
+//!     m("c@example.com").idempotency_key("welcome:c").build()?,
+//! ]);
+//! let outcomes = ServiceExt::<Batch>::ready(&mut resend).await?.call(batch).await?;
+//! assert_eq!(outcomes[0].as_ref().unwrap().id, "id-1");
+//! // Resend's batch endpoint takes no attachments: send that one on its own.
+//! assert_eq!(outcomes[1].as_ref().unwrap_err().code(), codes::NOT_BATCHABLE);
+//! assert_eq!(outcomes[2].as_ref().unwrap().id, "id-2");
+//! # Ok(()) }
+//! ```
+//!
 //! # Clients
 //!
 //! - **hyper-util**'s legacy `Client` needs a body type: put
@@ -107,11 +169,13 @@ mod resend;
 mod status;
 mod transport;
 
-pub use codec::Codec;
-pub use future::ResponseFuture;
-pub use resend::{RESEND, RESEND_API, ResendCodec};
+pub use codec::{BatchCodec, Codec};
+pub use future::{BatchResponseFuture, ResponseFuture};
+pub use resend::{RESEND, RESEND_API, RESEND_MAX_BATCH, ResendCodec};
 pub use status::{NotSentFn, connection_refused, parse_retry_after};
-pub use transport::{DEFAULT_MAX_RESPONSE_BODY, HttpTransport, IDEMPOTENCY_KEY};
+pub use transport::{
+    DEFAULT_MAX_RESPONSE_BODY, HttpTransport, IDEMPOTENCY_KEY, batch_idempotency_key,
+};
 
 /// The stable codes of the errors [`HttpTransport`] and [`ResendCodec`] make; see the
 /// mapping table in the [module docs](self). Client timeouts and other client errors use
@@ -144,4 +208,11 @@ pub mod codes {
     /// The provider holds this idempotency key for a different request (Resend's 409
     /// `invalid_idempotent_request`). Validation.
     pub const IDEMPOTENCY_KEY_REUSED: &str = "provider.idempotency_key_reused";
+    /// The batch holds more messages than the provider takes in one request
+    /// ([`BatchCodec::max_batch`](super::BatchCodec::max_batch)). Validation, for every
+    /// message; nothing is sent.
+    pub const BATCH_TOO_LARGE: &str = "provider.batch_too_large";
+    /// The message cannot go in a batch request (with Resend: it has attachments or a
+    /// schedule). Validation, for that message; the rest of the batch goes.
+    pub const NOT_BATCHABLE: &str = "provider.not_batchable";
 }

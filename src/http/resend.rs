@@ -1,4 +1,4 @@
-//! [`ResendCodec`]: Resend's email API (`POST /emails`).
+//! [`ResendCodec`]: Resend's email API (`POST /emails` and `POST /emails/batch`).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -10,7 +10,7 @@ use http::header::{AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 use http::{HeaderValue, Method, Uri};
 use serde::{Deserialize, Serialize};
 
-use super::codec::Codec;
+use super::codec::{BatchCodec, Codec};
 use super::codes;
 use crate::message::Message;
 use crate::outcome::{BoxError, Receipt, SendError};
@@ -20,6 +20,9 @@ pub const RESEND_API: &str = "https://api.resend.com";
 
 /// The transport name in receipts from [`ResendCodec`].
 pub const RESEND: &str = "resend";
+
+/// The most emails Resend's `POST /emails/batch` takes in one request.
+pub const RESEND_MAX_BATCH: usize = 100;
 
 /// The [`Codec`] of [Resend](https://resend.com/docs/api-reference/emails/send-email)'s
 /// `POST /emails`.
@@ -46,6 +49,17 @@ pub const RESEND: &str = "resend";
 /// error, [`provider.idempotency_key_reused`](codes::IDEMPOTENCY_KEY_REUSED). Error texts are
 /// taken from the body's `name` and `message`.
 ///
+/// # Batches
+///
+/// As a [`BatchCodec`], it sends to [`POST /emails/batch`](https://resend.com/docs/api-reference/emails/send-batch-emails):
+/// a JSON array of the same email objects, at most [`RESEND_MAX_BATCH`] (100) of them, answered
+/// `{"data": [{"id": "…"}, …]}` in the order sent. Resend's batch endpoint takes neither
+/// attachments nor `scheduled_at`, so a message with attachments or a `send_at` is not
+/// [`batchable`](BatchCodec::batchable): it is answered a validation error,
+/// [`provider.not_batchable`](codes::NOT_BATCHABLE), and the rest of the batch goes without
+/// it. That error lands on the message at fault, never on its neighbours, and says what to do:
+/// send that message on its own (its key was not used, so the layer has freed it).
+///
 /// ```
 /// use tower_idempotency::http::ResendCodec;
 ///
@@ -70,16 +84,16 @@ impl ResendCodec {
     }
 
     /// Sends to `base_url` instead of [`RESEND_API`] (a test server, a proxy): requests go to
-    /// `<base_url>/emails`.
+    /// `<base_url>/emails` and `<base_url>/emails/batch`.
     #[must_use]
     pub fn base_url(mut self, base_url: Uri) -> Self {
         self.base_url = base_url;
         self
     }
 
-    fn endpoint(&self) -> Result<Uri, SendError> {
+    fn endpoint(&self, path: &str) -> Result<Uri, SendError> {
         let base = self.base_url.to_string();
-        format!("{}/emails", base.trim_end_matches('/'))
+        format!("{}{path}", base.trim_end_matches('/'))
             .parse::<Uri>()
             .ok()
             .filter(|uri| uri.scheme().is_some() && uri.authority().is_some())
@@ -147,6 +161,11 @@ struct Created {
 }
 
 #[derive(Deserialize)]
+struct CreatedBatch {
+    data: Vec<Created>,
+}
+
+#[derive(Deserialize)]
 struct ResendError {
     #[serde(default)]
     name: Option<String>,
@@ -162,8 +181,9 @@ fn invalid(text: &'static str) -> impl FnOnce(http::Error) -> SendError {
     move |e| SendError::validation(codes::INVALID_REQUEST, text).with_source(e)
 }
 
-impl Codec for ResendCodec {
-    fn encode(&self, message: &Message) -> Result<http::Request<Bytes>, SendError> {
+impl ResendCodec {
+    /// The JSON object of one email, as `/emails` and `/emails/batch` both take it.
+    fn email<'a>(&self, message: &'a Message) -> Result<Email<'a>, SendError> {
         let mut headers: BTreeMap<&str, Cow<'_, str>> = message
             .headers()
             .iter()
@@ -188,7 +208,7 @@ impl Codec for ResendCodec {
             })?),
             None => None,
         };
-        let email = Email {
+        Ok(Email {
             from: message.from(),
             to: message.to(),
             cc: message.cc(),
@@ -213,8 +233,12 @@ impl Codec for ResendCodec {
                 .map(|(name, value)| Tag { name, value })
                 .collect(),
             scheduled_at,
-        };
-        let body = serde_json::to_vec(&email).map_err(|e| {
+        })
+    }
+
+    /// A JSON `POST` to `path` with the API key.
+    fn post(&self, path: &str, body: &impl Serialize) -> Result<http::Request<Bytes>, SendError> {
+        let body = serde_json::to_vec(body).map_err(|e| {
             SendError::validation(
                 codes::INVALID_REQUEST,
                 "the message cannot be encoded as JSON",
@@ -231,7 +255,7 @@ impl Codec for ResendCodec {
         authorization.set_sensitive(true);
         http::Request::builder()
             .method(Method::POST)
-            .uri(self.endpoint()?)
+            .uri(self.endpoint(path)?)
             .header(AUTHORIZATION, authorization)
             .header(CONTENT_TYPE, "application/json")
             .header(
@@ -240,6 +264,12 @@ impl Codec for ResendCodec {
             )
             .body(Bytes::from(body))
             .map_err(invalid("the Resend request cannot be built"))
+    }
+}
+
+impl Codec for ResendCodec {
+    fn encode(&self, message: &Message) -> Result<http::Request<Bytes>, SendError> {
+        self.post("/emails", &self.email(message)?)
     }
 
     fn decode(
@@ -284,6 +314,65 @@ impl Codec for ResendCodec {
             (Some(name), Some(message)) => Some(format!("{name}: {message}")),
             (name, message) => name.or(message),
         }
+    }
+}
+
+impl BatchCodec for ResendCodec {
+    fn max_batch(&self) -> usize {
+        RESEND_MAX_BATCH
+    }
+
+    fn batchable(&self, message: &Message) -> Result<(), SendError> {
+        let refused = match (message.attachments().is_empty(), message.send_at()) {
+            (false, _) => "attachments",
+            (true, Some(_)) => "a schedule (send_at)",
+            (true, None) => return Ok(()),
+        };
+        Err(SendError::validation(
+            codes::NOT_BATCHABLE,
+            format!(
+                "Resend's batch endpoint does not take {refused}; this message was left out \
+                 of the batch and not sent: send it on its own"
+            ),
+        ))
+    }
+
+    fn encode_batch(&self, messages: &[Message]) -> Result<http::Request<Bytes>, SendError> {
+        let emails = messages
+            .iter()
+            .map(|message| {
+                self.batchable(message)?;
+                self.email(message)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.post("/emails/batch", &emails)
+    }
+
+    fn decode_batch(
+        &self,
+        messages: &[Message],
+        response: &http::Response<Bytes>,
+    ) -> Result<Vec<Result<Receipt, SendError>>, BoxError> {
+        let created: CreatedBatch = serde_json::from_slice(response.body())?;
+        if created.data.len() != messages.len() {
+            return Err(format!(
+                "Resend answered {} ids for {} messages",
+                created.data.len(),
+                messages.len()
+            )
+            .into());
+        }
+        if created.data.iter().any(|c| c.id.is_empty()) {
+            return Err("Resend answered an empty message id".into());
+        }
+        Ok(created
+            .data
+            .into_iter()
+            .zip(messages)
+            .map(|(created, message)| {
+                Ok(Receipt::new(created.id, RESEND).with_accepted(message.recipients()))
+            })
+            .collect())
     }
 }
 

@@ -7,8 +7,9 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode, header::RETRY_AFTER};
 
-use super::codec::Codec;
+use super::codec::{BatchCodec, Codec};
 use super::codes;
+use crate::batch::BatchOutcomes;
 use crate::message::Message;
 use crate::outcome::{self, BoxError, Receipt, SendError};
 
@@ -107,6 +108,35 @@ pub(crate) fn from_response<C: Codec + ?Sized>(
         });
     }
     Err(from_status(codec, response))
+}
+
+/// The outcomes of a complete answer to a batch request: the single-send mapping, applied to
+/// every message; see the [module docs](super#batches).
+pub(crate) fn from_batch_response<C: BatchCodec + ?Sized>(
+    codec: &C,
+    messages: &[Message],
+    response: &http::Response<Bytes>,
+) -> BatchOutcomes {
+    let status = response.status();
+    if !status.is_success() {
+        return vec![Err(from_status(codec, response)); messages.len()];
+    }
+    let bad_response = |why: String| {
+        SendError::unknown_delivery(
+            codes::BAD_RESPONSE,
+            format!(
+                "the provider answered HTTP {status} to a batch of {} messages {why}; \
+                 the messages were probably accepted",
+                messages.len()
+            ),
+        )
+    };
+    let error = match codec.decode_batch(messages, response) {
+        Ok(outcomes) if outcomes.len() == messages.len() => return outcomes,
+        Ok(outcomes) => bad_response(format!("with {} outcomes", outcomes.len())),
+        Err(e) => bad_response("with a body that does not decode".to_owned()).with_source(e),
+    };
+    vec![Err(error); messages.len()]
 }
 
 fn from_status<C: Codec + ?Sized>(codec: &C, response: &http::Response<Bytes>) -> SendError {

@@ -1,4 +1,5 @@
-//! [`HttpTransport`]: a `Service<Message>` over an HTTP client.
+//! [`HttpTransport`]: a `Service<Message>`, and a `Service<Batch<Message>>` when its codec
+//! takes batches, over an HTTP client.
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,9 +9,12 @@ use bytes::Bytes;
 use http::HeaderValue;
 use tower_service::Service;
 
-use super::codec::Codec;
-use super::future::ResponseFuture;
+use sha2::{Digest, Sha256};
+
+use super::codec::{BatchCodec, Codec};
+use super::future::{BatchResponseFuture, Exchange, ResponseFuture};
 use super::status::{NotSentFn, connection_refused};
+use crate::batch::{Batch, BatchOutcomes};
 use crate::message::Message;
 use crate::outcome::{self, BoxError, Receipt, SendError};
 
@@ -30,6 +34,10 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// request, so every attempt of a retried message carries the same key, reads the body up
 /// to [`DEFAULT_MAX_RESPONSE_BODY`] bytes, and maps the status as the
 /// [module docs](super) describe.
+///
+/// With a [`BatchCodec`] (such as [`ResendCodec`](super::ResendCodec)) it is also a
+/// `Service<Batch<Message>>` that sends a batch as one request and answers one outcome per
+/// message, in order ([`BatchOutcomes`]); see [Batches](super#batches).
 ///
 /// Readiness is the inner client's. `call` moves the ready client into the response future
 /// and leaves a fresh clone in its place.
@@ -199,4 +207,140 @@ fn with_key(
         headers.insert(IDEMPOTENCY_KEY, value);
     }
     Ok(request)
+}
+
+/// One batch request: answers one outcome per message, in order; see
+/// [Batches](super#batches). The call itself fails only when the client cannot become ready.
+impl<S, C, B> Service<Batch<Message>> for HttpTransport<S, C>
+where
+    S: Service<http::Request<Bytes>, Response = http::Response<B>> + Clone,
+    S::Error: Into<BoxError>,
+    B: http_body::Body,
+    B::Error: Into<BoxError>,
+    C: BatchCodec,
+{
+    type Response = BatchOutcomes;
+    type Error = SendError;
+    type Future = BatchResponseFuture<S::Future, B, C>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Service::<Message>::poll_ready(self, cx)
+    }
+
+    fn call(&mut self, batch: Batch<Message>) -> Self::Future {
+        let codec = Arc::clone(&self.codec);
+        let messages = batch.into_vec();
+        let max = codec.max_batch();
+        if messages.len() > max {
+            let error = SendError::validation(
+                super::codes::BATCH_TOO_LARGE,
+                format!(
+                    "the batch holds {} messages and the provider takes at most {max}; \
+                     none was sent",
+                    messages.len()
+                ),
+            );
+            let answers = vec![Some(Err(error)); messages.len()];
+            return BatchResponseFuture::answered(codec, answers);
+        }
+        let mut answers = vec![None; messages.len()];
+        let mut sent = Vec::with_capacity(messages.len());
+        let mut positions = Vec::with_capacity(messages.len());
+        for (i, message) in messages.into_iter().enumerate() {
+            match codec.batchable(&message) {
+                Ok(()) => {
+                    sent.push(message);
+                    positions.push(i);
+                }
+                Err(error) => answers[i] = Some(Err(error)),
+            }
+        }
+        if sent.is_empty() {
+            return BatchResponseFuture::answered(codec, answers);
+        }
+        let request = match codec.encode_batch(&sent).map(|r| with_batch_key(r, &sent)) {
+            Ok(request) => request,
+            // The client stays ready and untouched: nothing was sent.
+            Err(error) => {
+                for &i in &positions {
+                    answers[i] = Some(Err(error.clone()));
+                }
+                return BatchResponseFuture::answered(codec, answers);
+            }
+        };
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        BatchResponseFuture::new(
+            Exchange::new(inner.call(request), self.max_response_body),
+            codec,
+            sent,
+            positions,
+            answers,
+            self.not_sent,
+        )
+    }
+}
+
+/// The `Idempotency-Key` of a batch request holding `messages`, in order, or `None` when one
+/// of them has no key.
+///
+/// The key is `batch-` and 32 hex digits: the first 16 bytes of the SHA-256 of a domain
+/// prefix (`tower-idempotency/http-batch/v1\0`) and the messages' keys, each as its length
+/// (little-endian `u64`) then its bytes, so no two lists of keys share an encoding. It is
+/// therefore:
+///
+/// - the same on every attempt of the same batch, wherever it is computed, so a provider that
+///   deduplicates by key sends a retried batch once;
+/// - different for any other list of keys (another message, one fewer, another order);
+/// - never equal to a single message's key, so a message sent alone and then in a batch is
+///   not mistaken by the provider for the same request.
+///
+/// A batch with an unkeyed message carries no key: the caller did not ask for that message to
+/// be deduplicated, and alone it goes without the header. A key made from its content would
+/// make the provider drop a deliberate second send of the same text (a repeated code, say)
+/// within its key window. Key every message of a batch to have the provider deduplicate it.
+///
+/// ```
+/// use tower_idempotency::Message;
+/// use tower_idempotency::http::batch_idempotency_key;
+///
+/// let m = |key: &str| Message::builder().from("a@example.com").to("b@example.com")
+///     .text("hi").idempotency_key(key).build();
+/// let ab = batch_idempotency_key(&[m("a")?, m("b")?]).unwrap();
+/// assert!(ab.starts_with("batch-") && ab.len() == 38);
+/// assert_eq!(batch_idempotency_key(&[m("a")?, m("b")?]).as_deref(), Some(&*ab));
+/// assert_ne!(batch_idempotency_key(&[m("b")?, m("a")?]).as_deref(), Some(&*ab));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn batch_idempotency_key(messages: &[Message]) -> Option<String> {
+    const DOMAIN: &[u8] = b"tower-idempotency/http-batch/v1\0";
+    let mut digest = Sha256::new();
+    digest.update(DOMAIN);
+    digest.update((messages.len() as u64).to_le_bytes());
+    for message in messages {
+        let key = message.idempotency_key()?.as_str().as_bytes();
+        digest.update((key.len() as u64).to_le_bytes());
+        digest.update(key);
+    }
+    let digest = digest.finalize();
+    let mut key = String::with_capacity(38);
+    key.push_str("batch-");
+    for b in &digest[..16] {
+        key.push_str(&format!("{b:02x}"));
+    }
+    Some(key)
+}
+
+/// Sets the batch's `Idempotency-Key` ([`batch_idempotency_key`]); a batch with an unkeyed
+/// message goes without the header.
+fn with_batch_key(mut request: http::Request<Bytes>, messages: &[Message]) -> http::Request<Bytes> {
+    let headers = request.headers_mut();
+    headers.remove(IDEMPOTENCY_KEY);
+    if let Some(key) = batch_idempotency_key(messages) {
+        // `batch-` and hex digits: always a valid header value.
+        if let Ok(value) = HeaderValue::from_str(&key) {
+            headers.insert(IDEMPOTENCY_KEY, value);
+        }
+    }
+    request
 }
