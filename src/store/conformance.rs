@@ -54,7 +54,9 @@ pub fn backend_url(var: &str) -> Option<String> {
 fn announce_skip(var: &str) {
     use std::io::Write;
     static ANNOUNCED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let mut announced = ANNOUNCED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut announced = ANNOUNCED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !announced.iter().any(|v| v == var) {
         announced.push(var.to_owned());
         let _ = writeln!(
