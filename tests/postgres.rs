@@ -741,12 +741,12 @@ async fn a_key_repeated_in_one_batch_is_refused_before_any_statement() {
         .complete_many(&[twice, twice], LEASE)
         .await
         .expect_err("a repeated key");
-    assert_eq!(error.kind(), StoreErrorKind::Corrupt, "{error}");
+    assert_eq!(error.kind(), StoreErrorKind::InvalidInput, "{error}");
     let error = store
         .release_many(&[(&key, tokens[0]), (&key, tokens[0])])
         .await
         .expect_err("a repeated key");
-    assert_eq!(error.kind(), StoreErrorKind::Corrupt, "{error}");
+    assert_eq!(error.kind(), StoreErrorKind::InvalidInput, "{error}");
     // Both keys are still held pending by their reservation.
     assert_eq!(
         store
