@@ -186,14 +186,65 @@ fn store_pairs(store: &MemoryStore, threads: usize, iters: u64, run: u64) -> Dur
         .unwrap_or_default()
 }
 
+/// reserve + release pairs over a fixed pool of keys per thread (distinct across threads), so
+/// the store neither grows nor evicts: what is measured is the locking.
+fn store_cycles(store: &MemoryStore, threads: usize, iters: u64) -> Duration {
+    const POOL: usize = 4096;
+    let per_thread = iters.div_ceil(threads as u64);
+    let barrier = Arc::new(std::sync::Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let store = store.clone();
+            let barrier = Arc::clone(&barrier);
+            let keys: Vec<String> = (0..POOL).map(|i| format!("cycle:{t}:{i}")).collect();
+            std::thread::spawn(move || {
+                let fp = Fingerprint::from_bytes([1; 32]);
+                barrier.wait();
+                let start = Instant::now();
+                for key in keys.iter().cycle().take(per_thread as usize) {
+                    let r = futures_util::FutureExt::now_or_never(store.reserve(
+                        key,
+                        fp,
+                        Duration::from_secs(600),
+                    ));
+                    if let Some(Ok(Reservation::Reserved { token })) = r {
+                        let _ = futures_util::FutureExt::now_or_never(store.release(key, token));
+                    }
+                }
+                start.elapsed()
+            })
+        })
+        .collect();
+    barrier.wait();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("bench thread"))
+        .max()
+        .unwrap_or_default()
+}
+
 fn memory_store_scaling(c: &mut Criterion) {
-    let mut group = c.benchmark_group("memory_store/reserve_complete");
+    let mut group = c.benchmark_group("memory_store/reserve_release");
+    let store = MemoryStore::new();
+    for threads in [1usize, 2] {
+        group.throughput(Throughput::Elements(1));
+        group.bench_function(format!("threads={threads}"), |b| {
+            b.iter_custom(|iters| store_cycles(&store, threads, iters))
+        });
+    }
+    group.finish();
+
+    // Steady state of a long-running service: the store is full, so every new key first makes
+    // room (a store that grew without bound would measure the kernel's page faults instead).
+    const CAPACITY: usize = 65_536;
+    let store = MemoryStore::with_max_entries(CAPACITY);
+    store_pairs(&store, 1, CAPACITY as u64, u64::MAX);
+    let mut group = c.benchmark_group("memory_store/reserve_complete_at_capacity");
     let run = AtomicU64::new(0);
     for threads in [1usize, 2] {
         group.throughput(Throughput::Elements(1));
         group.bench_function(format!("threads={threads}"), |b| {
             b.iter_custom(|iters| {
-                let store = MemoryStore::with_max_entries(usize::MAX);
                 store_pairs(&store, threads, iters, run.fetch_add(1, Ordering::Relaxed))
             })
         });

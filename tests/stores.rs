@@ -144,6 +144,59 @@ async fn completing_a_new_key_in_a_full_store_also_makes_room() {
     assert_eq!(state(&store, "new").await, Some(RecordState::Done));
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_large_full_store_drops_done_records_a_few_at_a_time_and_no_pending_one() {
+    // 4096 entries: an eviction may drop up to 4 done records of one shard at once.
+    let store = MemoryStore::with_max_entries(4096);
+    for i in 0..4090 {
+        reserve(&store, &format!("pending-{i}")).await.unwrap();
+    }
+    for i in 0..6 {
+        done(&store, &format!("done-{i}")).await;
+    }
+    assert_eq!(store.len(), 4096);
+    // Six done records make room for exactly six inserts, however they are batched.
+    for i in 0..6 {
+        reserve(&store, &format!("incoming-{i}"))
+            .await
+            .expect("a done record makes room");
+        assert!(store.len() <= 4096);
+    }
+    assert_eq!(
+        reserve(&store, "incoming-6").await,
+        Err(StoreErrorKind::Capacity)
+    );
+    assert_eq!(store.len(), 4096);
+    for i in (0..4090).step_by(409) {
+        let key = format!("pending-{i}");
+        assert_eq!(
+            state(&store, &key).await,
+            Some(RecordState::Pending),
+            "{key}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_large_full_store_evicts_old_done_records_and_keeps_the_newest() {
+    let store = MemoryStore::with_max_entries(4096);
+    for i in 0..4096 {
+        done(&store, &format!("done-{i}")).await;
+        tokio::time::advance(Duration::from_millis(1)).await;
+    }
+    for i in 0..64 {
+        reserve(&store, &format!("incoming-{i}"))
+            .await
+            .expect("old done records make room");
+    }
+    assert!(store.len() <= 4096);
+    // Eviction is oldest-first per shard: the 64 newest done records all survive.
+    for i in 4096 - 64..4096 {
+        let key = format!("done-{i}");
+        assert_eq!(state(&store, &key).await, Some(RecordState::Done), "{key}");
+    }
+}
+
 #[tokio::test]
 async fn zero_capacity_refuses_instead_of_panicking() {
     let store = MemoryStore::with_max_entries(0);

@@ -33,6 +33,13 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 ///   pending record before its lease ends: when only those remain, it refuses with a
 ///   [`Capacity`](super::StoreErrorKind::Capacity) error and the layer answers `store_failed`
 ///   without sending.
+///
+///   A small store (under 2048 records) keeps that order exactly. A large one makes room in
+///   the shard the new key falls in: its expired records, else up to 64 of its oldest done
+///   ones, looking across all shards only when that shard has neither. The order is then
+///   oldest-first within each of 32 shards, which keys fill evenly; in exchange a full store
+///   needs no store-wide scan per insert, and threads on distinct keys do not serialise on
+///   eviction.
 /// - **Sharded.** Keys are spread over independent locks, so unrelated keys do not contend.
 /// - **Its own clock.** Expiry uses [`tokio::time::Instant`], so tests control it with tokio's
 ///   paused clock (`#[tokio::test(start_paused = true)]` and `tokio::time::advance`).
@@ -212,9 +219,12 @@ fn deadline(now: Instant, after: Duration) -> Instant {
 }
 
 impl Inner {
+    fn shard_index(&self, key: &str) -> usize {
+        (self.hasher.hash_one(key) as usize) % self.shards.len()
+    }
+
     fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
-        let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
-        lock(&self.shards[index])
+        lock(&self.shards[self.shard_index(key)])
     }
 
     /// Takes a slot for a new key, if the bound allows one.
@@ -226,9 +236,31 @@ impl Inner {
             .is_ok()
     }
 
-    /// Drops expired records, or else the oldest done one; refuses when only live pending
-    /// records remain. Never called with a shard lock held.
-    fn make_room(&self, now: Instant) -> Result<(), StoreError> {
+    /// Drops expired records, or else the oldest done ones, first in the new key's `home`
+    /// shard (large stores only), then across shards; refuses when only live pending records
+    /// remain. Never called with a shard lock held.
+    fn make_room(&self, now: Instant, home: usize) -> Result<(), StoreError> {
+        if self.eviction_batch() > 1 {
+            let mut shard = lock(&self.shards[home]);
+            let mut dropped = shard.purge_expired(now);
+            while dropped < self.eviction_batch() {
+                let Some(key) = shard
+                    .by_completion
+                    .first_key_value()
+                    .map(|(_, k)| Arc::clone(k))
+                else {
+                    break;
+                };
+                if !shard.remove(&key) {
+                    break;
+                }
+                dropped += 1;
+            }
+            if dropped > 0 {
+                self.len.fetch_sub(dropped, Ordering::AcqRel);
+                return Ok(());
+            }
+        }
         let mut dropped = 0;
         for shard in self.shards.iter() {
             dropped += lock(shard).purge_expired(now);
@@ -248,17 +280,34 @@ impl Inner {
                     .map(|(order, _)| (*order, i))
             })
             .min();
-        let Some((order, index)) = oldest else {
+        let Some((_, index)) = oldest else {
             return Err(StoreError::capacity(self.max_entries));
         };
+        // Drop a few of that shard's oldest done records, so a full store scans the shards
+        // once per batch of inserts rather than on every one.
         let mut shard = lock(&self.shards[index]);
-        // Another caller may have replaced it since the scan; then the next round looks again.
-        if let Some(key) = shard.by_completion.get(&order).cloned()
-            && shard.remove(&key)
-        {
-            self.len.fetch_sub(1, Ordering::AcqRel);
+        let mut dropped = 0;
+        while dropped < self.eviction_batch() {
+            let Some(key) = shard
+                .by_completion
+                .first_key_value()
+                .map(|(_, k)| Arc::clone(k))
+            else {
+                break;
+            };
+            if !shard.remove(&key) {
+                break;
+            }
+            dropped += 1;
         }
+        self.len.fetch_sub(dropped, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// How many done records one eviction drops: one in a small store (exact oldest-first
+    /// order), up to 64 in a large one (oldest first within a shard).
+    fn eviction_batch(&self) -> usize {
+        (self.max_entries / 1024).clamp(1, 64)
     }
 
     fn reserve(
@@ -295,7 +344,7 @@ impl Inner {
                     return Ok(Reservation::Reserved { token });
                 }
             }
-            self.make_room(now)?;
+            self.make_room(now, self.shard_index(key))?;
         }
     }
 
@@ -330,7 +379,7 @@ impl Inner {
                     return Ok(true);
                 }
             }
-            self.make_room(now)?;
+            self.make_room(now, self.shard_index(key))?;
         }
     }
 
