@@ -237,13 +237,18 @@ where
         });
     }
 
-    let held = reserve_keyed(&config, keyed, &mut plans, &mut answers).await;
+    let held = reserve_keyed(&config, keyed, &items, &mut plans, &mut answers).await;
 
     // The messages that go, in input order, as one inner batch.
     let mut outbound = Vec::new();
     let mut positions = Vec::new();
+    // The held messages again, for the recipients their kept receipts point into.
+    let mut kept = Vec::with_capacity(held.len());
     for (i, item) in items.into_iter().enumerate() {
-        if let Plan::Send(_) = plans[i] {
+        if let Plan::Send(held_at) = plans[i] {
+            if held_at.is_some() {
+                kept.push(item.clone());
+            }
             outbound.push(item);
             positions.push(i);
         }
@@ -274,8 +279,10 @@ where
         };
         let mut finishes: Vec<Option<Finish>> = (0..holds).map(|_| None).collect();
         for (&position, outcome) in positions.iter().zip(outcomes) {
-            if let Plan::Send(Some(h)) = plans[position] {
-                finishes[h] = Some(Finish::for_result(&outcome));
+            if let Plan::Send(Some(h)) = plans[position]
+                && let Some(message) = kept.get(h)
+            {
+                finishes[h] = Some(Finish::for_result(&outcome, &message.recipient_list()));
             }
             answers[position] = Some(outcome);
         }
@@ -313,9 +320,10 @@ where
 
 /// Reserves the first occurrence of every key in one store call and plans each by the
 /// answer; answers those found in the store in place. Returns the keys now held.
-async fn reserve_keyed(
+async fn reserve_keyed<R: IdempotentRequest>(
     config: &Arc<Config>,
     keyed: Vec<(Arc<str>, Fingerprint)>,
+    items: &[R],
     plans: &mut [Plan],
     answers: &mut [Option<Result<Receipt, SendError>>],
 ) -> Vec<Held> {
@@ -370,7 +378,7 @@ async fn reserve_keyed(
                 Plan::Send(Some(held.len() - 1))
             }
             Ok(Reservation::Held { record }) => {
-                answers[i] = Some(answer_held(config, key, *fingerprint, record));
+                answers[i] = Some(answer_held(config, key, *fingerprint, record, &items[i]));
                 Plan::Answered
             }
             Err(error) => {

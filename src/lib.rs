@@ -87,7 +87,9 @@
 //!   on deploy would let every live key send again. Set one per provider or tenant.
 //! - **Logs.** Events carry the namespace and a 12-hex-digit hash of the key, never the key
 //!   (keys often embed an address) and never message content. Stores keep the key,
-//!   fingerprint, state, token and outcome only.
+//!   fingerprint, state, token and outcome only, and a kept receipt's accepted recipients are
+//!   their positions in the message's recipient list: no address reaches a store. A replay
+//!   restores them from the repeated message, whose fingerprint proves it has the same ones.
 //! - **Readiness.** `poll_ready` is the inner service's; a replay still waits for the inner
 //!   service to be ready.
 //!

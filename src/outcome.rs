@@ -105,6 +105,10 @@ pub struct Receipt {
     /// True when this receipt was answered from the store, not by a send.
     #[serde(default)]
     pub replayed: bool,
+    /// As kept in a store: the accepted recipients as positions in the message's recipient
+    /// list, so no address is written to the store.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "accepted_at")]
+    pub(crate) accepted_at: Vec<u32>,
 }
 
 impl Receipt {
@@ -115,6 +119,7 @@ impl Receipt {
             transport: transport.into(),
             accepted: Vec::new(),
             replayed: false,
+            accepted_at: Vec::new(),
         }
     }
 
@@ -510,6 +515,56 @@ impl Outcome {
                 ..receipt.clone()
             }),
             Self::Failed(error) => Err(error.clone().replayed()),
+        }
+    }
+
+    /// The outcome as a store keeps it: a receipt's accepted recipients become their
+    /// positions in `recipients` (the message's), so no address reaches the store. An
+    /// accepted address that is not among the message's recipients is not kept.
+    pub(crate) fn kept(result: &Result<Receipt, SendError>, recipients: &[&str]) -> Self {
+        match result {
+            Ok(receipt) => {
+                let accepted_at = receipt
+                    .accepted
+                    .iter()
+                    .filter_map(|address| {
+                        recipients
+                            .iter()
+                            .position(|r| r.eq_ignore_ascii_case(address))
+                            .and_then(|i| u32::try_from(i).ok())
+                    })
+                    .collect();
+                Self::Sent(Receipt {
+                    id: receipt.id.clone(),
+                    transport: receipt.transport.clone(),
+                    accepted: Vec::new(),
+                    replayed: false,
+                    accepted_at,
+                })
+            }
+            Err(error) => Self::Failed(error.clone()),
+        }
+    }
+
+    /// The kept outcome as the caller sees it when a repeat of the message is answered from
+    /// the store: marked replayed, its accepted recipients restored from the repeat's
+    /// `recipients` (the same as the original's, as their fingerprints match).
+    pub(crate) fn into_replay_for(self, recipients: &[&str]) -> Result<Receipt, SendError> {
+        match self {
+            Self::Sent(mut receipt) => {
+                if !receipt.accepted_at.is_empty() {
+                    receipt.accepted = receipt
+                        .accepted_at
+                        .iter()
+                        .filter_map(|&i| recipients.get(i as usize))
+                        .map(|r| (*r).to_owned())
+                        .collect();
+                    receipt.accepted_at = Vec::new();
+                }
+                receipt.replayed = true;
+                Ok(receipt)
+            }
+            Self::Failed(error) => Err(error.replayed()),
         }
     }
 

@@ -772,3 +772,45 @@ fn without_a_runtime_a_send_on_the_memory_store_still_works() {
     let again = futures_util::FutureExt::now_or_never(svc.call(message(Some("k"), "hi")));
     assert!(again.unwrap().unwrap().replayed);
 }
+
+#[tokio::test]
+async fn kept_receipts_hold_no_address_and_replays_restore_the_accepted_recipients() {
+    let store = TestStore::default();
+    let provider = Provider::answering(|_, m| {
+        let accepted: Vec<String> = m.recipients().map(str::to_owned).collect();
+        async move { Ok(Receipt::new("msg-1", "fake").with_accepted(accepted)) }
+    });
+    let mut svc = ServiceBuilder::new()
+        .layer(layer(&store))
+        .service(provider.clone());
+    let m = Message::builder()
+        .from("shop@example.com")
+        .to("seller@example.com")
+        .cc("accounts@example.com")
+        .text("hi")
+        .idempotency_key("k")
+        .build()
+        .unwrap();
+    let first = send(&mut svc, m.clone()).await.unwrap();
+    assert_eq!(
+        first.accepted,
+        ["seller@example.com", "accounts@example.com"]
+    );
+
+    // What the store keeps: positions, not addresses.
+    let Reservation::Held { record } = store
+        .inner
+        .reserve("test:k", Fingerprint::of(&m), Duration::from_secs(1))
+        .await
+        .unwrap()
+    else {
+        panic!("the key is done")
+    };
+    let kept = serde_json::to_string(&record.outcome.unwrap()).unwrap();
+    assert!(!kept.contains('@'), "an address reached the store: {kept}");
+    assert!(kept.contains("\"accepted_at\":[0,1]"), "{kept}");
+
+    let again = send(&mut svc, m).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.accepted, first.accepted);
+}

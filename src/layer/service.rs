@@ -77,11 +77,17 @@ mod sealed {
 /// A request the layer can deduplicate: [`Message`] and [`RawMessage`].
 ///
 /// Sealed: the key rules and fingerprints are the crate's.
-pub trait IdempotentRequest: Fingerprinted + Send + 'static + sealed::Sealed {
+pub trait IdempotentRequest:
+    Fingerprinted + Clone + Send + Sync + 'static + sealed::Sealed
+{
     /// The request's key under the layer's options: `None` when it has none, an error when
     /// the key function gave an invalid one.
     #[doc(hidden)]
     fn key_in<'a>(&'a self, config: &LayerOptions<'_>) -> Option<Result<Cow<'a, str>, KeyError>>;
+
+    /// Every recipient, in a fixed order: what a kept receipt's accepted recipients point into.
+    #[doc(hidden)]
+    fn recipient_list(&self) -> Vec<&str>;
 }
 
 /// The options a request's key depends on (opaque).
@@ -102,6 +108,10 @@ impl IdempotentRequest for Message {
                 .map(|key| Ok(Cow::Borrowed(key.as_str()))),
         }
     }
+
+    fn recipient_list(&self) -> Vec<&str> {
+        self.recipients().collect()
+    }
 }
 
 impl IdempotentRequest for RawMessage {
@@ -111,6 +121,10 @@ impl IdempotentRequest for RawMessage {
             .raw_key
             .as_ref()
             .and_then(|key| checked(key(self)))
+    }
+
+    fn recipient_list(&self) -> Vec<&str> {
+        self.envelope().to().iter().map(String::as_str).collect()
     }
 }
 
@@ -199,7 +213,7 @@ where
     let token = match reserve_one(&config, &store_key, fingerprint).await {
         Ok(Reservation::Reserved { token }) => token,
         Ok(Reservation::Held { record }) => {
-            return answer_held(&config, &store_key, fingerprint, record);
+            return answer_held(&config, &store_key, fingerprint, record, &request);
         }
         Err(error) => {
             bump(&counters.store_failed);
@@ -223,19 +237,23 @@ where
         }],
     );
     bump(&counters.sent);
+    let kept = request.clone();
     let result = inner
         .call(request)
         .await
         .map_err(|e| classify(&config, e.into()));
-    settle.run(vec![Finish::for_result(&result)]).await;
+    settle
+        .run(vec![Finish::for_result(&result, &kept.recipient_list())])
+        .await;
     result
 }
 
-pub(crate) fn answer_held(
+pub(crate) fn answer_held<R: IdempotentRequest>(
     config: &Config,
     store_key: &str,
     fingerprint: Fingerprint,
     record: crate::store::Record,
+    request: &R,
 ) -> Result<Receipt, SendError> {
     let counters = &config.counters;
     if record.fingerprint != fingerprint {
@@ -266,7 +284,7 @@ pub(crate) fn answer_held(
                 key_hash = %key_hash(store_key),
                 "answered from the idempotency store"
             );
-            outcome.into_replay()
+            outcome.into_replay_for(&request.recipient_list())
         }
         (RecordState::Done, None) => {
             bump(&counters.store_failed);

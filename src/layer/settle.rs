@@ -139,13 +139,14 @@ pub(crate) enum Finish {
 
 impl Finish {
     /// The finish for a send's result: keep what may have gone, free what certainly did not.
-    pub(crate) fn for_result(result: &Result<crate::Receipt, SendError>) -> Self {
+    /// `recipients` are the message's, by which a receipt's accepted addresses are kept.
+    pub(crate) fn for_result(
+        result: &Result<crate::Receipt, SendError>,
+        recipients: &[&str],
+    ) -> Self {
         match result {
-            Ok(receipt) => Self::Complete(Outcome::Sent(receipt.clone())),
-            Err(error) if error.delivery_unknown() => {
-                Self::Complete(Outcome::Failed(error.clone()))
-            }
-            Err(_) => Self::Release,
+            Err(error) if !error.delivery_unknown() => Self::Release,
+            _ => Self::Complete(Outcome::kept(result, recipients)),
         }
     }
 }
