@@ -346,9 +346,7 @@ async fn dropping_a_batch_after_the_provider_was_called_keeps_every_key_as_abort
     called_rx.await.unwrap();
     task.abort();
     assert!(task.await.unwrap_err().is_cancelled());
-    while store.complete_many_calls.load(Ordering::SeqCst) == 0 {
-        tokio::task::yield_now().await;
-    }
+    common::wait_until(|| store.complete_many_calls.load(Ordering::SeqCst) != 0).await;
     let provider = BatchProvider::ok();
     let mut svc = service(&store, &provider);
     let answers = send(

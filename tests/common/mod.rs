@@ -283,3 +283,14 @@ pub fn capture() -> (Captured, CaptureGuard) {
     SINK.with(|sink| *sink.borrow_mut() = Some(captured.clone()));
     (captured, CaptureGuard)
 }
+
+/// Yields until `condition` holds; fails the test after 5 s instead of hanging it.
+pub async fn wait_until(mut condition: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(5), async {
+        while !condition() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "the condition did not hold within 5 s");
+}
