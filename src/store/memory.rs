@@ -143,6 +143,25 @@ impl Shard {
         }
     }
 
+    /// Drops up to `n` of the oldest done records; answers how many went.
+    fn evict_oldest_done(&mut self, n: usize) -> usize {
+        let mut dropped = 0;
+        while dropped < n {
+            let Some(key) = self
+                .by_completion
+                .first_key_value()
+                .map(|(_, k)| Arc::clone(k))
+            else {
+                break;
+            };
+            if !self.remove(&key) {
+                break;
+            }
+            dropped += 1;
+        }
+        dropped
+    }
+
     /// Drops every expired record; answers how many went.
     fn purge_expired(&mut self, now: Instant) -> usize {
         let mut dropped = 0;
@@ -243,18 +262,8 @@ impl Inner {
         if self.eviction_batch() > 1 {
             let mut shard = lock(&self.shards[home]);
             let mut dropped = shard.purge_expired(now);
-            while dropped < self.eviction_batch() {
-                let Some(key) = shard
-                    .by_completion
-                    .first_key_value()
-                    .map(|(_, k)| Arc::clone(k))
-                else {
-                    break;
-                };
-                if !shard.remove(&key) {
-                    break;
-                }
-                dropped += 1;
+            if dropped == 0 {
+                dropped = shard.evict_oldest_done(self.eviction_batch());
             }
             if dropped > 0 {
                 self.len.fetch_sub(dropped, Ordering::AcqRel);
@@ -285,21 +294,7 @@ impl Inner {
         };
         // Drop a few of that shard's oldest done records, so a full store scans the shards
         // once per batch of inserts rather than on every one.
-        let mut shard = lock(&self.shards[index]);
-        let mut dropped = 0;
-        while dropped < self.eviction_batch() {
-            let Some(key) = shard
-                .by_completion
-                .first_key_value()
-                .map(|(_, k)| Arc::clone(k))
-            else {
-                break;
-            };
-            if !shard.remove(&key) {
-                break;
-            }
-            dropped += 1;
-        }
+        let dropped = lock(&self.shards[index]).evict_oldest_done(self.eviction_batch());
         self.len.fetch_sub(dropped, Ordering::AcqRel);
         Ok(())
     }
