@@ -215,7 +215,7 @@ async fn two_stores_see_each_others_keys() {
     }
     assert!(!b.release(&key, Token::new()).await.unwrap());
 
-    let outcome = Outcome::Sent(Receipt::new("msg-7", "test"));
+    let outcome = Outcome::sent(Receipt::new("msg-7", "test"));
     assert!(
         a.complete(&key, token, fp(1), &outcome, LEASE)
             .await
@@ -238,7 +238,11 @@ async fn rows_that_do_not_decode_are_reported_as_corrupt() {
     let admin = admin(&url).await;
     let prefix = unique("corrupt");
     let fingerprint = vec![1u8; 32];
-    let valid_outcome = serde_json::to_string(&Outcome::Sent(Receipt::new("m", "t"))).unwrap();
+    let valid_outcome = String::from_utf8(
+        tower_idempotency::store::record::encode_outcome(&Outcome::sent(Receipt::new("m", "t")))
+            .unwrap(),
+    )
+    .unwrap();
     let rows: [(&str, &str, Vec<u8>, Option<&str>); 6] = [
         ("bad-state", "weird", fingerprint.clone(), None),
         (
@@ -402,7 +406,7 @@ async fn killed_sessions_fail_as_store_errors_and_the_store_recovers_by_itself()
         let key = format!("{prefix}:after:{attempt}");
         match store.reserve(&key, fp(1), LEASE).await {
             Ok(Reservation::Reserved { token }) => {
-                let outcome = Outcome::Sent(Receipt::new("m", "t"));
+                let outcome = Outcome::sent(Receipt::new("m", "t"));
                 assert!(
                     store
                         .complete(&key, token, fp(1), &outcome, LEASE)
@@ -465,7 +469,7 @@ async fn huge_leases_and_ttls_do_not_overflow() {
     else {
         panic!("a fresh key is reserved")
     };
-    let outcome = Outcome::Sent(Receipt::new("m", "t"));
+    let outcome = Outcome::sent(Receipt::new("m", "t"));
     assert!(
         store
             .complete(&key, token, fp(1), &outcome, Duration::MAX)
@@ -484,7 +488,7 @@ async fn purge_expired_removes_expired_rows_only_in_batches() {
     let Some(url) = database_url() else { return };
     let table = TempTable::new(&url).await;
     let store = table.store.clone().purge_batch(3);
-    let outcome = Outcome::Sent(Receipt::new("m", "t"));
+    let outcome = Outcome::sent(Receipt::new("m", "t"));
     for i in 0..7 {
         // A zero lease or ttl expires at once.
         let key = format!("expired:{i}");
@@ -730,7 +734,7 @@ async fn a_key_repeated_in_one_batch_is_refused_before_any_statement() {
         })
         .collect();
 
-    let outcome = Outcome::Sent(Receipt::new("m", "t"));
+    let outcome = Outcome::sent(Receipt::new("m", "t"));
     let twice = Completion {
         key: &key,
         token: tokens[0],
@@ -914,7 +918,7 @@ async fn a_batch_of_a_hundred_costs_one_round_trip_per_call() {
     store.migrate().await.unwrap();
 
     let prefix = unique("round-trips");
-    let outcome = Outcome::Sent(Receipt::new("m", "t"));
+    let outcome = Outcome::sent(Receipt::new("m", "t"));
     let batch =
         |name: &str| -> Vec<String> { (0..100).map(|i| format!("{prefix}:{name}:{i}")).collect() };
     // Measures one call in round trips.

@@ -46,7 +46,7 @@ async fn reserve(store: &MemoryStore, key: &str) -> Result<Token, StoreErrorKind
 
 async fn done(store: &MemoryStore, key: &str) {
     let token = reserve(store, key).await.expect("room to reserve");
-    let outcome = Outcome::Sent(Receipt::new(key, "test"));
+    let outcome = Outcome::sent(Receipt::new(key, "test"));
     assert!(
         store
             .complete(key, token, fp(), &outcome, TTL)
@@ -134,7 +134,7 @@ async fn full_store_of_live_pending_records_refuses_with_a_capacity_error() {
 async fn completing_a_new_key_in_a_full_store_also_makes_room() {
     let store = MemoryStore::with_max_entries(1);
     done(&store, "old").await;
-    let outcome = Outcome::Sent(Receipt::new("m", "test"));
+    let outcome = Outcome::sent(Receipt::new("m", "test"));
     assert!(
         store
             .complete("new", Token::new(), fp(), &outcome, TTL)

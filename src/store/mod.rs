@@ -21,7 +21,8 @@
 //! | `PostgresStore` | `postgres` | several processes; one statement per operation, expiry by the server's `now()` |
 //!
 //! Every store passes the conformance suite in `store::conformance` (feature `test-util`),
-//! which third-party stores can run as well.
+//! which third-party stores can run as well. Networked stores write records and outcomes in
+//! the versioned stored form of [`record`], which third-party stores can use as well.
 
 use std::fmt;
 use std::str::FromStr;
@@ -37,6 +38,7 @@ use crate::outcome::{BoxError, Outcome};
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod record;
 #[cfg(feature = "redis")]
 pub mod redis;
 
@@ -99,8 +101,7 @@ impl FromStr for Token {
 }
 
 /// The state of a live record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RecordState {
     /// A send holds the key and has not finished.
     Pending,
@@ -117,6 +118,26 @@ pub struct Record {
     pub fingerprint: Fingerprint,
     /// The kept outcome: present when done. A done record without one is corrupt.
     pub outcome: Option<Outcome>,
+}
+
+impl Record {
+    /// A send of the message with `fingerprint` holds the key and has not finished.
+    pub fn pending(fingerprint: Fingerprint) -> Self {
+        Self {
+            state: RecordState::Pending,
+            fingerprint,
+            outcome: None,
+        }
+    }
+
+    /// A send of the message with `fingerprint` finished with `outcome`.
+    pub fn done(fingerprint: Fingerprint, outcome: Outcome) -> Self {
+        Self {
+            state: RecordState::Done,
+            fingerprint,
+            outcome: Some(outcome),
+        }
+    }
 }
 
 /// What [`Store::reserve`] found.

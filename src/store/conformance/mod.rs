@@ -232,7 +232,7 @@ impl Conformance {
     pub async fn complete_then_reserve_is_held_done_with_outcome(&self) {
         let key = self.key("done");
         let token = self.reserved(&key, fp(1)).await;
-        let outcome = Outcome::Sent(Receipt::new("msg-1", "conformance").with_accepted(["a@x"]));
+        let outcome = Outcome::sent(Receipt::new("msg-1", "conformance").with_accepted(["a@x"]));
         assert!(self.complete(&key, token, fp(1), &outcome).await);
         match self.reserve(&key, fp(1)).await {
             Reservation::Held { record } => {
@@ -255,7 +255,7 @@ impl Conformance {
     pub async fn complete_keeps_an_error_outcome(&self) {
         let key = self.key("unknown");
         let token = self.reserved(&key, fp(1)).await;
-        let outcome = Outcome::Failed(SendError::unknown_delivery("provider.timeout", "timed out"));
+        let outcome = Outcome::failed(SendError::unknown_delivery("provider.timeout", "timed out"));
         assert!(self.complete(&key, token, fp(1), &outcome).await);
         let Reservation::Held { record } = self.reserve(&key, fp(1)).await else {
             panic!("a done key was reserved again")
@@ -289,7 +289,7 @@ impl Conformance {
     pub async fn release_of_a_done_key_changes_nothing(&self) {
         let key = self.key("release-done");
         let token = self.reserved(&key, fp(1)).await;
-        let outcome = Outcome::Sent(Receipt::new("m", "conformance"));
+        let outcome = Outcome::sent(Receipt::new("m", "conformance"));
         assert!(self.complete(&key, token, fp(1), &outcome).await);
         assert!(!self.release(&key, token).await);
         assert!(matches!(
@@ -315,7 +315,7 @@ impl Conformance {
         self.outlive(self.lease).await;
         let owner = self.reserved(&key, fp(2)).await;
 
-        let late = Outcome::Sent(Receipt::new("stale", "conformance"));
+        let late = Outcome::sent(Receipt::new("stale", "conformance"));
         assert!(!self.complete(&key, stale, fp(1), &late).await);
         assert!(!self.release(&key, stale).await);
         match self.reserve(&key, fp(2)).await {
@@ -326,7 +326,7 @@ impl Conformance {
             Reservation::Reserved { .. } => panic!("the stale owner freed the new owner's key"),
         }
         // The new owner still completes its own send.
-        let mine = Outcome::Sent(Receipt::new("owner", "conformance"));
+        let mine = Outcome::sent(Receipt::new("owner", "conformance"));
         assert!(self.complete(&key, owner, fp(2), &mine).await);
         let Reservation::Held { record } = self.reserve(&key, fp(2)).await else {
             panic!("done key reserved")
@@ -337,7 +337,7 @@ impl Conformance {
     /// Complete when nothing holds the key (never reserved, or the lease passed) writes done.
     pub async fn complete_when_nothing_holds_the_key_writes_done(&self) {
         let key = self.key("complete-free");
-        let outcome = Outcome::Sent(Receipt::new("m", "conformance"));
+        let outcome = Outcome::sent(Receipt::new("m", "conformance"));
         assert!(self.complete(&key, Token::new(), fp(1), &outcome).await);
         assert!(matches!(
             self.reserve(&key, fp(1)).await,
@@ -358,7 +358,7 @@ impl Conformance {
     pub async fn done_key_is_free_after_ttl(&self) {
         let key = self.key("ttl");
         let token = self.reserved(&key, fp(1)).await;
-        let outcome = Outcome::Sent(Receipt::new("m", "conformance"));
+        let outcome = Outcome::sent(Receipt::new("m", "conformance"));
         assert!(self.complete(&key, token, fp(1), &outcome).await);
         self.outlive(self.ttl()).await;
         self.reserved(&key, fp(1)).await;
@@ -459,7 +459,7 @@ impl Conformance {
                 Reservation::Held { .. } => panic!("fresh key held"),
             })
             .collect();
-        let sent = Outcome::Sent(Receipt::new("m", "conformance"));
+        let sent = Outcome::sent(Receipt::new("m", "conformance"));
         let completions = [
             Completion {
                 key: &keys[0],

@@ -104,7 +104,7 @@ use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
 use super::{
-    Completion, Record, RecordState, Reservation, Store, StoreError, StoreErrorKind, Token,
+    Completion, Record, RecordState, Reservation, Store, StoreError, StoreErrorKind, Token, record,
 };
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
@@ -612,7 +612,7 @@ impl PostgresStore {
             ("pending", None) => (RecordState::Pending, None),
             ("pending", Some(_)) => return Err(self.corrupt("is pending with an outcome")),
             ("done", Some(json)) => {
-                let outcome: Outcome = serde_json::from_str(json)
+                let outcome = record::decode_outcome(json.as_bytes())
                     .map_err(|e| self.corrupt("holds an unreadable outcome").with_source(e))?;
                 (RecordState::Done, Some(outcome))
             }
@@ -742,13 +742,7 @@ impl PostgresStore {
         outcome: &Outcome,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let outcome = serde_json::to_string(outcome).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::Corrupt,
-                "the outcome could not be serialized",
-            )
-            .with_source(e)
-        })?;
+        let outcome = record::outcome_json(outcome)?;
         let client = self.client().await?;
         let statement = client
             .prepare_cached(&self.table.sql.complete)
@@ -773,15 +767,8 @@ impl PostgresStore {
         let positions = positions("complete_many", completions.iter().map(|c| c.key))?;
         let outcomes = completions
             .iter()
-            .map(|c| serde_json::to_string(c.outcome))
-            .collect::<Result<Vec<String>, _>>()
-            .map_err(|e| {
-                StoreError::new(
-                    StoreErrorKind::Corrupt,
-                    "an outcome could not be serialized",
-                )
-                .with_source(e)
-            })?;
+            .map(|c| record::outcome_json(c.outcome))
+            .collect::<Result<Vec<String>, _>>()?;
         let keys: Vec<&str> = completions.iter().map(|c| c.key).collect();
         let uuids: Vec<Uuid> = completions.iter().map(|c| *c.token.as_uuid()).collect();
         let fingerprints: Vec<&[u8]> = completions

@@ -56,7 +56,8 @@
 //! # Key layout and values
 //!
 //! A record lives under `<prefix><key>` (prefix [`DEFAULT_KEY_PREFIX`], `idem:`, unless set
-//! with [`RedisStore::key_prefix`]), as a plain string holding JSON:
+//! with [`RedisStore::key_prefix`]), as a plain string holding the whole record in the
+//! stored form of [`store::record`](super::record) (version 1, JSON):
 //!
 //! ```json
 //! {"state":"pending","token":"6f1c…","fingerprint":"9a0e…"}
@@ -65,7 +66,7 @@
 //!
 //! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
 //! fingerprint in hex, `outcome` the kept [`Outcome`] (done records only). No message content
-//! is stored. A value that is not such JSON, a done record without an outcome, or a key of
+//! is stored. The scripts read `state` and `token` of that JSON. A value that is not such JSON, a done record without an outcome, or a key of
 //! another Redis type makes the operation fail with a
 //! [`Corrupt`](super::StoreErrorKind::Corrupt) error; the scripts never overwrite or delete a
 //! value they cannot read.
@@ -100,16 +101,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, record};
+use crate::fingerprint::Fingerprint;
+use crate::outcome::Outcome;
 use futures_util::future::{BoxFuture, FutureExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
-use serde::{Deserialize, Serialize};
-
-use super::{
-    Completion, Record, RecordState, Reservation, Store, StoreError, StoreErrorKind, Token,
-};
-use crate::fingerprint::Fingerprint;
-use crate::outcome::Outcome;
 
 /// The prefix put before every key unless [`RedisStore::key_prefix`] sets another.
 pub const DEFAULT_KEY_PREFIX: &str = "idem:";
@@ -335,12 +332,7 @@ impl RedisStore {
         lease: Duration,
     ) -> Result<(Cmd, Token), StoreError> {
         let token = Token::new();
-        let pending = encode(&StoredRef {
-            state: RecordState::Pending,
-            token,
-            fingerprint,
-            outcome: None,
-        })?;
+        let pending = record::pending_json(token, fingerprint)?;
         let mut cmd = redis::cmd("SET");
         cmd.arg(self.redis_key(key))
             .arg(pending)
@@ -353,12 +345,7 @@ impl RedisStore {
 
     /// `EVALSHA` of [`COMPLETE_SCRIPT`] for one key, as a command a pipeline can carry.
     fn complete_cmd(&self, c: &Completion<'_>, ttl: Duration) -> Result<Cmd, StoreError> {
-        let done = encode(&StoredRef {
-            state: RecordState::Done,
-            token: c.token,
-            fingerprint: c.fingerprint,
-            outcome: Some(c.outcome),
-        })?;
+        let done = record::done_json(c.token, c.fingerprint, c.outcome)?;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.complete.get_hash())
             .arg(1)
@@ -402,12 +389,7 @@ impl RedisStore {
         outcome: &Outcome,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let done = encode(&StoredRef {
-            state: RecordState::Done,
-            token,
-            fingerprint,
-            outcome: Some(outcome),
-        })?;
+        let done = record::done_json(token, fingerprint, outcome)?;
         let mut connection = self.connection.clone();
         let answer: i64 = self
             .complete
@@ -682,54 +664,6 @@ impl Store for RedisStore {
     }
 }
 
-/// A record as it is written.
-#[derive(Serialize)]
-struct StoredRef<'a> {
-    state: RecordState,
-    token: Token,
-    fingerprint: Fingerprint,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    outcome: Option<&'a Outcome>,
-}
-
-/// A record as it is read. The token is read as well, so a value without one is corrupt here
-/// as it is to the scripts.
-#[derive(Deserialize)]
-struct Stored {
-    state: RecordState,
-    #[serde(rename = "token")]
-    _token: Token,
-    fingerprint: Fingerprint,
-    #[serde(default)]
-    outcome: Option<Outcome>,
-}
-
-fn encode(record: &StoredRef<'_>) -> Result<String, StoreError> {
-    serde_json::to_string(record)
-        .map_err(|e| StoreError::corrupt("the record could not be encoded").with_source(e))
-}
-
-fn decode(value: &[u8]) -> Result<Record, StoreError> {
-    let stored: Stored = serde_json::from_slice(value).map_err(|e| {
-        StoreError::corrupt("the value under the key is not a record").with_source(e)
-    })?;
-    match (stored.state, stored.outcome) {
-        (RecordState::Pending, _) => Ok(Record {
-            state: RecordState::Pending,
-            fingerprint: stored.fingerprint,
-            outcome: None,
-        }),
-        (RecordState::Done, Some(outcome)) => Ok(Record {
-            state: RecordState::Done,
-            fingerprint: stored.fingerprint,
-            outcome: Some(outcome),
-        }),
-        (RecordState::Done, None) => Err(StoreError::corrupt(
-            "the value under the key is a done record without an outcome",
-        )),
-    }
-}
-
 /// What the reply to `SET NX GET` says: nothing held the key, so `token` reserved it; or the
 /// value that holds it.
 fn reservation(reply: Value, token: Token) -> Result<Reservation, StoreError> {
@@ -738,7 +672,9 @@ fn reservation(reply: Value, token: Token) -> Result<Reservation, StoreError> {
         redis::from_redis_value(reply).map_err(|e| server_error(e.into()))?;
     match previous {
         None => Ok(Reservation::Reserved { token }),
-        Some(value) => decode(&value).map(|record| Reservation::Held { record }),
+        Some(value) => {
+            record::decode_record(&value).map(|(_, record)| Reservation::Held { record })
+        }
     }
 }
 
@@ -787,7 +723,6 @@ fn millis(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outcome::Receipt;
 
     #[test]
     fn expiry_is_clamped_to_what_redis_accepts() {
@@ -796,42 +731,5 @@ mod tests {
         assert_eq!(millis(Duration::from_millis(1500)), 1500);
         assert_eq!(millis(Duration::MAX), millis(MAX_EXPIRY));
         assert!(u128::from(millis(Duration::MAX)) < u128::from(i64::MAX as u64) / 2);
-    }
-
-    #[test]
-    fn records_round_trip_through_their_json() {
-        let fp = Fingerprint::from_bytes([3; 32]);
-        let outcome = Outcome::Sent(Receipt::new("m", "t"));
-        let json = encode(&StoredRef {
-            state: RecordState::Done,
-            token: Token::new(),
-            fingerprint: fp,
-            outcome: Some(&outcome),
-        })
-        .unwrap();
-        let record = decode(json.as_bytes()).unwrap();
-        assert_eq!(record.state, RecordState::Done);
-        assert_eq!(record.fingerprint, fp);
-        assert_eq!(record.outcome.unwrap().replay().unwrap().id, "m");
-    }
-
-    #[test]
-    fn undecodable_values_are_corrupt() {
-        let fp = Fingerprint::from_bytes([3; 32]);
-        let done_without_outcome = format!(
-            r#"{{"state":"done","token":"{}","fingerprint":"{fp}"}}"#,
-            Token::new()
-        );
-        for value in [
-            &b"garbage"[..],
-            b"",
-            b"null",
-            b"{}",
-            b"\xff\xfe",
-            done_without_outcome.as_bytes(),
-        ] {
-            let err = decode(value).unwrap_err();
-            assert_eq!(err.kind(), super::super::StoreErrorKind::Corrupt);
-        }
     }
 }
