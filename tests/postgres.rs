@@ -152,6 +152,7 @@ async fn race(store: &PostgresStore, key: &str, contenders: usize) -> usize {
         match task.await.expect("task panicked") {
             Ok(Reservation::Reserved { .. }) => reserved += 1,
             Ok(Reservation::Held { record }) => assert_eq!(record.state, RecordState::Pending),
+            Ok(other) => panic!("unexpected reservation {other:?}"),
             Err(e) => panic!("reserve failed under the race: {e}"),
         }
     }
@@ -212,6 +213,7 @@ async fn two_stores_see_each_others_keys() {
     match b.reserve(&key, fp(1), LEASE).await.unwrap() {
         Reservation::Held { record } => assert_eq!(record.state, RecordState::Pending),
         Reservation::Reserved { .. } => panic!("the second store reserved a held key"),
+        other => panic!("unexpected reservation {other:?}"),
     }
     assert!(!b.release(&key, Token::new()).await.unwrap());
 
@@ -227,6 +229,7 @@ async fn two_stores_see_each_others_keys() {
             assert_eq!(record.outcome.unwrap().replay().unwrap().id, "msg-7");
         }
         Reservation::Reserved { .. } => panic!("the second store reserved a done key"),
+        other => panic!("unexpected reservation {other:?}"),
     }
     forget(&url, &key).await;
 }
@@ -417,6 +420,7 @@ async fn killed_sessions_fail_as_store_errors_and_the_store_recovers_by_itself()
                 break;
             }
             Ok(Reservation::Held { record }) => panic!("a fresh key was held: {record:?}"),
+            Ok(other) => panic!("unexpected reservation {other:?}"),
             Err(e) => {
                 assert!(
                     matches!(
@@ -689,6 +693,7 @@ async fn overlapping_batches_on_sixteen_connections_never_deadlock() {
                             Ok(Reservation::Held { record }) => {
                                 assert_eq!(record.state, RecordState::Pending);
                             }
+                            Ok(other) => panic!("unexpected reservation {other:?}"),
                             Err(e) => panic!("task {t}, key {key}: {e}"),
                         }
                     }
@@ -1053,6 +1058,7 @@ async fn overlapping_releases_and_reserves_never_deadlock() {
                         .filter_map(|(answer, (key, _))| match answer {
                             Ok(Reservation::Reserved { .. }) => Some(key.to_owned()),
                             Ok(Reservation::Held { .. }) => None,
+                            Ok(other) => panic!("unexpected reservation {other:?}"),
                             Err(e) => panic!("reserve task {t}, key {key}: {e}"),
                         })
                         .collect()

@@ -129,6 +129,7 @@ async fn racing_reserves_on_separate_connections_reserve_once() {
                 assert_eq!(record.state, RecordState::Pending);
                 assert_eq!(record.fingerprint, fp(1));
             }
+            Ok(other) => panic!("unexpected reservation {other:?}"),
             Err(e) => panic!("reserve failed: {e}"),
         }
     }
@@ -509,6 +510,7 @@ async fn operations_recover_by_themselves_after_the_connection_is_killed() {
                             .await
                             .map(|_| ()),
                         Ok(Reservation::Held { .. }) => Ok(()),
+                        Ok(other) => panic!("unexpected reservation {other:?}"),
                         Err(e) => Err(e),
                     }
                 })
@@ -562,6 +564,7 @@ async fn operations_recover_by_themselves_after_the_connection_is_killed() {
                 assert_eq!(record.state, RecordState::Pending);
                 continue;
             }
+            other => panic!("unexpected reservation {other:?}"),
         };
         assert!(
             store

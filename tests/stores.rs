@@ -40,6 +40,7 @@ async fn reserve(store: &MemoryStore, key: &str) -> Result<Token, StoreErrorKind
     match store.reserve(key, fp(), LEASE).await {
         Ok(Reservation::Reserved { token }) => Ok(token),
         Ok(Reservation::Held { record }) => panic!("{key} unexpectedly held: {record:?}"),
+        Ok(other) => panic!("{key}: unexpected reservation {other:?}"),
         Err(e) => Err(e.kind()),
     }
 }
@@ -62,6 +63,7 @@ async fn state(store: &MemoryStore, key: &str) -> Option<RecordState> {
             store.release(key, token).await.unwrap();
             None
         }
+        other => panic!("{key}: unexpected reservation {other:?}"),
     }
 }
 

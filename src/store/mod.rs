@@ -101,7 +101,10 @@ impl FromStr for Token {
 }
 
 /// The state of a live record.
+///
+/// Later releases may add states; a `match` outside this crate needs a wildcard arm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum RecordState {
     /// A send holds the key and has not finished.
     Pending,
@@ -110,7 +113,11 @@ pub enum RecordState {
 }
 
 /// A live record that holds a key, as [`Store::reserve`] reports it.
+///
+/// Later releases may add fields: a store builds one with [`pending`](Self::pending) or
+/// [`done`](Self::done).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Record {
     /// Pending or done.
     pub state: RecordState,
@@ -141,7 +148,10 @@ impl Record {
 }
 
 /// What [`Store::reserve`] found.
+///
+/// Later releases may add answers; a `match` outside this crate needs a wildcard arm.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum Reservation {
     /// The key is now held pending under `token`.
     Reserved {
