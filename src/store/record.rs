@@ -138,11 +138,13 @@ pub(crate) fn outcome_json(outcome: &Outcome) -> Result<String, StoreError> {
 }
 
 /// A pending record as version-1 JSON.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn pending_json(token: Token, fingerprint: Fingerprint) -> Result<String, StoreError> {
     record_json(RecordState::Pending, token, fingerprint, None)
 }
 
 /// A done record as version-1 JSON.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn done_json(
     token: Token,
     fingerprint: Fingerprint,
