@@ -161,6 +161,7 @@ const MIN_MIGRATE_TIMEOUT: Duration = Duration::from_secs(30);
 /// match store.reserve("welcome:42", fingerprint, Duration::from_secs(600)).await? {
 ///     Reservation::Reserved { token } => { /* send, then complete or release */ }
 ///     Reservation::Held { record } => { /* in flight, or replay record.outcome */ }
+///     _ => { /* an answer of a later release */ }
 /// }
 /// # drop(purge);
 /// # Ok(()) }

@@ -145,6 +145,7 @@ pub const MAX_EXPIRY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// match store.reserve("invoice:42:email", fingerprint, Duration::from_secs(600)).await? {
 ///     Reservation::Reserved { token } => println!("ours to send, token {token}"),
 ///     Reservation::Held { record } => println!("already {:?}", record.state),
+///     other => println!("{other:?}"),
 /// }
 /// # Ok(()) }
 /// ```
