@@ -178,7 +178,7 @@ fn check_identifier(part: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// A table name [`PostgresStore::table`] refused.
+/// A table name [`PostgresStore::table`](super::PostgresStore::table) refused.
 ///
 /// A name is `table` or `schema.table`, each part of lowercase ASCII letters, digits and
 /// underscores, starting with a letter or underscore, at most 63 bytes: a name PostgreSQL
