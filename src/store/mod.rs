@@ -22,7 +22,7 @@
 //!
 //! Every store passes the conformance suite in `store::conformance` (feature `test-util`),
 //! which third-party stores can run as well. Networked stores write records and outcomes in
-//! the versioned stored form of [`record`], which third-party stores can use as well.
+//! the versioned stored form of [`record`], open to third-party stores too.
 
 use std::fmt;
 use std::str::FromStr;
