@@ -139,7 +139,7 @@ fn fingerprint_throughput(c: &mut Criterion) {
 /// reserve + complete pairs on distinct keys, split over `threads` OS threads.
 fn store_pairs(store: &MemoryStore, threads: usize, iters: u64, run: u64) -> Duration {
     let per_thread = iters.div_ceil(threads as u64);
-    let outcome = Arc::new(Outcome::Sent(Receipt::new("m", "bench")));
+    let outcome = Arc::new(Outcome::sent(Receipt::new("m", "bench")));
     let keys: Vec<Vec<String>> = (0..threads)
         .map(|t| {
             (0..per_thread)

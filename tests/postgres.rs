@@ -152,6 +152,7 @@ async fn race(store: &PostgresStore, key: &str, contenders: usize) -> usize {
         match task.await.expect("task panicked") {
             Ok(Reservation::Reserved { .. }) => reserved += 1,
             Ok(Reservation::Held { record }) => assert_eq!(record.state, RecordState::Pending),
+            Ok(other) => panic!("unexpected reservation {other:?}"),
             Err(e) => panic!("reserve failed under the race: {e}"),
         }
     }
@@ -212,10 +213,11 @@ async fn two_stores_see_each_others_keys() {
     match b.reserve(&key, fp(1), LEASE).await.unwrap() {
         Reservation::Held { record } => assert_eq!(record.state, RecordState::Pending),
         Reservation::Reserved { .. } => panic!("the second store reserved a held key"),
+        other => panic!("unexpected reservation {other:?}"),
     }
     assert!(!b.release(&key, Token::new()).await.unwrap());
 
-    let outcome = Outcome::Sent(Receipt::new("msg-7", "test"));
+    let outcome = Outcome::sent(Receipt::new("msg-7", "test"));
     assert!(
         a.complete(&key, token, fp(1), &outcome, LEASE)
             .await
@@ -227,6 +229,7 @@ async fn two_stores_see_each_others_keys() {
             assert_eq!(record.outcome.unwrap().replay().unwrap().id, "msg-7");
         }
         Reservation::Reserved { .. } => panic!("the second store reserved a done key"),
+        other => panic!("unexpected reservation {other:?}"),
     }
     forget(&url, &key).await;
 }
@@ -238,7 +241,11 @@ async fn rows_that_do_not_decode_are_reported_as_corrupt() {
     let admin = admin(&url).await;
     let prefix = unique("corrupt");
     let fingerprint = vec![1u8; 32];
-    let valid_outcome = serde_json::to_string(&Outcome::Sent(Receipt::new("m", "t"))).unwrap();
+    let valid_outcome = String::from_utf8(
+        tower_idempotency::store::record::encode_outcome(&Outcome::sent(Receipt::new("m", "t")))
+            .unwrap(),
+    )
+    .unwrap();
     let rows: [(&str, &str, Vec<u8>, Option<&str>); 6] = [
         ("bad-state", "weird", fingerprint.clone(), None),
         (
@@ -402,7 +409,7 @@ async fn killed_sessions_fail_as_store_errors_and_the_store_recovers_by_itself()
         let key = format!("{prefix}:after:{attempt}");
         match store.reserve(&key, fp(1), LEASE).await {
             Ok(Reservation::Reserved { token }) => {
-                let outcome = Outcome::Sent(Receipt::new("m", "t"));
+                let outcome = Outcome::sent(Receipt::new("m", "t"));
                 assert!(
                     store
                         .complete(&key, token, fp(1), &outcome, LEASE)
@@ -413,6 +420,7 @@ async fn killed_sessions_fail_as_store_errors_and_the_store_recovers_by_itself()
                 break;
             }
             Ok(Reservation::Held { record }) => panic!("a fresh key was held: {record:?}"),
+            Ok(other) => panic!("unexpected reservation {other:?}"),
             Err(e) => {
                 assert!(
                     matches!(
@@ -465,7 +473,7 @@ async fn huge_leases_and_ttls_do_not_overflow() {
     else {
         panic!("a fresh key is reserved")
     };
-    let outcome = Outcome::Sent(Receipt::new("m", "t"));
+    let outcome = Outcome::sent(Receipt::new("m", "t"));
     assert!(
         store
             .complete(&key, token, fp(1), &outcome, Duration::MAX)
@@ -484,7 +492,7 @@ async fn purge_expired_removes_expired_rows_only_in_batches() {
     let Some(url) = database_url() else { return };
     let table = TempTable::new(&url).await;
     let store = table.store.clone().purge_batch(3);
-    let outcome = Outcome::Sent(Receipt::new("m", "t"));
+    let outcome = Outcome::sent(Receipt::new("m", "t"));
     for i in 0..7 {
         // A zero lease or ttl expires at once.
         let key = format!("expired:{i}");
@@ -685,6 +693,7 @@ async fn overlapping_batches_on_sixteen_connections_never_deadlock() {
                             Ok(Reservation::Held { record }) => {
                                 assert_eq!(record.state, RecordState::Pending);
                             }
+                            Ok(other) => panic!("unexpected reservation {other:?}"),
                             Err(e) => panic!("task {t}, key {key}: {e}"),
                         }
                     }
@@ -730,7 +739,7 @@ async fn a_key_repeated_in_one_batch_is_refused_before_any_statement() {
         })
         .collect();
 
-    let outcome = Outcome::Sent(Receipt::new("m", "t"));
+    let outcome = Outcome::sent(Receipt::new("m", "t"));
     let twice = Completion {
         key: &key,
         token: tokens[0],
@@ -914,7 +923,7 @@ async fn a_batch_of_a_hundred_costs_one_round_trip_per_call() {
     store.migrate().await.unwrap();
 
     let prefix = unique("round-trips");
-    let outcome = Outcome::Sent(Receipt::new("m", "t"));
+    let outcome = Outcome::sent(Receipt::new("m", "t"));
     let batch =
         |name: &str| -> Vec<String> { (0..100).map(|i| format!("{prefix}:{name}:{i}")).collect() };
     // Measures one call in round trips.
@@ -1049,6 +1058,7 @@ async fn overlapping_releases_and_reserves_never_deadlock() {
                         .filter_map(|(answer, (key, _))| match answer {
                             Ok(Reservation::Reserved { .. }) => Some(key.to_owned()),
                             Ok(Reservation::Held { .. }) => None,
+                            Ok(other) => panic!("unexpected reservation {other:?}"),
                             Err(e) => panic!("reserve task {t}, key {key}: {e}"),
                         })
                         .collect()

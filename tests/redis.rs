@@ -129,6 +129,7 @@ async fn racing_reserves_on_separate_connections_reserve_once() {
                 assert_eq!(record.state, RecordState::Pending);
                 assert_eq!(record.fingerprint, fp(1));
             }
+            Ok(other) => panic!("unexpected reservation {other:?}"),
             Err(e) => panic!("reserve failed: {e}"),
         }
     }
@@ -159,7 +160,7 @@ async fn two_store_instances_see_each_others_keys() {
         "b holds no token"
     );
 
-    let outcome = Outcome::Sent(Receipt::new("msg-a", "test"));
+    let outcome = Outcome::sent(Receipt::new("msg-a", "test"));
     assert!(a.complete("k", token, fp(1), &outcome, TTL).await.unwrap());
     let Reservation::Held { record } = b.reserve("k", fp(1), LEASE).await.unwrap() else {
         panic!("b reserved a done key")
@@ -199,7 +200,7 @@ async fn assert_corrupt_everywhere(url: &str, test: &str, value: &[u8]) {
 
     let err = store.reserve("k", fp(1), LEASE).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "reserve: {err}");
-    let outcome = Outcome::Sent(Receipt::new("m", "test"));
+    let outcome = Outcome::sent(Receipt::new("m", "test"));
     let err = store
         .complete("k", Token::new(), fp(1), &outcome, TTL)
         .await
@@ -268,7 +269,7 @@ async fn a_record_the_store_cannot_use_is_corrupt_on_reserve() {
         assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{value}: {err}");
         // The scripts read only the token: its holder may still overwrite or, if pending,
         // release it; another token may not.
-        let outcome = Outcome::Sent(Receipt::new("m", "test"));
+        let outcome = Outcome::sent(Receipt::new("m", "test"));
         assert!(
             !store
                 .complete(&key, Token::new(), fp(1), &outcome, TTL)
@@ -278,7 +279,7 @@ async fn a_record_the_store_cannot_use_is_corrupt_on_reserve() {
         assert!(!store.release(&key, Token::new()).await.unwrap());
     }
     // The holder's complete repairs a done record without an outcome.
-    let outcome = Outcome::Sent(Receipt::new("repaired", "test"));
+    let outcome = Outcome::sent(Receipt::new("repaired", "test"));
     assert!(
         store
             .complete("k0", token, fp(1), &outcome, TTL)
@@ -318,7 +319,7 @@ async fn a_key_of_another_redis_type_is_corrupt() {
 
     let err = store.reserve("k", fp(1), LEASE).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "reserve: {err}");
-    let outcome = Outcome::Sent(Receipt::new("m", "test"));
+    let outcome = Outcome::sent(Receipt::new("m", "test"));
     let err = store
         .complete("k", Token::new(), fp(1), &outcome, TTL)
         .await
@@ -345,7 +346,7 @@ async fn zero_and_huge_leases_and_ttls_are_clamped_not_refused() {
         .unwrap()
         .key_prefix(prefix.clone());
     let mut admin = admin(&url).await;
-    let outcome = Outcome::Sent(Receipt::new("m", "test"));
+    let outcome = Outcome::sent(Receipt::new("m", "test"));
     for (name, d) in [("zero", Duration::ZERO), ("max", Duration::MAX)] {
         let key = format!("lease-{name}");
         let Reservation::Reserved { token } = store.reserve(&key, fp(1), d).await.unwrap() else {
@@ -423,7 +424,7 @@ async fn a_server_that_never_answers_times_out() {
     let store = RedisStore::new(manager).timeout(Duration::from_millis(200));
     let err = store.reserve("k", fp(1), LEASE).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err}");
-    let outcome = Outcome::Sent(Receipt::new("m", "test"));
+    let outcome = Outcome::sent(Receipt::new("m", "test"));
     let err = store
         .complete("k", Token::new(), fp(1), &outcome, TTL)
         .await
@@ -489,7 +490,7 @@ async fn operations_recover_by_themselves_after_the_connection_is_killed() {
         .key_prefix(unique_prefix("killed"))
         .timeout(Duration::from_millis(500));
     let mut admin = admin(&url).await;
-    let outcome = Outcome::Sent(Receipt::new("m", "test"));
+    let outcome = Outcome::sent(Receipt::new("m", "test"));
 
     let mut ids = Vec::new();
     for round in 0..5 {
@@ -509,6 +510,7 @@ async fn operations_recover_by_themselves_after_the_connection_is_killed() {
                             .await
                             .map(|_| ()),
                         Ok(Reservation::Held { .. }) => Ok(()),
+                        Ok(other) => panic!("unexpected reservation {other:?}"),
                         Err(e) => Err(e),
                     }
                 })
@@ -562,6 +564,7 @@ async fn operations_recover_by_themselves_after_the_connection_is_killed() {
                 assert_eq!(record.state, RecordState::Pending);
                 continue;
             }
+            other => panic!("unexpected reservation {other:?}"),
         };
         assert!(
             store
@@ -603,7 +606,7 @@ mod cluster {
             .await
             .unwrap()
             .key_prefix(unique_prefix("cluster-slots"));
-        let outcome = Outcome::Sent(Receipt::new("m", "test"));
+        let outcome = Outcome::sent(Receipt::new("m", "test"));
         // 64 keys land on every node of a 3-node cluster with overwhelming likelihood.
         for i in 0..64 {
             let key = format!("k{i}");
@@ -708,7 +711,7 @@ mod cluster {
             .unwrap()
             .key_prefix(unique_prefix("cluster-killed"))
             .timeout(Duration::from_millis(1500));
-        let outcome = Outcome::Sent(Receipt::new("m", "test"));
+        let outcome = Outcome::sent(Receipt::new("m", "test"));
 
         for round in 0..3 {
             for i in 0..8 {
@@ -963,7 +966,7 @@ async fn a_batch_of_100_keys_costs_one_round_trip_per_call() {
         .query_async(&mut admin)
         .await
         .unwrap();
-    let outcome = Outcome::Sent(Receipt::new("m", "test"));
+    let outcome = Outcome::sent(Receipt::new("m", "test"));
     let completions: Vec<Completion<'_>> = keys
         .iter()
         .zip(&tokens)
@@ -1070,7 +1073,7 @@ async fn assert_batch_corrupt_entries_alone(store: &RedisStore, planted: &[usize
         }
     }
 
-    let outcome = Outcome::Sent(Receipt::new("m", "test"));
+    let outcome = Outcome::sent(Receipt::new("m", "test"));
     let completions: Vec<Completion<'_>> = keys
         .iter()
         .zip(&tokens)

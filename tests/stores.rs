@@ -40,13 +40,14 @@ async fn reserve(store: &MemoryStore, key: &str) -> Result<Token, StoreErrorKind
     match store.reserve(key, fp(), LEASE).await {
         Ok(Reservation::Reserved { token }) => Ok(token),
         Ok(Reservation::Held { record }) => panic!("{key} unexpectedly held: {record:?}"),
+        Ok(other) => panic!("{key}: unexpected reservation {other:?}"),
         Err(e) => Err(e.kind()),
     }
 }
 
 async fn done(store: &MemoryStore, key: &str) {
     let token = reserve(store, key).await.expect("room to reserve");
-    let outcome = Outcome::Sent(Receipt::new(key, "test"));
+    let outcome = Outcome::sent(Receipt::new(key, "test"));
     assert!(
         store
             .complete(key, token, fp(), &outcome, TTL)
@@ -62,6 +63,7 @@ async fn state(store: &MemoryStore, key: &str) -> Option<RecordState> {
             store.release(key, token).await.unwrap();
             None
         }
+        other => panic!("{key}: unexpected reservation {other:?}"),
     }
 }
 
@@ -134,7 +136,7 @@ async fn full_store_of_live_pending_records_refuses_with_a_capacity_error() {
 async fn completing_a_new_key_in_a_full_store_also_makes_room() {
     let store = MemoryStore::with_max_entries(1);
     done(&store, "old").await;
-    let outcome = Outcome::Sent(Receipt::new("m", "test"));
+    let outcome = Outcome::sent(Receipt::new("m", "test"));
     assert!(
         store
             .complete("new", Token::new(), fp(), &outcome, TTL)

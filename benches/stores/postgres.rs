@@ -227,9 +227,12 @@ pub fn bench(c: &mut Criterion) {
             .get(0);
         eprintln!("postgres bench: PostgreSQL {version}, pool of {max}, table {table}");
         drop(clients);
-        let outcome = Outcome::Sent(Receipt::new("msg_0123456789", "bench").with_accepted(["a@x"]));
+        let outcome = Outcome::sent(Receipt::new("msg_0123456789", "bench").with_accepted(["a@x"]));
         Arc::new(Bench {
-            outcome_json: serde_json::to_string(&outcome).expect("outcome"),
+            outcome_json: String::from_utf8(
+                tower_idempotency::store::record::encode_outcome(&outcome).expect("outcome"),
+            )
+            .expect("UTF-8"),
             outcome,
             store,
             pool,

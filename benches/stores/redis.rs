@@ -147,7 +147,7 @@ pub fn bench(c: &mut Criterion) {
             script: Script::new(COMPLETE_SCRIPT),
             prefix,
             fingerprint: Fingerprint::from_bytes([7; 32]),
-            outcome: Outcome::Sent(Receipt::new("msg-1", "bench")),
+            outcome: Outcome::sent(Receipt::new("msg-1", "bench")),
             next: AtomicU64::new(0),
         }
     });

@@ -21,7 +21,8 @@
 //! | `PostgresStore` | `postgres` | several processes; one statement per operation, expiry by the server's `now()` |
 //!
 //! Every store passes the conformance suite in `store::conformance` (feature `test-util`),
-//! which third-party stores can run as well.
+//! which third-party stores can run as well. Networked stores write records and outcomes in
+//! the versioned stored form of [`record`], open to third-party stores too.
 
 use std::fmt;
 use std::str::FromStr;
@@ -37,6 +38,7 @@ use crate::outcome::{BoxError, Outcome};
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod record;
 #[cfg(feature = "redis")]
 pub mod redis;
 
@@ -99,8 +101,10 @@ impl FromStr for Token {
 }
 
 /// The state of a live record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+///
+/// Later releases may add states; a `match` outside this crate needs a wildcard arm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum RecordState {
     /// A send holds the key and has not finished.
     Pending,
@@ -109,7 +113,11 @@ pub enum RecordState {
 }
 
 /// A live record that holds a key, as [`Store::reserve`] reports it.
+///
+/// Later releases may add fields: a store builds one with [`pending`](Self::pending) or
+/// [`done`](Self::done).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Record {
     /// Pending or done.
     pub state: RecordState,
@@ -119,8 +127,31 @@ pub struct Record {
     pub outcome: Option<Outcome>,
 }
 
+impl Record {
+    /// A send of the message with `fingerprint` holds the key and has not finished.
+    pub fn pending(fingerprint: Fingerprint) -> Self {
+        Self {
+            state: RecordState::Pending,
+            fingerprint,
+            outcome: None,
+        }
+    }
+
+    /// A send of the message with `fingerprint` finished with `outcome`.
+    pub fn done(fingerprint: Fingerprint, outcome: Outcome) -> Self {
+        Self {
+            state: RecordState::Done,
+            fingerprint,
+            outcome: Some(outcome),
+        }
+    }
+}
+
 /// What [`Store::reserve`] found.
+///
+/// Later releases may add answers; a `match` outside this crate needs a wildcard arm.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum Reservation {
     /// The key is now held pending under `token`.
     Reserved {

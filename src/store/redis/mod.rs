@@ -56,7 +56,8 @@
 //! # Key layout and values
 //!
 //! A record lives under `<prefix><key>` (prefix [`DEFAULT_KEY_PREFIX`], `idem:`, unless set
-//! with [`RedisStore::key_prefix`]), as a plain string holding JSON:
+//! with [`RedisStore::key_prefix`]), as a plain string holding the whole record in the
+//! stored form of [`store::record`](super::record) (version 1, JSON):
 //!
 //! ```json
 //! {"state":"pending","token":"6f1c…","fingerprint":"9a0e…"}
@@ -65,7 +66,7 @@
 //!
 //! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
 //! fingerprint in hex, `outcome` the kept [`Outcome`] (done records only). No message content
-//! is stored. A value that is not such JSON, a done record without an outcome, or a key of
+//! is stored. The scripts read `state` and `token` of that JSON. A value that is not such JSON, a done record without an outcome, or a key of
 //! another Redis type makes the operation fail with a
 //! [`Corrupt`](super::StoreErrorKind::Corrupt) error; the scripts never overwrite or delete a
 //! value they cannot read.
@@ -103,13 +104,17 @@ use std::time::Duration;
 use futures_util::future::{BoxFuture, FutureExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
-use serde::{Deserialize, Serialize};
 
-use super::{
-    Completion, Record, RecordState, Reservation, Store, StoreError, StoreErrorKind, Token,
-};
+use super::{Completion, Reservation, Store, StoreError, Token, record};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
+
+mod pipeline;
+mod scripts;
+
+pub use scripts::{COMPLETE_SCRIPT, RELEASE_SCRIPT};
+
+use scripts::{millis, reservation, script_answer};
 
 /// The prefix put before every key unless [`RedisStore::key_prefix`] sets another.
 pub const DEFAULT_KEY_PREFIX: &str = "idem:";
@@ -119,38 +124,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The longest lease or ttl sent to the server (100 years); longer ones are cut to it.
 pub const MAX_EXPIRY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-
-/// The Lua script behind [`complete`](Store::complete).
-///
-/// `KEYS[1]` the key, `ARGV[1]` the token, `ARGV[2]` the done record, `ARGV[3]` the ttl in ms.
-/// Answers 1 when it wrote, 0 when another token holds the key, -1 when the value under the
-/// key cannot be read (it is then left as it is).
-pub const COMPLETE_SCRIPT: &str = r"
-local current = redis.pcall('GET', KEYS[1])
-if current then
-  if type(current) ~= 'string' then return -1 end
-  local ok, record = pcall(cjson.decode, current)
-  if not ok or type(record) ~= 'table' or type(record.token) ~= 'string' then return -1 end
-  if record.token ~= ARGV[1] then return 0 end
-end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
-";
-
-/// The Lua script behind [`release`](Store::release).
-///
-/// `KEYS[1]` the key, `ARGV[1]` the token. Answers 1 when it deleted the key, 0 when the token
-/// does not hold it pending, -1 when the value under the key cannot be read (it is then left
-/// as it is).
-pub const RELEASE_SCRIPT: &str = r"
-local current = redis.pcall('GET', KEYS[1])
-if not current then return 0 end
-if type(current) ~= 'string' then return -1 end
-local ok, record = pcall(cjson.decode, current)
-if not ok or type(record) ~= 'table' or type(record.token) ~= 'string' then return -1 end
-if record.token ~= ARGV[1] or record.state ~= 'pending' then return 0 end
-return redis.call('DEL', KEYS[1])
-";
 
 /// An idempotency store on Redis, shared by every process that uses the same server and
 /// prefix. See the [module docs](self) for the commands, the key layout and the guarantee.
@@ -172,6 +145,7 @@ return redis.call('DEL', KEYS[1])
 /// match store.reserve("invoice:42:email", fingerprint, Duration::from_secs(600)).await? {
 ///     Reservation::Reserved { token } => println!("ours to send, token {token}"),
 ///     Reservation::Held { record } => println!("already {:?}", record.state),
+///     other => println!("{other:?}"),
 /// }
 /// # Ok(()) }
 /// ```
@@ -327,58 +301,6 @@ impl RedisStore {
             .unwrap_or_else(|_| Err(StoreError::timeout()))
     }
 
-    /// `SET key pending NX GET PX lease`, and the token it reserves under.
-    fn reserve_cmd(
-        &self,
-        key: &str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-    ) -> Result<(Cmd, Token), StoreError> {
-        let token = Token::new();
-        let pending = encode(&StoredRef {
-            state: RecordState::Pending,
-            token,
-            fingerprint,
-            outcome: None,
-        })?;
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(self.redis_key(key))
-            .arg(pending)
-            .arg("NX")
-            .arg("GET")
-            .arg("PX")
-            .arg(millis(lease));
-        Ok((cmd, token))
-    }
-
-    /// `EVALSHA` of [`COMPLETE_SCRIPT`] for one key, as a command a pipeline can carry.
-    fn complete_cmd(&self, c: &Completion<'_>, ttl: Duration) -> Result<Cmd, StoreError> {
-        let done = encode(&StoredRef {
-            state: RecordState::Done,
-            token: c.token,
-            fingerprint: c.fingerprint,
-            outcome: Some(c.outcome),
-        })?;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.complete.get_hash())
-            .arg(1)
-            .arg(self.redis_key(c.key))
-            .arg(c.token.to_string())
-            .arg(done)
-            .arg(millis(ttl));
-        Ok(cmd)
-    }
-
-    /// `EVALSHA` of [`RELEASE_SCRIPT`] for one key, as a command a pipeline can carry.
-    fn release_cmd(&self, key: &str, token: Token) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.release.get_hash())
-            .arg(1)
-            .arg(self.redis_key(key))
-            .arg(token.to_string());
-        cmd
-    }
-
     async fn reserve_once(
         &self,
         key: &str,
@@ -402,12 +324,7 @@ impl RedisStore {
         outcome: &Outcome,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let done = encode(&StoredRef {
-            state: RecordState::Done,
-            token,
-            fingerprint,
-            outcome: Some(outcome),
-        })?;
+        let done = record::done_json(token, fingerprint, outcome)?;
         let mut connection = self.connection.clone();
         let answer: i64 = self
             .complete
@@ -431,184 +348,6 @@ impl RedisStore {
             .await
             .map_err(server_error)?;
         script_answer(answer, "release")
-    }
-
-    async fn reserve_batch(
-        &self,
-        requests: &[(&str, Fingerprint)],
-        lease: Duration,
-    ) -> Result<Vec<Result<Reservation, StoreError>>, StoreError> {
-        let mut commands = Vec::with_capacity(requests.len());
-        let mut tokens = Vec::with_capacity(requests.len());
-        for (key, fingerprint) in requests {
-            let (cmd, token) = self.reserve_cmd(key, *fingerprint, lease)?;
-            commands.push((self.redis_key(key), cmd));
-            tokens.push(token);
-        }
-        let replies = self.send_batch(&commands).await?;
-        Ok(replies
-            .into_iter()
-            .zip(tokens)
-            .map(|(reply, token)| reservation(reply?, token))
-            .collect())
-    }
-
-    async fn complete_batch(
-        &self,
-        completions: &[Completion<'_>],
-        ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
-        let mut commands = Vec::with_capacity(completions.len());
-        for c in completions {
-            commands.push((self.redis_key(c.key), self.complete_cmd(c, ttl)?));
-        }
-        let replies = self.send_scripts(&self.complete, &commands).await?;
-        replies
-            .into_iter()
-            .map(|reply| script_reply(reply?, "complete"))
-            .collect()
-    }
-
-    async fn release_batch(&self, releases: &[(&str, Token)]) -> Result<Vec<bool>, StoreError> {
-        let commands: Vec<(String, Cmd)> = releases
-            .iter()
-            .map(|(key, token)| (self.redis_key(key), self.release_cmd(key, *token)))
-            .collect();
-        let replies = self.send_scripts(&self.release, &commands).await?;
-        replies
-            .into_iter()
-            .map(|reply| script_reply(reply?, "release"))
-            .collect()
-    }
-
-    /// [`send_batch`](Self::send_batch) for `EVALSHA` commands of `script`: the entries the
-    /// server answered `NOSCRIPT` (after a restart or `SCRIPT FLUSH`) did not run, so the
-    /// script is loaded and those entries alone are sent once more. At most three round trips.
-    async fn send_scripts(
-        &self,
-        script: &Script,
-        commands: &[(String, Cmd)],
-    ) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
-        let mut replies = self.send_batch(commands).await?;
-        let unknown: Vec<usize> = replies
-            .iter()
-            .enumerate()
-            .filter(
-                |(_, reply)| matches!(reply, Ok(Value::ServerError(e)) if e.code() == "NOSCRIPT"),
-            )
-            .map(|(i, _)| i)
-            .collect();
-        if unknown.is_empty() {
-            return Ok(replies);
-        }
-        let mut connection = self.connection.clone();
-        script
-            .load_async(&mut connection)
-            .await
-            .map_err(server_error)?;
-        let again: Vec<(String, Cmd)> = unknown.iter().map(|&i| commands[i].clone()).collect();
-        for (i, reply) in unknown.into_iter().zip(self.send_batch(&again).await?) {
-            replies[i] = reply;
-        }
-        Ok(replies)
-    }
-
-    /// Sends one command per key and answers one reply per command, in order. A reply the
-    /// server answered with an error stays a [`Value::ServerError`], for the caller to judge.
-    ///
-    /// On one node: one pipeline, whose failure fails the call. On a cluster: one pipeline
-    /// per hash slot (a cluster pipeline may not cross slots), all sent at once; a slot whose
-    /// pipeline fails gets that error for each of its entries, and the other slots' replies
-    /// stand.
-    async fn send_batch(
-        &self,
-        commands: &[(String, Cmd)],
-    ) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
-        if commands.is_empty() {
-            return Ok(Vec::new());
-        }
-        match &self.connection {
-            Connection::Single(_) => Ok(self
-                .pipeline(commands.iter().map(|(_, cmd)| cmd))
-                .await?
-                .into_iter()
-                .map(Ok)
-                .collect()),
-            #[cfg(feature = "redis-cluster")]
-            Connection::Cluster(_) => Ok(self.send_by_slot(commands).await),
-        }
-    }
-
-    #[cfg(feature = "redis-cluster")]
-    async fn send_by_slot(&self, commands: &[(String, Cmd)]) -> Vec<Result<Value, StoreError>> {
-        use redis::cluster_routing::Slot;
-        use std::collections::HashMap;
-
-        let mut slots: HashMap<Slot, Vec<usize>> = HashMap::new();
-        for (i, (key, _)) in commands.iter().enumerate() {
-            slots.entry(Slot::for_key(key)).or_default().push(i);
-        }
-        let sent = futures_util::future::join_all(slots.into_values().map(|entries| async move {
-            let replies = self.pipeline(entries.iter().map(|&i| &commands[i].1)).await;
-            (entries, replies)
-        }))
-        .await;
-        let mut replies: Vec<Option<Result<Value, StoreError>>> = std::iter::repeat_with(|| None)
-            .take(commands.len())
-            .collect();
-        for (entries, answer) in sent {
-            match answer {
-                Ok(values) => {
-                    for (i, value) in entries.into_iter().zip(values) {
-                        replies[i] = Some(Ok(value));
-                    }
-                }
-                Err(error) => {
-                    for i in entries {
-                        replies[i] = Some(Err(StoreError::new(error.kind(), error.to_string())));
-                    }
-                }
-            }
-        }
-        replies
-            .into_iter()
-            .map(|reply| {
-                reply.unwrap_or_else(|| {
-                    Err(StoreError::new(
-                        StoreErrorKind::Unavailable,
-                        "a batch entry was sent in no pipeline",
-                    ))
-                })
-            })
-            .collect()
-    }
-
-    /// Sends `commands` as one pipeline: one write, one read of all replies. The number of
-    /// replies is checked, so a short or long answer is an error, never a misplaced reply.
-    async fn pipeline<'c>(
-        &self,
-        commands: impl Iterator<Item = &'c Cmd>,
-    ) -> Result<Vec<Value>, StoreError> {
-        let mut pipe = redis::pipe();
-        for cmd in commands {
-            pipe.add_command(cmd.clone());
-        }
-        let sent = pipe.len();
-        let mut connection = self.connection.clone();
-        let replies = connection
-            .req_packed_commands(&pipe, 0, sent)
-            .await
-            .map_err(server_error)?;
-        if replies.len() != sent {
-            return Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                format!(
-                    "the server answered a pipeline of {sent} commands with {} replies",
-                    replies.len()
-                ),
-            ));
-        }
-        Ok(replies)
     }
 }
 
@@ -682,86 +421,6 @@ impl Store for RedisStore {
     }
 }
 
-/// A record as it is written.
-#[derive(Serialize)]
-struct StoredRef<'a> {
-    state: RecordState,
-    token: Token,
-    fingerprint: Fingerprint,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    outcome: Option<&'a Outcome>,
-}
-
-/// A record as it is read. The token is read as well, so a value without one is corrupt here
-/// as it is to the scripts.
-#[derive(Deserialize)]
-struct Stored {
-    state: RecordState,
-    #[serde(rename = "token")]
-    _token: Token,
-    fingerprint: Fingerprint,
-    #[serde(default)]
-    outcome: Option<Outcome>,
-}
-
-fn encode(record: &StoredRef<'_>) -> Result<String, StoreError> {
-    serde_json::to_string(record)
-        .map_err(|e| StoreError::corrupt("the record could not be encoded").with_source(e))
-}
-
-fn decode(value: &[u8]) -> Result<Record, StoreError> {
-    let stored: Stored = serde_json::from_slice(value).map_err(|e| {
-        StoreError::corrupt("the value under the key is not a record").with_source(e)
-    })?;
-    match (stored.state, stored.outcome) {
-        (RecordState::Pending, _) => Ok(Record {
-            state: RecordState::Pending,
-            fingerprint: stored.fingerprint,
-            outcome: None,
-        }),
-        (RecordState::Done, Some(outcome)) => Ok(Record {
-            state: RecordState::Done,
-            fingerprint: stored.fingerprint,
-            outcome: Some(outcome),
-        }),
-        (RecordState::Done, None) => Err(StoreError::corrupt(
-            "the value under the key is a done record without an outcome",
-        )),
-    }
-}
-
-/// What the reply to `SET NX GET` says: nothing held the key, so `token` reserved it; or the
-/// value that holds it.
-fn reservation(reply: Value, token: Token) -> Result<Reservation, StoreError> {
-    let reply = reply.extract_error().map_err(server_error)?;
-    let previous: Option<Vec<u8>> =
-        redis::from_redis_value(reply).map_err(|e| server_error(e.into()))?;
-    match previous {
-        None => Ok(Reservation::Reserved { token }),
-        Some(value) => decode(&value).map(|record| Reservation::Held { record }),
-    }
-}
-
-/// What the reply to a script says, as [`script_answer`] reads it.
-fn script_reply(reply: Value, operation: &str) -> Result<bool, StoreError> {
-    let reply = reply.extract_error().map_err(server_error)?;
-    let answer: i64 = redis::from_redis_value(reply).map_err(|e| server_error(e.into()))?;
-    script_answer(answer, operation)
-}
-
-fn script_answer(answer: i64, operation: &str) -> Result<bool, StoreError> {
-    match answer {
-        1 => Ok(true),
-        0 => Ok(false),
-        -1 => Err(StoreError::corrupt(format!(
-            "{operation}: the value under the key is not a record; it was left as it is"
-        ))),
-        other => Err(StoreError::corrupt(format!(
-            "{operation}: the script answered {other}"
-        ))),
-    }
-}
-
 /// A key of another Redis type is a record we cannot read; the client's own response timeout
 /// is a timeout; anything else is the backend.
 fn server_error(error: RedisError) -> StoreError {
@@ -776,62 +435,4 @@ fn server_error(error: RedisError) -> StoreError {
 
 fn unavailable(error: RedisError) -> StoreError {
     StoreError::unavailable(error)
-}
-
-/// Whole milliseconds for `PX`, within what Redis accepts.
-fn millis(d: Duration) -> u64 {
-    let ms = u64::try_from(d.min(MAX_EXPIRY).as_millis()).unwrap_or(u64::MAX);
-    ms.max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::outcome::Receipt;
-
-    #[test]
-    fn expiry_is_clamped_to_what_redis_accepts() {
-        assert_eq!(millis(Duration::ZERO), 1);
-        assert_eq!(millis(Duration::from_micros(10)), 1);
-        assert_eq!(millis(Duration::from_millis(1500)), 1500);
-        assert_eq!(millis(Duration::MAX), millis(MAX_EXPIRY));
-        assert!(u128::from(millis(Duration::MAX)) < u128::from(i64::MAX as u64) / 2);
-    }
-
-    #[test]
-    fn records_round_trip_through_their_json() {
-        let fp = Fingerprint::from_bytes([3; 32]);
-        let outcome = Outcome::Sent(Receipt::new("m", "t"));
-        let json = encode(&StoredRef {
-            state: RecordState::Done,
-            token: Token::new(),
-            fingerprint: fp,
-            outcome: Some(&outcome),
-        })
-        .unwrap();
-        let record = decode(json.as_bytes()).unwrap();
-        assert_eq!(record.state, RecordState::Done);
-        assert_eq!(record.fingerprint, fp);
-        assert_eq!(record.outcome.unwrap().replay().unwrap().id, "m");
-    }
-
-    #[test]
-    fn undecodable_values_are_corrupt() {
-        let fp = Fingerprint::from_bytes([3; 32]);
-        let done_without_outcome = format!(
-            r#"{{"state":"done","token":"{}","fingerprint":"{fp}"}}"#,
-            Token::new()
-        );
-        for value in [
-            &b"garbage"[..],
-            b"",
-            b"null",
-            b"{}",
-            b"\xff\xfe",
-            done_without_outcome.as_bytes(),
-        ] {
-            let err = decode(value).unwrap_err();
-            assert_eq!(err.kind(), super::super::StoreErrorKind::Corrupt);
-        }
-    }
 }

@@ -20,6 +20,7 @@
 //! ```
 //!
 //! The table holds the key, state, token, fingerprint and outcome only: no message content.
+//! The outcome is the JSON of the stored form in [`store::record`](super::record) (version 1).
 //! Run the migration from a deploy step or at start-up; it takes an advisory lock, so several
 //! processes may run it at once.
 //!
@@ -92,24 +93,30 @@
 //! default): under `SERIALIZABLE`, racing reserves may fail with serialization errors (they
 //! fail as [`Unavailable`](super::StoreErrorKind::Unavailable), never as a double send).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 use futures_util::future::BoxFuture;
+use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
-use super::{
-    Completion, Record, RecordState, Reservation, Store, StoreError, StoreErrorKind, Token,
-};
+use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, record};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
+mod purge;
+mod row;
+mod sql;
+
 pub use deadpool_postgres;
+pub use purge::PurgeTask;
+pub use sql::InvalidTableName;
+
+use row::positions;
+use sql::Table;
 
 /// The table a [`PostgresStore`] uses unless told otherwise.
 pub const DEFAULT_TABLE: &str = "idempotency_keys";
@@ -127,9 +134,6 @@ pub const DEFAULT_APPLICATION_NAME: &str = "tower-idempotency";
 /// The longest lease or ttl written: a century, far enough to mean "never" while staying
 /// within PostgreSQL's interval and timestamp range.
 const FOREVER_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
-
-/// PostgreSQL's limit on identifier length, in bytes.
-const MAX_IDENTIFIER_LEN: usize = 63;
 
 /// A `migrate` given much less time than this could fail on a busy server for no good
 /// reason; DDL waits for locks.
@@ -157,6 +161,7 @@ const MIN_MIGRATE_TIMEOUT: Duration = Duration::from_secs(30);
 /// match store.reserve("welcome:42", fingerprint, Duration::from_secs(600)).await? {
 ///     Reservation::Reserved { token } => { /* send, then complete or release */ }
 ///     Reservation::Held { record } => { /* in flight, or replay record.outcome */ }
+///     _ => { /* an answer of a later release */ }
 /// }
 /// # drop(purge);
 /// # Ok(()) }
@@ -179,208 +184,6 @@ impl fmt::Debug for PostgresStore {
             .finish()
     }
 }
-
-/// A validated table name and the statements that use it.
-struct Table {
-    name: String,
-    sql: Sql,
-}
-
-struct Sql {
-    migrate: String,
-    reserve: String,
-    complete: String,
-    release: String,
-    reserve_many: String,
-    complete_many: String,
-    release_many: String,
-    purge: String,
-}
-
-impl Table {
-    fn new(name: &str) -> Result<Self, InvalidTableName> {
-        let invalid = |reason| InvalidTableName {
-            name: name.to_owned(),
-            reason,
-        };
-        let mut parts = name.split('.');
-        let (schema, table) = match (parts.next(), parts.next(), parts.next()) {
-            (Some(table), None, _) => (None, table),
-            (Some(schema), Some(table), None) => (Some(schema), table),
-            _ => return Err(invalid("at most one dot, between schema and table")),
-        };
-        for part in schema.iter().chain([&table]) {
-            check_identifier(part).map_err(invalid)?;
-        }
-        Ok(Self::checked(name, schema, table))
-    }
-
-    /// The statements for a name whose parts passed [`check_identifier`].
-    fn checked(name: &str, schema: Option<&str>, table: &str) -> Self {
-        // Names are checked to need no escaping; quoting still keeps keywords such as
-        // `user` or `order` usable as table names.
-        let quoted = match schema {
-            Some(schema) => format!("\"{schema}\".\"{table}\""),
-            None => format!("\"{table}\""),
-        };
-        // An index lives in its table's schema, so its name is never qualified. PostgreSQL
-        // truncates names over 63 bytes, the same way every time.
-        let index = format!("\"{table}_expires_at_idx\"");
-        let sql = Sql {
-            migrate: format!(
-                "SELECT pg_advisory_xact_lock(hashtext('tower_idempotency.migrate'));
-                 CREATE TABLE IF NOT EXISTS {quoted} (
-                     key text PRIMARY KEY,
-                     state text NOT NULL,
-                     token uuid NOT NULL,
-                     fingerprint bytea NOT NULL,
-                     outcome jsonb,
-                     expires_at timestamptz NOT NULL
-                 );
-                 CREATE INDEX IF NOT EXISTS {index} ON {quoted} (expires_at);"
-            ),
-            // Every SET expression sees the row as it was before this statement, so the live
-            // row is written back unchanged and an expired one becomes the new reservation.
-            reserve: format!(
-                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
-                 VALUES ($1, 'pending', $2, $3, NULL, now() + $4::bigint * interval '1 millisecond')
-                 ON CONFLICT (key) DO UPDATE SET
-                     state = CASE WHEN r.expires_at <= now() THEN excluded.state ELSE r.state END,
-                     token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END,
-                     fingerprint = CASE WHEN r.expires_at <= now()
-                         THEN excluded.fingerprint ELSE r.fingerprint END,
-                     outcome = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.outcome END,
-                     expires_at = CASE WHEN r.expires_at <= now()
-                         THEN excluded.expires_at ELSE r.expires_at END
-                 RETURNING r.state, r.token, r.fingerprint, r.outcome::text"
-            ),
-            complete: format!(
-                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
-                 VALUES ($1, 'done', $2, $3, $4::text::jsonb,
-                         now() + $5::bigint * interval '1 millisecond')
-                 ON CONFLICT (key) DO UPDATE SET
-                     state = excluded.state, token = excluded.token,
-                     fingerprint = excluded.fingerprint, outcome = excluded.outcome,
-                     expires_at = excluded.expires_at
-                 WHERE r.token = excluded.token OR r.expires_at <= now()"
-            ),
-            release: format!(
-                "DELETE FROM {quoted} WHERE key = $1 AND token = $2 AND state = 'pending'"
-            ),
-            // The batch statements feed the single statements' logic from arrays, one row per
-            // key. `ORDER BY key` makes every batch lock its rows in one global order, so
-            // overlapping batches wait on each other instead of deadlocking.
-            reserve_many: format!(
-                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
-                 SELECT i.key, 'pending', i.token, i.fingerprint, NULL,
-                        now() + $4::bigint * interval '1 millisecond'
-                 FROM unnest($1::text[], $2::uuid[], $3::bytea[]) AS i(key, token, fingerprint)
-                 ORDER BY i.key
-                 ON CONFLICT (key) DO UPDATE SET
-                     state = CASE WHEN r.expires_at <= now() THEN excluded.state ELSE r.state END,
-                     token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END,
-                     fingerprint = CASE WHEN r.expires_at <= now()
-                         THEN excluded.fingerprint ELSE r.fingerprint END,
-                     outcome = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.outcome END,
-                     expires_at = CASE WHEN r.expires_at <= now()
-                         THEN excluded.expires_at ELSE r.expires_at END
-                 RETURNING r.state, r.token, r.fingerprint, r.outcome::text, r.key"
-            ),
-            // Rows the WHERE leaves alone are not returned: the keys returned were written.
-            complete_many: format!(
-                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
-                 SELECT i.key, 'done', i.token, i.fingerprint, i.outcome::jsonb,
-                        now() + $5::bigint * interval '1 millisecond'
-                 FROM unnest($1::text[], $2::uuid[], $3::bytea[], $4::text[])
-                     AS i(key, token, fingerprint, outcome)
-                 ORDER BY i.key
-                 ON CONFLICT (key) DO UPDATE SET
-                     state = excluded.state, token = excluded.token,
-                     fingerprint = excluded.fingerprint, outcome = excluded.outcome,
-                     expires_at = excluded.expires_at
-                 WHERE r.token = excluded.token OR r.expires_at <= now()
-                 RETURNING r.key"
-            ),
-            // A DELETE cannot be ordered, so the rows are first locked in key order (a locking
-            // SELECT locks in its ORDER BY order, and under READ COMMITTED rechecks the token
-            // and state on a row changed meanwhile); the DELETE then only meets rows it holds.
-            release_many: format!(
-                "WITH doomed AS MATERIALIZED (
-                     SELECT r.key, r.token FROM {quoted} AS r
-                     JOIN unnest($1::text[], $2::uuid[]) AS i(key, token)
-                         ON r.key = i.key AND r.token = i.token AND r.state = 'pending'
-                     ORDER BY r.key
-                     FOR UPDATE OF r
-                 )
-                 DELETE FROM {quoted} AS r USING doomed AS d
-                 WHERE r.key = d.key AND r.token = d.token AND r.state = 'pending'
-                 RETURNING r.key"
-            ),
-            // SKIP LOCKED keeps concurrent purges (and reserves of those keys) from waiting
-            // on each other; the outer condition is checked again on the row as it is when
-            // deleted, so a key taken again meanwhile is never purged.
-            purge: format!(
-                "DELETE FROM {quoted} WHERE ctid = ANY(ARRAY(
-                     SELECT ctid FROM {quoted} WHERE expires_at <= now()
-                     LIMIT $1::bigint FOR UPDATE SKIP LOCKED))
-                 AND expires_at <= now()"
-            ),
-        };
-        Self {
-            name: name.to_owned(),
-            sql,
-        }
-    }
-}
-
-fn check_identifier(part: &str) -> Result<(), &'static str> {
-    let mut chars = part.chars();
-    match chars.next() {
-        None => return Err("empty name"),
-        Some(c) if !(c.is_ascii_lowercase() || c == '_') => {
-            return Err("a name starts with a lowercase ASCII letter or an underscore");
-        }
-        Some(_) => {}
-    }
-    if !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
-        return Err("a name holds lowercase ASCII letters, digits and underscores only");
-    }
-    if part.len() > MAX_IDENTIFIER_LEN {
-        return Err("a name is at most 63 bytes long");
-    }
-    Ok(())
-}
-
-/// A table name [`PostgresStore::table`] refused.
-///
-/// A name is `table` or `schema.table`, each part of lowercase ASCII letters, digits and
-/// underscores, starting with a letter or underscore, at most 63 bytes: a name PostgreSQL
-/// would fold to the same thing quoted or not, and one that cannot carry SQL.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidTableName {
-    name: String,
-    reason: &'static str,
-}
-
-impl InvalidTableName {
-    /// The name that was refused.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Why it was refused.
-    pub fn reason(&self) -> &str {
-        self.reason
-    }
-}
-
-impl fmt::Display for InvalidTableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid table name {:?}: {}", self.name, self.reason)
-    }
-}
-
-impl std::error::Error for InvalidTableName {}
 
 impl PostgresStore {
     /// A store on `pool`, using the table [`DEFAULT_TABLE`].
@@ -485,72 +288,6 @@ impl PostgresStore {
             .unwrap_or_else(|_| Err(StoreError::timeout()))
     }
 
-    /// Deletes every expired row, in statements of at most
-    /// [`purge_batch`](Self::purge_batch) rows, until a statement finds fewer; answers how
-    /// many rows went. Live rows are never touched. Each statement is bounded by the
-    /// operation timeout.
-    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let batch = u64::from(self.purge_batch);
-        let mut purged = 0;
-        loop {
-            let deleted = self
-                .bounded(async {
-                    let client = self.client().await?;
-                    let statement = client
-                        .prepare_cached(&self.table.sql.purge)
-                        .await
-                        .map_err(|e| self.db_error(e))?;
-                    client
-                        .execute(&statement, &[&i64::from(self.purge_batch)])
-                        .await
-                        .map_err(|e| self.db_error(e))
-                })
-                .await?;
-            purged += deleted;
-            if deleted < batch {
-                return Ok(purged);
-            }
-        }
-    }
-
-    /// Runs [`purge_expired`](Self::purge_expired) now and then every `every` (at least
-    /// 1 ms) on the current Tokio runtime, until the returned [`PurgeTask`] is dropped or
-    /// aborted. A failed purge is logged with `tracing::warn!` and tried again next time.
-    ///
-    /// Fails when called outside a Tokio runtime.
-    pub fn spawn_purge(&self, every: Duration) -> Result<PurgeTask, StoreError> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::Unavailable,
-                "spawn_purge must be called within a Tokio runtime",
-            )
-            .with_source(e)
-        })?;
-        let store = self.clone();
-        let every = every.max(Duration::from_millis(1));
-        let handle = runtime.spawn(async move {
-            let mut ticks = tokio::time::interval(every);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                match store.purge_expired().await {
-                    Ok(0) => {}
-                    Ok(purged) => tracing::debug!(
-                        table = %store.table.name,
-                        purged,
-                        "purged expired idempotency keys"
-                    ),
-                    Err(error) => tracing::warn!(
-                        table = %store.table.name,
-                        error = %error,
-                        "purging expired idempotency keys failed"
-                    ),
-                }
-            }
-        });
-        Ok(PurgeTask { handle })
-    }
-
     /// Runs `work` within the operation timeout.
     async fn bounded<T>(
         &self,
@@ -590,42 +327,6 @@ impl PostgresStore {
         StoreError::new(kind, detail).with_source(error)
     }
 
-    fn corrupt(&self, what: &str) -> StoreError {
-        StoreError::corrupt(format!("a row of table {:?} {what}", self.table.name))
-    }
-
-    /// Decodes a row of (state, token, fingerprint, outcome text).
-    fn record(&self, row: &Row) -> Result<Record, StoreError> {
-        let state: &str = row
-            .try_get(0)
-            .map_err(|e| self.corrupt("has no readable state").with_source(e))?;
-        let fingerprint: &[u8] = row
-            .try_get(2)
-            .map_err(|e| self.corrupt("has no readable fingerprint").with_source(e))?;
-        let fingerprint = <[u8; 32]>::try_from(fingerprint)
-            .map(Fingerprint::from_bytes)
-            .map_err(|_| self.corrupt("has a fingerprint that is not 32 bytes"))?;
-        let outcome: Option<&str> = row
-            .try_get(3)
-            .map_err(|e| self.corrupt("has no readable outcome").with_source(e))?;
-        let (state, outcome) = match (state, outcome) {
-            ("pending", None) => (RecordState::Pending, None),
-            ("pending", Some(_)) => return Err(self.corrupt("is pending with an outcome")),
-            ("done", Some(json)) => {
-                let outcome: Outcome = serde_json::from_str(json)
-                    .map_err(|e| self.corrupt("holds an unreadable outcome").with_source(e))?;
-                (RecordState::Done, Some(outcome))
-            }
-            ("done", None) => return Err(self.corrupt("is done without an outcome")),
-            (_, _) => return Err(self.corrupt("has an unknown state")),
-        };
-        Ok(Record {
-            state,
-            fingerprint,
-            outcome,
-        })
-    }
-
     async fn try_reserve(
         &self,
         key: &str,
@@ -650,46 +351,6 @@ impl PostgresStore {
                 StoreError::new(StoreErrorKind::Unavailable, "reserve answered no row")
             })?;
         self.reservation(&row, token)
-    }
-
-    /// What a reserve found, from the row it returned: ours when it holds our `token`.
-    fn reservation(&self, row: &Row, token: Token) -> Result<Reservation, StoreError> {
-        let holder: Uuid = row
-            .try_get(1)
-            .map_err(|e| self.corrupt("has no readable token").with_source(e))?;
-        if holder == *token.as_uuid() {
-            return Ok(Reservation::Reserved { token });
-        }
-        self.record(row).map(|record| Reservation::Held { record })
-    }
-
-    /// Where the key a batch statement returned in `column` was asked, marking it answered.
-    ///
-    /// A key nobody asked for, or one returned twice, means the answer cannot be matched to
-    /// the requests, so the whole call fails rather than guess.
-    fn position(
-        &self,
-        positions: &HashMap<&str, usize>,
-        row: &Row,
-        column: usize,
-        answered: &mut [bool],
-    ) -> Result<usize, StoreError> {
-        let mismatch = |detail: &str| {
-            StoreError::new(
-                StoreErrorKind::Unavailable,
-                format!("a batch statement on table {:?} {detail}", self.table.name),
-            )
-        };
-        let key: &str = row
-            .try_get(column)
-            .map_err(|e| mismatch("answered a row without a readable key").with_source(e))?;
-        let at = *positions
-            .get(key)
-            .ok_or_else(|| mismatch("answered a key that was not asked for"))?;
-        if std::mem::replace(&mut answered[at], true) {
-            return Err(mismatch("answered a key twice"));
-        }
-        Ok(at)
     }
 
     async fn try_reserve_many(
@@ -742,13 +403,7 @@ impl PostgresStore {
         outcome: &Outcome,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let outcome = serde_json::to_string(outcome).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::Corrupt,
-                "the outcome could not be serialized",
-            )
-            .with_source(e)
-        })?;
+        let outcome = record::outcome_json(outcome)?;
         let client = self.client().await?;
         let statement = client
             .prepare_cached(&self.table.sql.complete)
@@ -773,15 +428,8 @@ impl PostgresStore {
         let positions = positions("complete_many", completions.iter().map(|c| c.key))?;
         let outcomes = completions
             .iter()
-            .map(|c| serde_json::to_string(c.outcome))
-            .collect::<Result<Vec<String>, _>>()
-            .map_err(|e| {
-                StoreError::new(
-                    StoreErrorKind::Corrupt,
-                    "an outcome could not be serialized",
-                )
-                .with_source(e)
-            })?;
+            .map(|c| record::outcome_json(c.outcome))
+            .collect::<Result<Vec<String>, _>>()?;
         let keys: Vec<&str> = completions.iter().map(|c| c.key).collect();
         let uuids: Vec<Uuid> = completions.iter().map(|c| *c.token.as_uuid()).collect();
         let fingerprints: Vec<&[u8]> = completions
@@ -839,27 +487,6 @@ impl PostgresStore {
             .map_err(|e| self.db_error(e))?;
         Ok(deleted > 0)
     }
-}
-
-/// The position of each key of a batch call; refuses a key given twice, which one statement
-/// could not answer for separately (and PostgreSQL would refuse to upsert twice).
-fn positions<'k>(
-    operation: &str,
-    keys: impl Iterator<Item = &'k str>,
-) -> Result<HashMap<&'k str, usize>, StoreError> {
-    let mut positions = HashMap::new();
-    for (at, key) in keys.enumerate() {
-        if let Some(first) = positions.insert(key, at) {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidInput,
-                format!(
-                    "{operation} was given one key at positions {first} and {at}: \
-                     the keys of one call must be distinct"
-                ),
-            ));
-        }
-    }
-    Ok(positions)
 }
 
 /// A duration as whole milliseconds for an interval, rounded up so a short lease never
@@ -937,71 +564,9 @@ impl Store for PostgresStore {
     }
 }
 
-/// The background purge started by [`PostgresStore::spawn_purge`]; dropping it stops the
-/// task.
-#[derive(Debug)]
-pub struct PurgeTask {
-    handle: tokio::task::JoinHandle<()>,
-}
-
-impl PurgeTask {
-    /// Stops the task (as dropping the handle does).
-    pub fn abort(&self) {
-        self.handle.abort();
-    }
-
-    /// Whether the task has stopped.
-    pub fn is_finished(&self) -> bool {
-        self.handle.is_finished()
-    }
-}
-
-impl Drop for PurgeTask {
-    fn drop(&mut self) {
-        self.handle.abort();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_default_table_name_is_valid() {
-        assert!(Table::new(DEFAULT_TABLE).is_ok());
-    }
-
-    #[test]
-    fn table_names_are_plain_or_schema_qualified_identifiers() {
-        for good in [
-            "keys",
-            "_keys",
-            "app.idempotency_keys",
-            "k1",
-            &"a".repeat(63),
-        ] {
-            assert!(Table::new(good).is_ok(), "{good}");
-        }
-        for bad in [
-            "",
-            ".",
-            "a.",
-            ".a",
-            "a.b.c",
-            "Keys",
-            "1keys",
-            "keys; DROP TABLE users",
-            "keys\"",
-            "ke ys",
-            "kéys",
-            &"a".repeat(64),
-        ] {
-            let error = Table::new(bad)
-                .err()
-                .unwrap_or_else(|| panic!("{bad:?} accepted"));
-            assert_eq!(error.name(), bad);
-        }
-    }
 
     #[test]
     fn durations_become_bounded_milliseconds() {

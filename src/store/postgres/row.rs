@@ -1,0 +1,110 @@
+//! Row mapping: what the rows a statement returned say, as records and reservations, and
+//! the matching of a batch statement's rows to the keys asked.
+
+use std::collections::HashMap;
+
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::PostgresStore;
+use crate::fingerprint::Fingerprint;
+use crate::store::{Record, RecordState, Reservation, StoreError, StoreErrorKind, Token, record};
+
+impl PostgresStore {
+    pub(super) fn corrupt(&self, what: &str) -> StoreError {
+        StoreError::corrupt(format!("a row of table {:?} {what}", self.table.name))
+    }
+
+    /// Decodes a row of (state, token, fingerprint, outcome text).
+    pub(super) fn record(&self, row: &Row) -> Result<Record, StoreError> {
+        let state: &str = row
+            .try_get(0)
+            .map_err(|e| self.corrupt("has no readable state").with_source(e))?;
+        let fingerprint: &[u8] = row
+            .try_get(2)
+            .map_err(|e| self.corrupt("has no readable fingerprint").with_source(e))?;
+        let fingerprint = <[u8; 32]>::try_from(fingerprint)
+            .map(Fingerprint::from_bytes)
+            .map_err(|_| self.corrupt("has a fingerprint that is not 32 bytes"))?;
+        let outcome: Option<&str> = row
+            .try_get(3)
+            .map_err(|e| self.corrupt("has no readable outcome").with_source(e))?;
+        let (state, outcome) = match (state, outcome) {
+            ("pending", None) => (RecordState::Pending, None),
+            ("pending", Some(_)) => return Err(self.corrupt("is pending with an outcome")),
+            ("done", Some(json)) => {
+                let outcome = record::decode_outcome(json.as_bytes())
+                    .map_err(|e| self.corrupt("holds an unreadable outcome").with_source(e))?;
+                (RecordState::Done, Some(outcome))
+            }
+            ("done", None) => return Err(self.corrupt("is done without an outcome")),
+            (_, _) => return Err(self.corrupt("has an unknown state")),
+        };
+        Ok(Record {
+            state,
+            fingerprint,
+            outcome,
+        })
+    }
+
+    /// What a reserve found, from the row it returned: ours when it holds our `token`.
+    pub(super) fn reservation(&self, row: &Row, token: Token) -> Result<Reservation, StoreError> {
+        let holder: Uuid = row
+            .try_get(1)
+            .map_err(|e| self.corrupt("has no readable token").with_source(e))?;
+        if holder == *token.as_uuid() {
+            return Ok(Reservation::Reserved { token });
+        }
+        self.record(row).map(|record| Reservation::Held { record })
+    }
+
+    /// Where the key a batch statement returned in `column` was asked, marking it answered.
+    ///
+    /// A key nobody asked for, or one returned twice, means the answer cannot be matched to
+    /// the requests, so the whole call fails rather than guess.
+    pub(super) fn position(
+        &self,
+        positions: &HashMap<&str, usize>,
+        row: &Row,
+        column: usize,
+        answered: &mut [bool],
+    ) -> Result<usize, StoreError> {
+        let mismatch = |detail: &str| {
+            StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("a batch statement on table {:?} {detail}", self.table.name),
+            )
+        };
+        let key: &str = row
+            .try_get(column)
+            .map_err(|e| mismatch("answered a row without a readable key").with_source(e))?;
+        let at = *positions
+            .get(key)
+            .ok_or_else(|| mismatch("answered a key that was not asked for"))?;
+        if std::mem::replace(&mut answered[at], true) {
+            return Err(mismatch("answered a key twice"));
+        }
+        Ok(at)
+    }
+}
+
+/// The position of each key of a batch call; refuses a key given twice, which one statement
+/// could not answer for separately (and PostgreSQL would refuse to upsert twice).
+pub(super) fn positions<'k>(
+    operation: &str,
+    keys: impl Iterator<Item = &'k str>,
+) -> Result<HashMap<&'k str, usize>, StoreError> {
+    let mut positions = HashMap::new();
+    for (at, key) in keys.enumerate() {
+        if let Some(first) = positions.insert(key, at) {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidInput,
+                format!(
+                    "{operation} was given one key at positions {first} and {at}: \
+                     the keys of one call must be distinct"
+                ),
+            ));
+        }
+    }
+    Ok(positions)
+}

@@ -1,0 +1,253 @@
+//! The table name a [`PostgresStore`](super::PostgresStore) uses, checked, and the SQL text
+//! of every statement on it, written once when the table is named.
+
+use std::fmt;
+
+/// PostgreSQL's limit on identifier length, in bytes.
+const MAX_IDENTIFIER_LEN: usize = 63;
+
+/// A validated table name and the statements that use it.
+pub(super) struct Table {
+    pub(super) name: String,
+    pub(super) sql: Sql,
+}
+
+/// The statements on one table, written once when the table is named.
+pub(super) struct Sql {
+    pub(super) migrate: String,
+    pub(super) reserve: String,
+    pub(super) complete: String,
+    pub(super) release: String,
+    pub(super) reserve_many: String,
+    pub(super) complete_many: String,
+    pub(super) release_many: String,
+    pub(super) purge: String,
+}
+
+impl Table {
+    pub(super) fn new(name: &str) -> Result<Self, InvalidTableName> {
+        let invalid = |reason| InvalidTableName {
+            name: name.to_owned(),
+            reason,
+        };
+        let mut parts = name.split('.');
+        let (schema, table) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(table), None, _) => (None, table),
+            (Some(schema), Some(table), None) => (Some(schema), table),
+            _ => return Err(invalid("at most one dot, between schema and table")),
+        };
+        for part in schema.iter().chain([&table]) {
+            check_identifier(part).map_err(invalid)?;
+        }
+        Ok(Self::checked(name, schema, table))
+    }
+
+    /// The statements for a name whose parts passed [`check_identifier`].
+    pub(super) fn checked(name: &str, schema: Option<&str>, table: &str) -> Self {
+        // Names are checked to need no escaping; quoting still keeps keywords such as
+        // `user` or `order` usable as table names.
+        let quoted = match schema {
+            Some(schema) => format!("\"{schema}\".\"{table}\""),
+            None => format!("\"{table}\""),
+        };
+        // An index lives in its table's schema, so its name is never qualified. PostgreSQL
+        // truncates names over 63 bytes, the same way every time.
+        let index = format!("\"{table}_expires_at_idx\"");
+        let sql = Sql {
+            migrate: format!(
+                "SELECT pg_advisory_xact_lock(hashtext('tower_idempotency.migrate'));
+                 CREATE TABLE IF NOT EXISTS {quoted} (
+                     key text PRIMARY KEY,
+                     state text NOT NULL,
+                     token uuid NOT NULL,
+                     fingerprint bytea NOT NULL,
+                     outcome jsonb,
+                     expires_at timestamptz NOT NULL
+                 );
+                 CREATE INDEX IF NOT EXISTS {index} ON {quoted} (expires_at);"
+            ),
+            // Every SET expression sees the row as it was before this statement, so the live
+            // row is written back unchanged and an expired one becomes the new reservation.
+            reserve: format!(
+                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
+                 VALUES ($1, 'pending', $2, $3, NULL, now() + $4::bigint * interval '1 millisecond')
+                 ON CONFLICT (key) DO UPDATE SET
+                     state = CASE WHEN r.expires_at <= now() THEN excluded.state ELSE r.state END,
+                     token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END,
+                     fingerprint = CASE WHEN r.expires_at <= now()
+                         THEN excluded.fingerprint ELSE r.fingerprint END,
+                     outcome = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.outcome END,
+                     expires_at = CASE WHEN r.expires_at <= now()
+                         THEN excluded.expires_at ELSE r.expires_at END
+                 RETURNING r.state, r.token, r.fingerprint, r.outcome::text"
+            ),
+            complete: format!(
+                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
+                 VALUES ($1, 'done', $2, $3, $4::text::jsonb,
+                         now() + $5::bigint * interval '1 millisecond')
+                 ON CONFLICT (key) DO UPDATE SET
+                     state = excluded.state, token = excluded.token,
+                     fingerprint = excluded.fingerprint, outcome = excluded.outcome,
+                     expires_at = excluded.expires_at
+                 WHERE r.token = excluded.token OR r.expires_at <= now()"
+            ),
+            release: format!(
+                "DELETE FROM {quoted} WHERE key = $1 AND token = $2 AND state = 'pending'"
+            ),
+            // The batch statements feed the single statements' logic from arrays, one row per
+            // key. `ORDER BY key` makes every batch lock its rows in one global order, so
+            // overlapping batches wait on each other instead of deadlocking.
+            reserve_many: format!(
+                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
+                 SELECT i.key, 'pending', i.token, i.fingerprint, NULL,
+                        now() + $4::bigint * interval '1 millisecond'
+                 FROM unnest($1::text[], $2::uuid[], $3::bytea[]) AS i(key, token, fingerprint)
+                 ORDER BY i.key
+                 ON CONFLICT (key) DO UPDATE SET
+                     state = CASE WHEN r.expires_at <= now() THEN excluded.state ELSE r.state END,
+                     token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END,
+                     fingerprint = CASE WHEN r.expires_at <= now()
+                         THEN excluded.fingerprint ELSE r.fingerprint END,
+                     outcome = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.outcome END,
+                     expires_at = CASE WHEN r.expires_at <= now()
+                         THEN excluded.expires_at ELSE r.expires_at END
+                 RETURNING r.state, r.token, r.fingerprint, r.outcome::text, r.key"
+            ),
+            // Rows the WHERE leaves alone are not returned: the keys returned were written.
+            complete_many: format!(
+                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
+                 SELECT i.key, 'done', i.token, i.fingerprint, i.outcome::jsonb,
+                        now() + $5::bigint * interval '1 millisecond'
+                 FROM unnest($1::text[], $2::uuid[], $3::bytea[], $4::text[])
+                     AS i(key, token, fingerprint, outcome)
+                 ORDER BY i.key
+                 ON CONFLICT (key) DO UPDATE SET
+                     state = excluded.state, token = excluded.token,
+                     fingerprint = excluded.fingerprint, outcome = excluded.outcome,
+                     expires_at = excluded.expires_at
+                 WHERE r.token = excluded.token OR r.expires_at <= now()
+                 RETURNING r.key"
+            ),
+            // A DELETE cannot be ordered, so the rows are first locked in key order (a locking
+            // SELECT locks in its ORDER BY order, and under READ COMMITTED rechecks the token
+            // and state on a row changed meanwhile); the DELETE then only meets rows it holds.
+            release_many: format!(
+                "WITH doomed AS MATERIALIZED (
+                     SELECT r.key, r.token FROM {quoted} AS r
+                     JOIN unnest($1::text[], $2::uuid[]) AS i(key, token)
+                         ON r.key = i.key AND r.token = i.token AND r.state = 'pending'
+                     ORDER BY r.key
+                     FOR UPDATE OF r
+                 )
+                 DELETE FROM {quoted} AS r USING doomed AS d
+                 WHERE r.key = d.key AND r.token = d.token AND r.state = 'pending'
+                 RETURNING r.key"
+            ),
+            // SKIP LOCKED keeps concurrent purges (and reserves of those keys) from waiting
+            // on each other; the outer condition is checked again on the row as it is when
+            // deleted, so a key taken again meanwhile is never purged.
+            purge: format!(
+                "DELETE FROM {quoted} WHERE ctid = ANY(ARRAY(
+                     SELECT ctid FROM {quoted} WHERE expires_at <= now()
+                     LIMIT $1::bigint FOR UPDATE SKIP LOCKED))
+                 AND expires_at <= now()"
+            ),
+        };
+        Self {
+            name: name.to_owned(),
+            sql,
+        }
+    }
+}
+
+fn check_identifier(part: &str) -> Result<(), &'static str> {
+    let mut chars = part.chars();
+    match chars.next() {
+        None => return Err("empty name"),
+        Some(c) if !(c.is_ascii_lowercase() || c == '_') => {
+            return Err("a name starts with a lowercase ASCII letter or an underscore");
+        }
+        Some(_) => {}
+    }
+    if !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
+        return Err("a name holds lowercase ASCII letters, digits and underscores only");
+    }
+    if part.len() > MAX_IDENTIFIER_LEN {
+        return Err("a name is at most 63 bytes long");
+    }
+    Ok(())
+}
+
+/// A table name [`PostgresStore::table`](super::PostgresStore::table) refused.
+///
+/// A name is `table` or `schema.table`, each part of lowercase ASCII letters, digits and
+/// underscores, starting with a letter or underscore, at most 63 bytes: a name PostgreSQL
+/// would fold to the same thing quoted or not, and one that cannot carry SQL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidTableName {
+    name: String,
+    reason: &'static str,
+}
+
+impl InvalidTableName {
+    /// The name that was refused.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Why it was refused.
+    pub fn reason(&self) -> &str {
+        self.reason
+    }
+}
+
+impl fmt::Display for InvalidTableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid table name {:?}: {}", self.name, self.reason)
+    }
+}
+
+impl std::error::Error for InvalidTableName {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::postgres::DEFAULT_TABLE;
+
+    #[test]
+    fn the_default_table_name_is_valid() {
+        assert!(Table::new(DEFAULT_TABLE).is_ok());
+    }
+
+    #[test]
+    fn table_names_are_plain_or_schema_qualified_identifiers() {
+        for good in [
+            "keys",
+            "_keys",
+            "app.idempotency_keys",
+            "k1",
+            &"a".repeat(63),
+        ] {
+            assert!(Table::new(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            ".",
+            "a.",
+            ".a",
+            "a.b.c",
+            "Keys",
+            "1keys",
+            "keys; DROP TABLE users",
+            "keys\"",
+            "ke ys",
+            "kéys",
+            &"a".repeat(64),
+        ] {
+            let error = Table::new(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert_eq!(error.name(), bad);
+        }
+    }
+}

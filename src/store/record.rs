@@ -1,0 +1,578 @@
+//! The stored form of records and outcomes: what a networked store writes, versioned, kept
+//! apart from the public types.
+//!
+//! [`Receipt`], [`SendError`] and [`Outcome`] are the crate's API and may change from one
+//! release to the next; what a store wrote must keep reading, since during a rolling deploy
+//! processes of two releases read each other's records. So the stored form is made of
+//! private structs here, converted to and from the public types in this one place, and
+//! pinned byte for byte by golden tests (`tests/stored_format.rs` and the unit tests here).
+//!
+//! # Versions
+//!
+//! A stored value says its version by its first byte:
+//!
+//! | first byte | form |
+//! |---|---|
+//! | `{` | version 1, JSON, below; the form this release writes |
+//! | a byte below `0x20` other than JSON whitespace | the version byte of a later form: refused as [`Corrupt`](super::StoreErrorKind::Corrupt), naming the version |
+//! | anything else | not a record: [`Corrupt`](super::StoreErrorKind::Corrupt) |
+//!
+//! Version 1 carries no version field: a JSON document is version 1. A later form starts
+//! with its version byte (2 and up), which no JSON document can start with, so a release
+//! that writes it still tells version 1 apart and reads it.
+//!
+//! # Version 1
+//!
+//! An outcome, as [`encode_outcome`] writes it (and `PostgresStore` keeps in its `outcome`
+//! column):
+//!
+//! ```json
+//! {"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false,"accepted_at":[0,1]}}
+//! {"failed":{"code":"provider.timeout","category":"unknown","retryable":false,"message":"timed out","retry_after_ms":1500,"source":"socket closed"}}
+//! ```
+//!
+//! - `sent`: the provider's message `id`, the `transport`'s name, the `accepted` recipients
+//!   (empty when the layer kept them as positions), `replayed`, and `accepted_at`: the
+//!   accepted recipients as positions in the message's recipient list, so no address is
+//!   stored (left out when empty). `accepted`, `replayed` and `accepted_at` may be absent.
+//! - `failed`: the error's stable `code`, its `category` (`delivered`, `retryable`,
+//!   `permanent`, `validation` or `unknown`), `retryable`, the `message`, and, when set,
+//!   `retry_after_ms` and `source`, the text of the source error (its type does not survive
+//!   the store).
+//!
+//! A whole record, as [`encode_record`] writes it (and `RedisStore` keeps under each key):
+//!
+//! ```json
+//! {"state":"pending","token":"6f1c…","fingerprint":"9a0e…"}
+//! {"state":"done","token":"6f1c…","fingerprint":"9a0e…","outcome":{"sent":{…}}}
+//! ```
+//!
+//! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
+//! fingerprint in lowercase hex, `outcome` the outcome as above (done records only). A done
+//! record without an outcome does not decode; a pending record's outcome is ignored.
+//!
+//! # For a third-party store
+//!
+//! A store that keeps the outcome in a field of its own (a column) writes
+//! [`encode_outcome`] and reads [`decode_outcome`]; a store that keeps each key as one value
+//! writes [`encode_record`] and reads [`decode_record`]. Treat the bytes as opaque: they are
+//! UTF-8 JSON today, and a later release may write a binary form that it, but not this
+//! release, reads.
+//!
+//! ```
+//! use tower_idempotency::store::record::{decode_outcome, encode_outcome};
+//! use tower_idempotency::{Outcome, Receipt};
+//!
+//! let bytes = encode_outcome(&Outcome::sent(Receipt::new("msg_1", "resend")))?;
+//! assert_eq!(
+//!     bytes,
+//!     br#"{"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false}}"#
+//! );
+//! let kept = decode_outcome(&bytes)?;
+//! assert_eq!(kept.replay().unwrap().id, "msg_1");
+//! # Ok::<(), tower_idempotency::StoreError>(())
+//! ```
+
+use std::error::Error;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Record, RecordState, StoreError, Token};
+use crate::fingerprint::Fingerprint;
+use crate::outcome::{Category, Kept, Outcome, Receipt, SendError};
+
+/// Encodes `outcome` in the stored form this release writes (version 1).
+pub fn encode_outcome(outcome: &Outcome) -> Result<Vec<u8>, StoreError> {
+    outcome_json(outcome).map(String::into_bytes)
+}
+
+/// Decodes an outcome [`encode_outcome`] wrote, in this release or an earlier one.
+///
+/// Fails with a [`Corrupt`](super::StoreErrorKind::Corrupt) error when `bytes` are not an
+/// outcome, or are of a later version than this release reads.
+pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, StoreError> {
+    let stored: OutcomeIn = read(bytes, "the stored outcome is not an outcome")?;
+    Ok(stored.into())
+}
+
+/// Encodes `record`, held under `token`, in the stored form this release writes (version 1).
+///
+/// The token fences the reservation: a store that keeps each key as one value compares it
+/// before it overwrites or deletes the value (as `RedisStore`'s scripts do).
+pub fn encode_record(token: Token, record: &Record) -> Result<Vec<u8>, StoreError> {
+    record_json(
+        record.state,
+        token,
+        record.fingerprint,
+        record.outcome.as_ref(),
+    )
+    .map(String::into_bytes)
+}
+
+/// Decodes a record [`encode_record`] wrote, in this release or an earlier one, with the
+/// token that holds it.
+///
+/// Fails with a [`Corrupt`](super::StoreErrorKind::Corrupt) error when `bytes` are not a
+/// record (a done record without an outcome included), or are of a later version than this
+/// release reads.
+pub fn decode_record(bytes: &[u8]) -> Result<(Token, Record), StoreError> {
+    let stored: RecordIn = read(bytes, "the value under the key is not a record")?;
+    let record = match (stored.state, stored.outcome) {
+        (StateV1::Pending, _) => Record::pending(stored.fingerprint),
+        (StateV1::Done, Some(outcome)) => Record::done(stored.fingerprint, outcome.into()),
+        (StateV1::Done, None) => {
+            return Err(StoreError::corrupt(
+                "the value under the key is a done record without an outcome",
+            ));
+        }
+    };
+    Ok((stored.token, record))
+}
+
+/// The outcome as version-1 JSON, for a store that keeps it as text (`PostgresStore`'s
+/// `jsonb` column).
+pub(crate) fn outcome_json(outcome: &Outcome) -> Result<String, StoreError> {
+    write(&OutcomeOut::from(outcome))
+}
+
+/// A pending record as version-1 JSON.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn pending_json(token: Token, fingerprint: Fingerprint) -> Result<String, StoreError> {
+    record_json(RecordState::Pending, token, fingerprint, None)
+}
+
+/// A done record as version-1 JSON.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn done_json(
+    token: Token,
+    fingerprint: Fingerprint,
+    outcome: &Outcome,
+) -> Result<String, StoreError> {
+    record_json(RecordState::Done, token, fingerprint, Some(outcome))
+}
+
+fn record_json(
+    state: RecordState,
+    token: Token,
+    fingerprint: Fingerprint,
+    outcome: Option<&Outcome>,
+) -> Result<String, StoreError> {
+    write(&RecordOut {
+        state: state.into(),
+        token,
+        fingerprint,
+        outcome: outcome.map(OutcomeOut::from),
+    })
+}
+
+fn write(value: &impl Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(value)
+        .map_err(|e| StoreError::corrupt("the record could not be encoded").with_source(e))
+}
+
+/// How a stored value says its version; see the [module docs](self#versions).
+#[derive(Debug, PartialEq, Eq)]
+enum Form {
+    /// Version 1: JSON, with no version field.
+    JsonV1,
+    /// A version byte this release does not read.
+    Later(u8),
+}
+
+impl Form {
+    fn of(bytes: &[u8]) -> Self {
+        match bytes.first() {
+            Some(&byte) if byte < 0x20 && !matches!(byte, b'\t' | b'\n' | b'\r') => {
+                Self::Later(byte)
+            }
+            // Anything else is read as JSON, which refuses what is not a record.
+            _ => Self::JsonV1,
+        }
+    }
+}
+
+/// Reads a stored value of any version this release knows; `not_a_record` describes a value
+/// that does not decode.
+fn read<'de, T: Deserialize<'de>>(bytes: &'de [u8], not_a_record: &str) -> Result<T, StoreError> {
+    match Form::of(bytes) {
+        Form::JsonV1 => serde_json::from_slice(bytes)
+            .map_err(|e| StoreError::corrupt(not_a_record).with_source(e)),
+        Form::Later(version) => Err(StoreError::corrupt(format!(
+            "the stored value is of version {version}, which this release does not read \
+             (written by a later release?)"
+        ))),
+    }
+}
+
+// Version 1. The structs below are the stored form: renaming or reordering a field changes
+// what is written, and the golden tests fail.
+
+/// A whole record as it is written.
+#[derive(Serialize)]
+struct RecordOut<'a> {
+    state: StateV1,
+    token: Token,
+    fingerprint: Fingerprint,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outcome: Option<OutcomeOut<'a>>,
+}
+
+/// A whole record as it is read. The token is required, so a value without one is corrupt
+/// here as it is to `RedisStore`'s scripts.
+#[derive(Deserialize)]
+struct RecordIn {
+    state: StateV1,
+    token: Token,
+    fingerprint: Fingerprint,
+    #[serde(default)]
+    outcome: Option<OutcomeIn>,
+}
+
+#[derive(Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum StateV1 {
+    Pending,
+    Done,
+}
+
+impl From<RecordState> for StateV1 {
+    fn from(state: RecordState) -> Self {
+        match state {
+            RecordState::Pending => Self::Pending,
+            RecordState::Done => Self::Done,
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum OutcomeOut<'a> {
+    Sent(ReceiptOut<'a>),
+    Failed(ErrorOut<'a>),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum OutcomeIn {
+    Sent(ReceiptIn),
+    Failed(ErrorIn),
+}
+
+#[derive(Serialize)]
+struct ReceiptOut<'a> {
+    id: &'a str,
+    transport: &'a str,
+    accepted: &'a [String],
+    replayed: bool,
+    #[serde(skip_serializing_if = "<[u32]>::is_empty")]
+    accepted_at: &'a [u32],
+}
+
+#[derive(Deserialize)]
+struct ReceiptIn {
+    id: String,
+    transport: String,
+    #[serde(default)]
+    accepted: Vec<String>,
+    #[serde(default)]
+    replayed: bool,
+    #[serde(default)]
+    accepted_at: Vec<u32>,
+}
+
+#[derive(Serialize)]
+struct ErrorOut<'a> {
+    code: &'a str,
+    category: CategoryV1,
+    retryable: bool,
+    message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ErrorIn {
+    code: String,
+    category: CategoryV1,
+    retryable: bool,
+    message: String,
+    #[serde(default)]
+    retry_after_ms: Option<u64>,
+    #[serde(default)]
+    source: Option<String>,
+}
+
+#[derive(Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum CategoryV1 {
+    Delivered,
+    Retryable,
+    Permanent,
+    Validation,
+    Unknown,
+}
+
+impl<'a> From<&'a Outcome> for OutcomeOut<'a> {
+    fn from(outcome: &'a Outcome) -> Self {
+        match &outcome.0 {
+            Kept::Sent {
+                receipt,
+                accepted_at,
+            } => Self::Sent(ReceiptOut {
+                id: &receipt.id,
+                transport: &receipt.transport,
+                accepted: &receipt.accepted,
+                replayed: receipt.replayed,
+                accepted_at,
+            }),
+            Kept::Failed(error) => Self::Failed(ErrorOut {
+                code: error.code(),
+                category: error.category().into(),
+                retryable: error.is_retryable(),
+                message: error.message(),
+                retry_after_ms: error
+                    .retry_after()
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                source: Error::source(error).map(ToString::to_string),
+            }),
+        }
+    }
+}
+
+impl From<OutcomeIn> for Outcome {
+    fn from(stored: OutcomeIn) -> Self {
+        match stored {
+            OutcomeIn::Sent(r) => Self(Kept::Sent {
+                receipt: Receipt {
+                    id: r.id,
+                    transport: r.transport,
+                    accepted: r.accepted,
+                    replayed: r.replayed,
+                },
+                accepted_at: r.accepted_at,
+            }),
+            OutcomeIn::Failed(e) => {
+                let mut error = SendError::new(e.code, e.category.into(), e.retryable, e.message);
+                if let Some(ms) = e.retry_after_ms {
+                    error = error.with_retry_after(Duration::from_millis(ms));
+                }
+                if let Some(text) = e.source {
+                    error = error.with_source(KeptSource(text));
+                }
+                Self::failed(error)
+            }
+        }
+    }
+}
+
+impl From<Category> for CategoryV1 {
+    fn from(category: Category) -> Self {
+        match category {
+            Category::Delivered => Self::Delivered,
+            Category::Retryable => Self::Retryable,
+            Category::Permanent => Self::Permanent,
+            Category::Validation => Self::Validation,
+            Category::Unknown => Self::Unknown,
+        }
+    }
+}
+
+impl From<CategoryV1> for Category {
+    fn from(category: CategoryV1) -> Self {
+        match category {
+            CategoryV1::Delivered => Self::Delivered,
+            CategoryV1::Retryable => Self::Retryable,
+            CategoryV1::Permanent => Self::Permanent,
+            CategoryV1::Validation => Self::Validation,
+            CategoryV1::Unknown => Self::Unknown,
+        }
+    }
+}
+
+/// The text of a source error that came back from a store: the original type is gone.
+#[derive(Debug)]
+struct KeptSource(String);
+
+impl fmt::Display for KeptSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Error for KeptSource {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreErrorKind;
+
+    const TOKEN: &str = "6f1c2a4e-8b3d-4f5a-9c7e-1d2b3c4d5e6f";
+    const FINGERPRINT: &str = "0303030303030303030303030303030303030303030303030303030303030303";
+
+    fn token() -> Token {
+        TOKEN.parse().unwrap()
+    }
+
+    fn fingerprint() -> Fingerprint {
+        Fingerprint::from_bytes([3; 32])
+    }
+
+    fn kept_sent() -> Outcome {
+        let receipt = Receipt::new("msg_1", "resend").with_accepted(["b@x", "a@x"]);
+        Outcome::kept(&Ok(receipt), &["a@x", "b@x", "c@x"])
+    }
+
+    fn kept_error() -> SendError {
+        SendError::unknown_delivery("provider.timeout", "timed out")
+            .with_retry_after(Duration::from_millis(1500))
+            .with_source(std::io::Error::other("socket closed"))
+    }
+
+    // Golden: the exact bytes of each version-1 form. A change here breaks every record a
+    // running release wrote: add a version instead.
+
+    #[test]
+    fn a_kept_receipt_is_written_with_positions_not_addresses() {
+        assert_eq!(
+            outcome_json(&kept_sent()).unwrap(),
+            r#"{"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false,"accepted_at":[1,0]}}"#
+        );
+    }
+
+    #[test]
+    fn a_kept_error_is_written_with_retry_after_and_source_text() {
+        assert_eq!(
+            outcome_json(&Outcome::kept(&Err(kept_error()), &[])).unwrap(),
+            r#"{"failed":{"code":"provider.timeout","category":"unknown","retryable":false,"message":"timed out","retry_after_ms":1500,"source":"socket closed"}}"#
+        );
+    }
+
+    #[test]
+    fn a_pending_record_is_written_as_state_token_fingerprint() {
+        assert_eq!(
+            pending_json(token(), fingerprint()).unwrap(),
+            format!(r#"{{"state":"pending","token":"{TOKEN}","fingerprint":"{FINGERPRINT}"}}"#)
+        );
+        assert_eq!(
+            encode_record(token(), &Record::pending(fingerprint())).unwrap(),
+            pending_json(token(), fingerprint()).unwrap().into_bytes()
+        );
+    }
+
+    #[test]
+    fn a_done_record_is_written_with_its_outcome() {
+        let expected = format!(
+            r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{{"sent":{{"id":"msg_1","transport":"resend","accepted":[],"replayed":false,"accepted_at":[1,0]}}}}}}"#
+        );
+        assert_eq!(
+            done_json(token(), fingerprint(), &kept_sent()).unwrap(),
+            expected
+        );
+        assert_eq!(
+            encode_record(token(), &Record::done(fingerprint(), kept_sent())).unwrap(),
+            expected.into_bytes()
+        );
+    }
+
+    #[test]
+    fn a_kept_receipt_replays_its_positions_as_the_messages_addresses() {
+        let stored = br#"{"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false,"accepted_at":[1,0]}}"#;
+        let receipt = decode_outcome(stored)
+            .unwrap()
+            .into_replay_for(&["a@x", "b@x", "c@x"])
+            .unwrap();
+        assert_eq!(receipt.id, "msg_1");
+        assert_eq!(receipt.transport, "resend");
+        assert_eq!(receipt.accepted, ["b@x", "a@x"]);
+        assert!(receipt.replayed);
+    }
+
+    #[test]
+    fn a_kept_error_reads_back_with_every_part() {
+        let stored = br#"{"failed":{"code":"provider.timeout","category":"unknown","retryable":false,"message":"timed out","retry_after_ms":1500,"source":"socket closed"}}"#;
+        let error = decode_outcome(stored).unwrap().replay().unwrap_err();
+        assert_eq!(error.code(), "provider.timeout");
+        assert_eq!(error.category(), Category::Unknown);
+        assert!(!error.is_retryable());
+        assert_eq!(error.message(), "timed out");
+        assert_eq!(error.retry_after(), Some(Duration::from_millis(1500)));
+        assert_eq!(Error::source(&error).unwrap().to_string(), "socket closed");
+        assert!(error.is_replayed());
+    }
+
+    #[test]
+    fn every_category_keeps_its_stored_name() {
+        let names = [
+            (Category::Delivered, "delivered"),
+            (Category::Retryable, "retryable"),
+            (Category::Permanent, "permanent"),
+            (Category::Validation, "validation"),
+            (Category::Unknown, "unknown"),
+        ];
+        for (category, name) in names {
+            let json = serde_json::to_string(&CategoryV1::from(category)).unwrap();
+            assert_eq!(json, format!("\"{name}\""));
+            let back: CategoryV1 = serde_json::from_str(&json).unwrap();
+            assert_eq!(Category::from(back), category);
+        }
+    }
+
+    #[test]
+    fn encoding_then_decoding_gives_the_same_bytes() {
+        for outcome in [
+            kept_sent(),
+            Outcome::sent(Receipt::new("m1", "fake").with_accepted(["a@x"])),
+            Outcome::failed(kept_error()),
+            Outcome::failed(SendError::aborted()),
+        ] {
+            let bytes = encode_outcome(&outcome).unwrap();
+            let again = encode_outcome(&decode_outcome(&bytes).unwrap()).unwrap();
+            assert_eq!(bytes, again);
+        }
+        let done = done_json(token(), fingerprint(), &kept_sent()).unwrap();
+        let (t, record) = decode_record(done.as_bytes()).unwrap();
+        assert_eq!(t, token());
+        assert_eq!(record.state, RecordState::Done);
+        assert_eq!(record.fingerprint, fingerprint());
+        assert_eq!(encode_record(t, &record).unwrap(), done.into_bytes());
+    }
+
+    #[test]
+    fn undecodable_records_are_corrupt() {
+        let done_without_outcome =
+            format!(r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}"}}"#);
+        let without_token = format!(r#"{{"state":"pending","fingerprint":"{FINGERPRINT}"}}"#);
+        for value in [
+            &b"garbage"[..],
+            b"",
+            b"null",
+            b"{}",
+            b"\xff\xfe",
+            done_without_outcome.as_bytes(),
+            without_token.as_bytes(),
+        ] {
+            let err = decode_record(value).unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        }
+        for value in [&b"42"[..], br#"{"nope":1}"#, b"[]", b""] {
+            let err = decode_outcome(value).unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        }
+    }
+
+    #[test]
+    fn a_later_version_byte_is_refused_by_name() {
+        assert_eq!(Form::of(b"{}"), Form::JsonV1);
+        assert_eq!(Form::of(b" \n\t{}"), Form::JsonV1);
+        assert_eq!(Form::of(b"\x02rest"), Form::Later(2));
+        let err = decode_outcome(b"\x02\x00\x01").unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        assert!(err.to_string().contains("version 2"), "{err}");
+        let err = decode_record(b"\x07").unwrap_err();
+        assert!(err.to_string().contains("version 7"), "{err}");
+    }
+}
