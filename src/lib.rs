@@ -115,6 +115,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod batch;
+pub mod classify;
 pub mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
@@ -124,12 +125,13 @@ pub mod outcome;
 pub mod retry;
 pub mod store;
 
+pub use classify::counts_against_provider;
 pub use fingerprint::{Fingerprint, Fingerprinted};
 #[cfg(feature = "http")]
 pub use http::HttpTransport;
 pub use layer::{Idempotency, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use message::{Attachment, Envelope, IdempotencyKey, Message, MessageBuilder, RawMessage};
-pub use outcome::{BoxError, Category, Outcome, Receipt, SendError, counts_against_provider};
+pub use outcome::{BoxError, Category, Outcome, Receipt, SendError};
 pub use retry::RetryPolicy;
 pub use store::{MemoryStore, Store, StoreError};
 

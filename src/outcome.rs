@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use crate::classify::{AsSendError, counts_against_provider};
 use crate::message::KeyError;
 use crate::store::StoreError;
 
@@ -358,51 +359,6 @@ impl SendError {
         !self.is_idempotency_answer()
             && self.code != codes::CIRCUIT_OPEN
             && matches!(self.category, Category::Retryable | Category::Unknown)
-    }
-}
-
-/// The breaker predicate: whether `result` should count as a provider failure.
-///
-/// Successes, replays, the layer's own answers (in flight, aborted, store failed, key reused)
-/// and validation or permanent errors do not count; retryable and unknown-delivery errors from
-/// the provider do. Errors that are not a [`SendError`] count (a timeout, a connection error).
-///
-/// ```
-/// use tower_idempotency::{counts_against_provider, Receipt, SendError};
-///
-/// let ok: Result<Receipt, SendError> = Ok(Receipt::new("m1", "fake"));
-/// assert!(!counts_against_provider(&ok));
-/// assert!(!counts_against_provider(&Err::<Receipt, _>(SendError::in_flight())));
-/// assert!(counts_against_provider(&Err::<Receipt, _>(SendError::retryable("provider.503", "busy"))));
-/// ```
-pub fn counts_against_provider<T, E>(result: &Result<T, E>) -> bool
-where
-    E: AsSendError,
-{
-    match result {
-        Ok(_) => false,
-        Err(e) => e
-            .as_send_error()
-            .is_none_or(SendError::counts_against_provider),
-    }
-}
-
-/// Errors [`counts_against_provider`] can read: [`SendError`] itself and boxed errors that may
-/// hold one.
-pub trait AsSendError {
-    /// The [`SendError`] inside, if there is one.
-    fn as_send_error(&self) -> Option<&SendError>;
-}
-
-impl AsSendError for SendError {
-    fn as_send_error(&self) -> Option<&SendError> {
-        Some(self)
-    }
-}
-
-impl AsSendError for BoxError {
-    fn as_send_error(&self) -> Option<&SendError> {
-        self.downcast_ref::<SendError>()
     }
 }
 
