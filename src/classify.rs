@@ -6,7 +6,7 @@
 //! - the [layer](crate::IdempotencyLayer) turns the inner service's error into the
 //!   [`SendError`] its caller gets, and keeps or frees the key by it;
 //! - [`RetryPolicy`](crate::RetryPolicy) retries what certainly did not go;
-//! - [`HttpTransport`](crate::http::HttpTransport) judges the HTTP client's errors (feature
+//! - `http::HttpTransport` judges the HTTP client's errors (feature
 //!   `http`);
 //! - [`counts_against_provider`] tells a circuit breaker what to count.
 //!
@@ -80,7 +80,10 @@ use crate::outcome::{BoxError, Category, SendError, codes};
 /// assert_eq!(Classifier::default().category(&std::io::Error::other("reset")), Category::Unknown);
 /// ```
 #[derive(Clone)]
-pub struct Classifier(Arc<dyn Fn(&(dyn Error + 'static)) -> Category + Send + Sync>);
+pub struct Classifier(Arc<ClassifyFn>);
+
+/// The shape of the hook: one error in, one category out.
+type ClassifyFn = dyn Fn(&(dyn Error + 'static)) -> Category + Send + Sync;
 
 impl Classifier {
     /// A classifier calling `classify`.

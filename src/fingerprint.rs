@@ -20,6 +20,9 @@
 //! metadata. The idempotency key is not part of it: the fingerprint is what the key protects.
 //! A [`RawMessage`] is fingerprinted by its envelope (sender, recipients).
 //!
+//! Your own request types are fingerprinted through the same [`Encoder`], under a domain of
+//! their own.
+//!
 //! The encoding is pinned by golden vectors in the tests: a fingerprint that changes between
 //! releases would turn every live key into `idempotency.key_reused` after a deploy. A change of
 //! encoding must come with a new version prefix and a migration note.
