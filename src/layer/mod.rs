@@ -14,8 +14,8 @@
 //! | `reserve.rs` | reservations bounded by the reserve timeout, freed in the background when abandoned; `spawn_detached` | config |
 //! | `repeat.rs` | answering a request whose key the store holds (replay, in flight, key reused) | config, request, key, stats |
 //! | `settle.rs` | keeping or freeing the reserved keys once a send is over, also after a drop | config, key, reserve, stats |
-//! | `service.rs` | [`Idempotency`] and the single send flow | all of the above |
-//! | `batch.rs` | the batch send flow: `Service<Batch<R>>` for [`Idempotency`] | all of the above but future, and service |
+//! | `service.rs` | [`Idempotency`] and the single send flow | stats, future, config, request, key, reserve, repeat, settle |
+//! | `batch.rs` | the batch send flow: `Service<Batch<R>>` for [`Idempotency`] | stats, config, request, key, reserve, repeat, settle, service |
 //! | `layer.rs` | [`IdempotencyLayer`] (and the builder's `build`, which makes it) | config, service, stats |
 //!
 //! The crate-level modules it uses import nothing from it: [`crate::classify`] judges
