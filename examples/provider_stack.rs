@@ -61,7 +61,9 @@ async fn main() -> Result<(), BoxError> {
         .layer(RetryLayer::new(
             RetryPolicy::new()
                 .max_attempts(3)
-                .base_delay(Duration::from_millis(100)),
+                .base_delay(Duration::from_millis(100))
+                // Judge errors as the layer does, so both agree on what did not go.
+                .classifier(layer.classifier()),
         ))
         .map_err(breaker_error)
         .layer(breaker)

@@ -20,6 +20,9 @@
 //! metadata. The idempotency key is not part of it: the fingerprint is what the key protects.
 //! A [`RawMessage`] is fingerprinted by its envelope (sender, recipients).
 //!
+//! Your own request types are fingerprinted through the same [`Encoder`], under a domain of
+//! their own.
+//!
 //! The encoding is pinned by golden vectors in the tests: a fingerprint that changes between
 //! releases would turn every live key into `idempotency.key_reused` after a deploy. A change of
 //! encoding must come with a new version prefix and a migration note.
@@ -33,8 +36,9 @@ use sha2::{Digest, Sha256};
 
 use crate::message::{Message, RawMessage};
 
-const MESSAGE_DOMAIN: &[u8] = b"tower-idempotency/message/v1\0";
-const RAW_DOMAIN: &[u8] = b"tower-idempotency/raw/v1\0";
+// Written with a trailing NUL by `Encoder::new`.
+const MESSAGE_DOMAIN: &str = "tower-idempotency/message/v1";
+const RAW_DOMAIN: &str = "tower-idempotency/raw/v1";
 
 /// A 32-byte SHA-256 fingerprint of a message's content; hex in `Display` and serde.
 ///
@@ -134,7 +138,9 @@ impl<'de> Deserialize<'de> for Fingerprint {
     }
 }
 
-/// Something the layer can fingerprint: [`Message`] and [`RawMessage`].
+/// Something the layer can fingerprint: [`Message`], [`RawMessage`], and your own request
+/// types through the [`Encoder`] (see
+/// [`IdempotentRequest`](crate::layer::IdempotentRequest) for a whole example).
 pub trait Fingerprinted {
     /// Its fingerprint under the current encoding version.
     fn fingerprint(&self) -> Fingerprint;
@@ -177,9 +183,7 @@ impl Fingerprinted for Message {
                     .u64(u64::from(d.subsec_nanos()))
             }
         };
-        e.tag(0x0f)
-            .byte(u8::from(m.tracking.opens))
-            .byte(u8::from(m.tracking.clicks));
+        e.tag(0x0f).bool(m.tracking.opens).bool(m.tracking.clicks);
         e.tag(0x10).len(m.metadata.len());
         for (name, value) in &m.metadata {
             e.str(name).str(value);
@@ -204,50 +208,112 @@ impl<T: Fingerprinted + ?Sized> Fingerprinted for &T {
     }
 }
 
-/// Streams the canonical encoding into the hasher; nothing is buffered, so a large body costs
-/// what SHA-256 over it costs.
-struct Encoder(Sha256);
+/// The crate's canonical encoder: fingerprint your own request types through it.
+///
+/// It streams a prefix-free encoding into SHA-256, so two different sequences of fields never
+/// share a fingerprint (see the [module docs](self)):
+///
+/// - [`new`](Self::new) starts with a domain, followed by a NUL byte: name your type and the
+///   version of its encoding (`"my-app/push/v1"`), so it never collides with another type's;
+///   it must hold no NUL itself;
+/// - a string or byte string is its length as a little-endian `u64`, then its bytes;
+/// - a list is its element count, then each element;
+/// - an optional string is a presence byte (`0` or `1`), then the string;
+/// - a `u64` is its 8 little-endian bytes, a `bool` one byte.
+///
+/// Write every field, always, in a fixed order; leave out what does not make it another
+/// request (the idempotency key, a timestamp of the call). For a map, write its length with
+/// [`u64`](Self::u64), then each entry in sorted order. Changing what you write changes every
+/// fingerprint: bump the version in the domain when you do, and expect live keys to answer
+/// `idempotency.key_reused` for the messages they protect.
+///
+/// Nothing is buffered, so a large body costs what SHA-256 over it costs.
+///
+/// ```
+/// use tower_idempotency::fingerprint::{Encoder, Fingerprint};
+///
+/// fn push_fingerprint(device: &str, title: Option<&str>, text: &str, badge: u64) -> Fingerprint {
+///     let mut e = Encoder::new("my-app/push/v1");
+///     e.str(device).opt(title).str(text).u64(badge);
+///     e.finish()
+/// }
+/// assert_eq!(push_fingerprint("d1", None, "hi", 1), push_fingerprint("d1", None, "hi", 1));
+/// // Lengths are written, so moving a character from one field to the next is another request.
+/// assert_ne!(push_fingerprint("d1", None, "hi", 1), push_fingerprint("d", None, "1hi", 1));
+/// ```
+pub struct Encoder(Sha256);
 
 impl Encoder {
-    fn new(domain: &[u8]) -> Self {
+    /// Starts an encoding under `domain` (written with a trailing NUL byte).
+    pub fn new(domain: &str) -> Self {
         let mut hasher = Sha256::new();
-        hasher.update(domain);
+        hasher.update(domain.as_bytes());
+        hasher.update([0]);
         Self(hasher)
     }
+
     fn byte(&mut self, b: u8) -> &mut Self {
         self.0.update([b]);
         self
     }
+
     fn tag(&mut self, tag: u8) -> &mut Self {
         self.byte(tag)
     }
-    fn u64(&mut self, n: u64) -> &mut Self {
-        self.0.update(n.to_le_bytes());
-        self
-    }
+
     fn len(&mut self, n: usize) -> &mut Self {
         self.u64(n as u64)
     }
-    fn str(&mut self, s: &str) -> &mut Self {
-        self.len(s.len());
-        self.0.update(s.as_bytes());
+
+    /// Writes a number: 8 bytes, little-endian.
+    pub fn u64(&mut self, n: u64) -> &mut Self {
+        self.0.update(n.to_le_bytes());
         self
     }
-    fn opt(&mut self, s: Option<&str>) -> &mut Self {
+
+    /// Writes a flag: one byte, `0` or `1`.
+    pub fn bool(&mut self, b: bool) -> &mut Self {
+        self.byte(u8::from(b))
+    }
+
+    /// Writes a string: its length in bytes, then its UTF-8 bytes.
+    pub fn str(&mut self, s: &str) -> &mut Self {
+        self.bytes(s.as_bytes())
+    }
+
+    /// Writes a byte string: its length, then its bytes.
+    pub fn bytes(&mut self, bytes: &[u8]) -> &mut Self {
+        self.len(bytes.len());
+        self.0.update(bytes);
+        self
+    }
+
+    /// Writes an optional string: `0`, or `1` then the string.
+    pub fn opt(&mut self, s: Option<&str>) -> &mut Self {
         match s {
             None => self.byte(0),
             Some(s) => self.byte(1).str(s),
         }
     }
-    fn list(&mut self, items: &[String]) -> &mut Self {
+
+    /// Writes a list of strings: the count, then each string.
+    pub fn list<S: AsRef<str>>(&mut self, items: &[S]) -> &mut Self {
         self.len(items.len());
         for item in items {
-            self.str(item);
+            self.str(item.as_ref());
         }
         self
     }
-    fn finish(self) -> Fingerprint {
+
+    /// The fingerprint of everything written.
+    pub fn finish(self) -> Fingerprint {
         Fingerprint(self.0.finalize().into())
+    }
+}
+
+impl fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Encoder").finish_non_exhaustive()
     }
 }
 

@@ -92,19 +92,33 @@
 //!   restores them from the repeated message, whose fingerprint proves it has the same ones.
 //! - **Readiness.** `poll_ready` is the inner service's; a replay still waits for the inner
 //!   service to be ready.
+//! - **The store is chosen, never defaulted.** [`IdempotencyLayerBuilder::build`] without a
+//!   store is [`ConfigError::MissingStore`](layer::ConfigError::MissingStore): a store local
+//!   to one process deduplicates nothing across processes. [`IdempotencyLayer::in_memory`]
+//!   is the explicit one-process choice.
+//! - **One judge of "was it sent?".** The layer, [`RetryPolicy`], the HTTP transport and
+//!   [`counts_against_provider`] read errors through [`classify`]: a [`SendError`] anywhere
+//!   in the source chain, then a timeout, then the one [`Classifier`](classify::Classifier)
+//!   hook.
 //!
 //! # Modules
 //!
 //! - [`message`]: [`Message`], [`RawMessage`], [`Envelope`], [`IdempotencyKey`].
-//! - [`fingerprint`]: the versioned canonical encoding and its SHA-256 [`Fingerprint`].
+//! - [`fingerprint`]: the versioned canonical encoding, its SHA-256 [`Fingerprint`], and the
+//!   [`Encoder`](fingerprint::Encoder) for your own request types.
 //! - [`outcome`]: [`Receipt`], [`SendError`], [`Category`], the codes.
+//! - [`classify`]: the one judge of whether an error sent the message, and
+//!   [`counts_against_provider`].
 //! - [`store`]: the [`Store`] trait, [`MemoryStore`], the Redis and PostgreSQL stores behind
 //!   the `redis` and `postgres` features, and the conformance suite behind `test-util`.
-//! - [`layer`]: [`IdempotencyLayer`], its builder, the [`Idempotency`] service and its stats.
+//! - [`layer`]: [`IdempotencyLayer`], its builder, the [`Idempotency`] service and its stats,
+//!   and [`IdempotentRequest`](layer::IdempotentRequest) for your own request types.
+//! - [`batch`]: [`Batch`](batch::Batch) and its outcomes, for providers that take batches.
+//! - [`retry`]: [`RetryPolicy`], which retries only what certainly did not go.
 //!
 //! [tower]: https://docs.rs/tower
 //! [fingerprint]: crate::fingerprint
-//! [classifier]: layer::default_classifier
+//! [classifier]: classify::default_classifier
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -115,6 +129,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod batch;
+pub mod classify;
 pub mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
@@ -124,12 +139,13 @@ pub mod outcome;
 pub mod retry;
 pub mod store;
 
+pub use classify::counts_against_provider;
 pub use fingerprint::{Fingerprint, Fingerprinted};
 #[cfg(feature = "http")]
 pub use http::HttpTransport;
 pub use layer::{Idempotency, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use message::{Attachment, Envelope, IdempotencyKey, Message, MessageBuilder, RawMessage};
-pub use outcome::{BoxError, Category, Outcome, Receipt, SendError, counts_against_provider};
+pub use outcome::{BoxError, Category, Outcome, Receipt, SendError};
 pub use retry::RetryPolicy;
 pub use store::{MemoryStore, Store, StoreError};
 

@@ -21,6 +21,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::classify::{AsSendError, counts_against_provider};
 use crate::message::KeyError;
 use crate::store::StoreError;
 
@@ -353,51 +354,6 @@ impl SendError {
     }
 }
 
-/// The breaker predicate: whether `result` should count as a provider failure.
-///
-/// Successes, replays, the layer's own answers (in flight, aborted, store failed, key reused)
-/// and validation or permanent errors do not count; retryable and unknown-delivery errors from
-/// the provider do. Errors that are not a [`SendError`] count (a timeout, a connection error).
-///
-/// ```
-/// use tower_idempotency::{counts_against_provider, Receipt, SendError};
-///
-/// let ok: Result<Receipt, SendError> = Ok(Receipt::new("m1", "fake"));
-/// assert!(!counts_against_provider(&ok));
-/// assert!(!counts_against_provider(&Err::<Receipt, _>(SendError::in_flight())));
-/// assert!(counts_against_provider(&Err::<Receipt, _>(SendError::retryable("provider.503", "busy"))));
-/// ```
-pub fn counts_against_provider<T, E>(result: &Result<T, E>) -> bool
-where
-    E: AsSendError,
-{
-    match result {
-        Ok(_) => false,
-        Err(e) => e
-            .as_send_error()
-            .is_none_or(SendError::counts_against_provider),
-    }
-}
-
-/// Errors [`counts_against_provider`] can read: [`SendError`] itself and boxed errors that may
-/// hold one.
-pub trait AsSendError {
-    /// The [`SendError`] inside, if there is one.
-    fn as_send_error(&self) -> Option<&SendError>;
-}
-
-impl AsSendError for SendError {
-    fn as_send_error(&self) -> Option<&SendError> {
-        Some(self)
-    }
-}
-
-impl AsSendError for BoxError {
-    fn as_send_error(&self) -> Option<&SendError> {
-        self.downcast_ref::<SendError>()
-    }
-}
-
 impl fmt::Debug for SendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("SendError");
@@ -478,15 +434,6 @@ impl Outcome {
     /// The send failed with `error`.
     pub fn failed(error: SendError) -> Self {
         Self(Kept::Failed(error))
-    }
-
-    /// Stands in for the former enum variant at the two sites in `layer/` and `batch.rs`
-    /// that build `Outcome::Failed(SendError::aborted())`, until they call
-    /// [`failed`](Self::failed) (issue 9: the lead replaces them and removes this when the
-    /// branches merge).
-    #[allow(non_snake_case)]
-    pub(crate) fn Failed(error: SendError) -> Self {
-        Self::failed(error)
     }
 
     /// The receipt, when the provider accepted the message. A receipt the layer kept names

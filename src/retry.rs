@@ -32,7 +32,26 @@
 //! | [`SendError`] that [`is_retryable`](SendError::is_retryable) (429, 502/503/504, connection refused) | yes, after the backoff or the provider's `retry_after` |
 //! | validation or permanent | never |
 //! | unknown delivery (a timeout after the request left, a 500) | only with [`retry_unknown_delivery(true)`](RetryPolicy::retry_unknown_delivery): safe only when the provider deduplicates on the forwarded `Idempotency-Key` |
-//! | another error | judged by [`default_classifier`] |
+//! | a timeout (`tower::timeout`, `tokio::time`) | as unknown delivery |
+//! | another error | judged by the policy's [`Classifier`] ([`default_classifier`] unless set) |
+//!
+//! Errors are judged by [`crate::classify`], exactly as the layer judges them: a [`SendError`]
+//! anywhere in the source chain first. Give the policy the classifier the layer uses, so both
+//! agree on whether an error sent the message:
+//!
+//! ```
+//! use tower_idempotency::{IdempotencyLayer, MemoryStore, RetryPolicy};
+//! use tower_idempotency::outcome::Category;
+//!
+//! # fn main() -> Result<(), tower_idempotency::layer::ConfigError> {
+//! let layer = IdempotencyLayer::builder()
+//!     .store(MemoryStore::new())
+//!     .classify(|e| if e.to_string().contains("quota") { Category::Retryable } else { Category::Unknown })
+//!     .build()?;
+//! let policy = RetryPolicy::new().classifier(layer.classifier());
+//! # let _ = policy;
+//! # Ok(()) }
+//! ```
 //!
 //! Attempts are bounded in number ([`max_attempts`](RetryPolicy::max_attempts)) and in total
 //! time ([`max_elapsed`](RetryPolicy::max_elapsed)): a `retry_after` that would end past the
@@ -45,8 +64,10 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 use tower::retry::Policy;
 
-use crate::layer::default_classifier;
-use crate::outcome::{BoxError, Category, SendError};
+use crate::classify::{AsSendError, Classifier, Verdict, judge};
+use crate::outcome::Category;
+#[cfg(doc)]
+use crate::{classify::default_classifier, outcome::SendError};
 
 /// Retries retryable send failures with exponential backoff and jitter; see the
 /// [module docs](self).
@@ -60,6 +81,7 @@ pub struct RetryPolicy {
     max_delay: Duration,
     max_elapsed: Duration,
     retry_unknown: bool,
+    classifier: Classifier,
     attempts: u32,
     started: Option<Instant>,
 }
@@ -80,6 +102,7 @@ impl RetryPolicy {
             max_delay: Duration::from_secs(10),
             max_elapsed: Duration::from_secs(60),
             retry_unknown: false,
+            classifier: Classifier::default(),
             attempts: 1,
             started: None,
         }
@@ -123,16 +146,28 @@ impl RetryPolicy {
         self
     }
 
+    /// Judges errors that hold no [`SendError`] and are no timeout with `classifier`, instead
+    /// of [`default_classifier`]. Pass the layer's
+    /// ([`IdempotencyLayer::classifier`](crate::IdempotencyLayer::classifier)) so the policy
+    /// retries exactly what the layer frees the key of.
+    #[must_use]
+    pub fn classifier(mut self, classifier: Classifier) -> Self {
+        self.classifier = classifier;
+        self
+    }
+
     /// Whether `error` may be retried, and the wait the provider asked for.
     fn judge(&self, error: &(dyn Error + 'static)) -> (bool, Option<Duration>) {
-        if let Some(send) = find_send_error(error) {
-            let retry = send.is_retryable() || (self.retry_unknown && send.delivery_unknown());
-            return (retry, send.retry_after());
-        }
-        match default_classifier(error) {
-            Category::Retryable => (true, None),
-            Category::Unknown => (self.retry_unknown, None),
-            _ => (false, None),
+        match judge(error, &self.classifier) {
+            Verdict::Answered(send) => {
+                let retry = send.is_retryable() || (self.retry_unknown && send.delivery_unknown());
+                (retry, send.retry_after())
+            }
+            Verdict::TimedOut | Verdict::Classified(Category::Unknown) => {
+                (self.retry_unknown, None)
+            }
+            Verdict::Classified(Category::Retryable) => (true, None),
+            Verdict::Classified(_) => (false, None),
         }
     }
 
@@ -155,39 +190,10 @@ fn unit_random() -> f64 {
     (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
-fn find_send_error<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a SendError> {
-    let mut current = Some(error);
-    while let Some(e) = current {
-        if let Some(send) = e.downcast_ref::<SendError>() {
-            return Some(send);
-        }
-        current = e.source();
-    }
-    None
-}
-
-/// Errors the policy can judge: [`SendError`] and boxed errors.
-pub trait RetryableError {
-    /// The error as a `dyn Error`, to look for a [`SendError`] in its chain.
-    fn as_error(&self) -> &(dyn Error + 'static);
-}
-
-impl RetryableError for SendError {
-    fn as_error(&self) -> &(dyn Error + 'static) {
-        self
-    }
-}
-
-impl RetryableError for BoxError {
-    fn as_error(&self) -> &(dyn Error + 'static) {
-        &**self
-    }
-}
-
 impl<Req, Res, E> Policy<Req, Res, E> for RetryPolicy
 where
     Req: Clone,
-    E: RetryableError,
+    E: AsSendError,
 {
     type Future = Sleep;
 

@@ -699,6 +699,7 @@ async fn raw_messages_are_deduplicated_only_by_the_raw_key_function() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 
     let l = IdempotencyLayer::builder()
+        .store(MemoryStore::new())
         .raw_key(|r: &RawMessage| Some(format!("raw:{}", r.envelope().to()[0])))
         .build()
         .unwrap();
@@ -726,20 +727,21 @@ async fn raw_messages_are_deduplicated_only_by_the_raw_key_function() {
 #[test]
 fn builder_refuses_invalid_options_with_typed_errors() {
     let err = |b: tower_idempotency::IdempotencyLayerBuilder| b.build().unwrap_err();
+    let builder = || IdempotencyLayer::builder().store(MemoryStore::new());
     assert!(matches!(
-        err(IdempotencyLayer::builder().namespace("")),
+        err(builder().namespace("")),
         ConfigError::InvalidNamespace(_)
     ));
     assert!(matches!(
-        err(IdempotencyLayer::builder().namespace("a:b")),
+        err(builder().namespace("a:b")),
         ConfigError::InvalidNamespace(_)
     ));
     assert_eq!(
-        err(IdempotencyLayer::builder().lease(Duration::ZERO)),
+        err(builder().lease(Duration::ZERO)),
         ConfigError::ZeroDuration("lease")
     );
     assert_eq!(
-        err(IdempotencyLayer::builder()
+        err(builder()
             .lease(Duration::from_secs(10))
             .ttl(Duration::from_secs(5))),
         ConfigError::TtlShorterThanLease
@@ -747,6 +749,29 @@ fn builder_refuses_invalid_options_with_typed_errors() {
     let layer = IdempotencyLayer::in_memory();
     assert_eq!(layer.namespace(), "default");
     assert!(format!("{layer:?}").contains("lease"));
+}
+
+#[test]
+fn builder_without_a_store_refuses_to_build_and_says_how_to_choose_one() {
+    let err = IdempotencyLayer::builder()
+        .namespace("orders")
+        .build()
+        .unwrap_err();
+    assert_eq!(err, ConfigError::MissingStore);
+    let text = err.to_string();
+    assert!(text.contains(".store(..)"), "{text}");
+    assert!(text.contains("IdempotencyLayer::in_memory()"), "{text}");
+    // The other options are still checked first, whatever the store.
+    assert!(matches!(
+        IdempotencyLayer::builder().namespace("").build(),
+        Err(ConfigError::InvalidNamespace(_))
+    ));
+    assert!(
+        IdempotencyLayer::builder()
+            .shared_store(std::sync::Arc::new(MemoryStore::new()))
+            .build()
+            .is_ok()
+    );
 }
 
 #[test]

@@ -15,8 +15,9 @@ use http_body_util::{BodyExt, Limited};
 use pin_project_lite::pin_project;
 
 use super::codec::{BatchCodec, Codec};
-use super::status::{self, NotSentFn};
+use super::status;
 use crate::batch::BatchOutcomes;
+use crate::classify::Classifier;
 use crate::message::Message;
 use crate::outcome::{BoxError, Receipt, SendError};
 
@@ -139,7 +140,7 @@ pin_project! {
         rejected: Option<SendError>,
         codec: Arc<C>,
         message: Message,
-        not_sent: NotSentFn,
+        classifier: Classifier,
     }
 }
 
@@ -153,14 +154,14 @@ where
         codec: Arc<C>,
         message: Message,
         max_body: usize,
-        not_sent: NotSentFn,
+        classifier: Classifier,
     ) -> Self {
         Self {
             exchange: Exchange::new(future, max_body),
             rejected: None,
             codec,
             message,
-            not_sent,
+            classifier,
         }
     }
 
@@ -170,7 +171,8 @@ where
             rejected: Some(error),
             codec,
             message,
-            not_sent: status::connection_refused,
+            // Never read: the client was not called.
+            classifier: Classifier::default(),
         }
     }
 }
@@ -198,7 +200,7 @@ where
                 error,
                 max_body,
             } => Err(status::from_unread_body(codec, parts, error, max_body)),
-            Exchanged::Failed(error) => Err(status::from_inner_error(error, *this.not_sent)),
+            Exchanged::Failed(error) => Err(status::from_inner_error(error, this.classifier)),
             Exchanged::Spent => Err(polled_after_completion()),
         })
     }
@@ -237,7 +239,7 @@ pin_project! {
         positions: Vec<usize>,
         // One per message of the batch; those left out of the request are answered already.
         answers: Vec<Option<Result<Receipt, SendError>>>,
-        not_sent: NotSentFn,
+        classifier: Classifier,
     }
 }
 
@@ -252,7 +254,7 @@ where
         sent: Vec<Message>,
         positions: Vec<usize>,
         answers: Vec<Option<Result<Receipt, SendError>>>,
-        not_sent: NotSentFn,
+        classifier: Classifier,
     ) -> Self {
         Self {
             exchange,
@@ -260,7 +262,7 @@ where
             sent,
             positions,
             answers,
-            not_sent,
+            classifier,
         }
     }
 
@@ -275,7 +277,8 @@ where
             Vec::new(),
             Vec::new(),
             answers,
-            status::connection_refused,
+            // Never read: no request goes.
+            Classifier::default(),
         )
     }
 }
@@ -307,7 +310,7 @@ where
                     this.sent.len(),
                 ),
                 Exchanged::Failed(error) => every(
-                    status::from_inner_error(error, *this.not_sent),
+                    status::from_inner_error(error, this.classifier),
                     this.sent.len(),
                 ),
                 Exchanged::Spent => every(polled_after_completion(), this.sent.len()),

@@ -172,7 +172,7 @@ mod transport;
 pub use codec::{BatchCodec, Codec};
 pub use future::{BatchResponseFuture, ResponseFuture};
 pub use resend::{RESEND, RESEND_API, RESEND_MAX_BATCH, ResendCodec};
-pub use status::{NotSentFn, connection_refused, parse_retry_after};
+pub use status::{connection_refused, parse_retry_after};
 pub use transport::{
     DEFAULT_MAX_RESPONSE_BODY, HttpTransport, IDEMPOTENCY_KEY, batch_idempotency_key,
 };

@@ -1,7 +1,5 @@
 //! The status mapping: a provider's answer, or the inner client's error, as an outcome.
 
-use std::error::Error;
-use std::io;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -10,33 +8,14 @@ use http::{HeaderMap, StatusCode, header::RETRY_AFTER};
 use super::codec::{BatchCodec, Codec};
 use super::codes;
 use crate::batch::BatchOutcomes;
+use crate::classify::{Classifier, Verdict, judge};
 use crate::message::Message;
-use crate::outcome::{self, BoxError, Receipt, SendError};
+use crate::outcome::{self, BoxError, Category, Receipt, SendError};
 
 /// The most characters of a provider's error text kept in a [`SendError`].
 const MAX_DETAIL_CHARS: usize = 300;
 
-/// Judges whether an inner error certainly did not send; see
-/// [`HttpTransport::not_sent_if`](super::HttpTransport::not_sent_if).
-pub type NotSentFn = fn(&(dyn Error + 'static)) -> bool;
-
-/// The default [`NotSentFn`]: true when the error's source chain holds an [`io::Error`] of kind
-/// [`ConnectionRefused`](io::ErrorKind::ConnectionRefused).
-///
-/// Nothing was written to a connection that was never opened, so the message certainly did
-/// not leave. hyper-util's legacy client and reqwest both keep the `io::Error` in the chain.
-pub fn connection_refused(error: &(dyn Error + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(e) = current {
-        if e.downcast_ref::<io::Error>()
-            .is_some_and(|io| io.kind() == io::ErrorKind::ConnectionRefused)
-        {
-            return true;
-        }
-        current = e.source();
-    }
-    false
-}
+pub use crate::classify::connection_refused;
 
 /// Parses a `Retry-After` value: delta-seconds (`"120"`) or an HTTP-date
 /// (`"Wed, 21 Oct 2015 07:28:00 GMT"`), as of `now`.
@@ -229,30 +208,33 @@ pub(crate) fn from_unread_body<C: Codec + ?Sized>(
     from_status(codec, &http::Response::from_parts(parts, Bytes::new())).with_source(error)
 }
 
-/// The outcome of an error of the inner client: no answer came.
-pub(crate) fn from_inner_error(error: BoxError, not_sent: NotSentFn) -> SendError {
-    if not_sent(&*error) {
-        return SendError::retryable(
+/// The outcome of an error of the inner client: no answer came. Judged by
+/// [`crate::classify`], as the layer judges its inner errors.
+pub(crate) fn from_inner_error(error: BoxError, classifier: &Classifier) -> SendError {
+    let send_error = match judge(&*error, classifier) {
+        // A layer between the transport and the client already said what happened.
+        Verdict::Answered(send_error) => return send_error.clone(),
+        Verdict::TimedOut => SendError::unknown_delivery(
+            outcome::codes::TIMEOUT,
+            "the provider did not answer in time; the message may have gone",
+        ),
+        Verdict::Classified(Category::Retryable) => SendError::retryable(
             codes::CONNECT,
             "could not connect to the provider; not sent",
-        )
-        .with_source(error);
-    }
-    let mut current: Option<&(dyn Error + 'static)> = Some(&*error);
-    while let Some(e) = current {
-        if e.is::<tower::timeout::error::Elapsed>() || e.is::<tokio::time::error::Elapsed>() {
-            return SendError::unknown_delivery(
-                outcome::codes::TIMEOUT,
-                "the provider did not answer in time; the message may have gone",
-            )
-            .with_source(error);
-        }
-        current = e.source();
-    }
-    SendError::unknown_delivery(
-        outcome::codes::UNKNOWN,
-        "the request to the provider failed after it may have been written; \
-         the message may have gone",
-    )
-    .with_source(error)
+        ),
+        Verdict::Classified(Category::Permanent) => SendError::permanent(
+            codes::REJECTED,
+            "the HTTP client refused the request; not sent",
+        ),
+        Verdict::Classified(Category::Validation) => SendError::validation(
+            codes::INVALID_REQUEST,
+            "the HTTP client found the request invalid; not sent",
+        ),
+        Verdict::Classified(_) => SendError::unknown_delivery(
+            outcome::codes::UNKNOWN,
+            "the request to the provider failed after it may have been written; \
+             the message may have gone",
+        ),
+    };
+    send_error.with_source(error)
 }

@@ -1,6 +1,7 @@
 //! [`HttpTransport`]: a `Service<Message>`, and a `Service<Batch<Message>>` when its codec
 //! takes batches, over an HTTP client.
 
+use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -13,8 +14,8 @@ use sha2::{Digest, Sha256};
 
 use super::codec::{BatchCodec, Codec};
 use super::future::{BatchResponseFuture, Exchange, ResponseFuture};
-use super::status::{NotSentFn, connection_refused};
 use crate::batch::{Batch, BatchOutcomes};
+use crate::classify::Classifier;
 use crate::message::Message;
 use crate::outcome::{self, BoxError, Receipt, SendError};
 
@@ -45,7 +46,7 @@ pub struct HttpTransport<S, C> {
     inner: S,
     codec: Arc<C>,
     max_response_body: usize,
-    not_sent: NotSentFn,
+    classifier: Classifier,
 }
 
 impl<S, C> HttpTransport<S, C> {
@@ -55,7 +56,7 @@ impl<S, C> HttpTransport<S, C> {
             inner,
             codec: Arc::new(codec),
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
-            not_sent: connection_refused,
+            classifier: Classifier::default(),
         }
     }
 
@@ -69,34 +70,59 @@ impl<S, C> HttpTransport<S, C> {
         self
     }
 
-    /// Sets the judge of inner-client errors that certainly did not send (retryable,
-    /// [`provider.connect`](super::codes::CONNECT)); every other inner error is of unknown
-    /// delivery. The default is [`connection_refused`](super::connection_refused).
+    /// Sets the judge of inner-client errors that are neither a
+    /// [`SendError`] nor a timeout; see [`crate::classify`]. A not-sent category makes the
+    /// error retryable ([`provider.connect`](super::codes::CONNECT)), anything else is of
+    /// unknown delivery. The default is
+    /// [`default_classifier`](crate::classify::default_classifier): a connection refused did
+    /// not send.
     ///
     /// With hyper-util's legacy client, `is_connect()` also covers DNS failures and connect
     /// timeouts, none of which wrote the request:
     ///
     /// ```
-    /// # use tower_idempotency::http::{HttpTransport, ResendCodec, connection_refused};
-    /// fn never_connected(error: &(dyn std::error::Error + 'static)) -> bool {
+    /// # use tower_idempotency::http::{HttpTransport, ResendCodec};
+    /// use tower_idempotency::classify::{Classifier, default_classifier};
+    /// use tower_idempotency::outcome::Category;
+    ///
+    /// fn never_connected(error: &(dyn std::error::Error + 'static)) -> Category {
     ///     let mut current = Some(error);
     ///     while let Some(e) = current {
     ///         if e.downcast_ref::<hyper_util::client::legacy::Error>().is_some_and(|e| e.is_connect()) {
-    ///             return true;
+    ///             return Category::Retryable;
     ///         }
     ///         current = e.source();
     ///     }
-    ///     connection_refused(error)
+    ///     default_classifier(error)
     /// }
     /// # let client = tower::service_fn(|_: http::Request<bytes::Bytes>| async {
     /// #     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
     /// # });
-    /// let transport = HttpTransport::new(client, ResendCodec::new("re_123")).not_sent_if(never_connected);
+    /// let transport = HttpTransport::new(client, ResendCodec::new("re_123"))
+    ///     .classifier(Classifier::new(never_connected));
     /// ```
     #[must_use]
-    pub fn not_sent_if(mut self, not_sent: NotSentFn) -> Self {
-        self.not_sent = not_sent;
+    pub fn classifier(mut self, classifier: Classifier) -> Self {
+        self.classifier = classifier;
         self
+    }
+
+    /// Shorthand for a [`classifier`](Self::classifier) that answers
+    /// [`Retryable`](crate::Category::Retryable) when `not_sent` says the error certainly did
+    /// not send, and [`Unknown`](crate::Category::Unknown) otherwise. It replaces the default
+    /// judge: include [`connection_refused`](super::connection_refused) if you want it too.
+    #[must_use]
+    pub fn not_sent_if<F>(self, not_sent: F) -> Self
+    where
+        F: Fn(&(dyn Error + 'static)) -> bool + Send + Sync + 'static,
+    {
+        self.classifier(Classifier::new(move |error| {
+            if not_sent(error) {
+                crate::Category::Retryable
+            } else {
+                crate::Category::Unknown
+            }
+        }))
     }
 
     /// The codec.
@@ -126,7 +152,7 @@ impl<S: Clone, C> Clone for HttpTransport<S, C> {
             inner: self.inner.clone(),
             codec: Arc::clone(&self.codec),
             max_response_body: self.max_response_body,
-            not_sent: self.not_sent,
+            classifier: self.classifier.clone(),
         }
     }
 }
@@ -137,6 +163,7 @@ impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for HttpTransport<S, C> {
             .field("inner", &self.inner)
             .field("codec", &self.codec)
             .field("max_response_body", &self.max_response_body)
+            .field("classifier", &self.classifier)
             .finish_non_exhaustive()
     }
 }
@@ -181,7 +208,7 @@ where
             Arc::clone(&self.codec),
             message,
             self.max_response_body,
-            self.not_sent,
+            self.classifier.clone(),
         )
     }
 }
@@ -276,7 +303,7 @@ where
             sent,
             positions,
             answers,
-            self.not_sent,
+            self.classifier.clone(),
         )
     }
 }

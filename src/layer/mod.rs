@@ -1,27 +1,46 @@
 //! The middleware: [`IdempotencyLayer`], the [`Idempotency`] service and its future.
+//!
+//! # Layout
+//!
+//! The files of this module import one way: each uses only files above it in this list.
+//!
+//! | file | holds | imports from the layer |
+//! |---|---|---|
+//! | `stats.rs` | [`Stats`] and the counters behind it | nothing |
+//! | `future.rs` | [`ResponseFuture`] | nothing |
+//! | `config.rs` | [`IdempotencyLayerBuilder`], [`ConfigError`], the defaults, the shared `Config` | stats |
+//! | `request.rs` | [`IdempotentRequest`], for `Message` and `RawMessage` | nothing |
+//! | `key.rs` | key derivation: the store key `namespace:key`, `key_hash` for logs | config, request, stats |
+//! | `reserve.rs` | reservations bounded by the reserve timeout, freed in the background when abandoned; `spawn_detached` | config |
+//! | `repeat.rs` | answering a request whose key the store holds (replay, in flight, key reused) | config, request, key, stats |
+//! | `settle.rs` | keeping or freeing the reserved keys once a send is over, also after a drop | config, key, reserve, stats |
+//! | `service.rs` | [`Idempotency`] and the single send flow | stats, future, config, request, key, reserve, repeat, settle |
+//! | `batch.rs` | the batch send flow: `Service<Batch<R>>` for [`Idempotency`] | stats, config, request, key, reserve, repeat, settle, service |
+//! | `layer.rs` | [`IdempotencyLayer`] (and the builder's `build`, which makes it) | config, service, stats |
+//!
+//! The crate-level modules it uses import nothing from it: [`crate::classify`] judges
+//! errors, [`crate::batch`] holds the public batch types, [`crate::store`] keeps the keys.
 
-mod classify;
+mod batch;
+mod config;
 mod future;
+mod key;
 #[allow(clippy::module_inception)]
 mod layer;
+mod repeat;
+mod request;
+mod reserve;
 mod service;
 mod settle;
 mod stats;
 
-pub use classify::default_classifier;
-pub use future::ResponseFuture;
-pub use layer::{
+pub use crate::classify::default_classifier;
+pub use config::{
     ConfigError, DEFAULT_LEASE, DEFAULT_NAMESPACE, DEFAULT_RESERVE_TIMEOUT, DEFAULT_TTL,
-    IdempotencyLayer, IdempotencyLayerBuilder,
+    IdempotencyLayerBuilder,
 };
-pub use service::{Idempotency, IdempotentRequest, LayerOptions};
+pub use future::ResponseFuture;
+pub use layer::IdempotencyLayer;
+pub use request::IdempotentRequest;
+pub use service::Idempotency;
 pub use stats::Stats;
-
-/// What the batch send shares with the single send.
-pub(crate) mod internals {
-    pub(crate) use super::classify::classify;
-    pub(crate) use super::layer::Config;
-    pub(crate) use super::service::{KeyOf, answer_held, key_hash, store_key};
-    pub(crate) use super::settle::{Finish, Held, Settle, reserve_many};
-    pub(crate) use super::stats::bump;
-}

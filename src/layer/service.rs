@@ -1,41 +1,42 @@
-//! [`Idempotency`]: the service the layer makes, and the send flow.
+//! [`Idempotency`]: the service the layer makes, and the flow of a single send.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
-use sha2::{Digest, Sha256};
 use tower_service::Service;
 
-use super::classify::classify;
+use super::config::Config;
 use super::future::ResponseFuture;
-use super::layer::Config;
-use super::settle::{Finish, Held, Settle, reserve_one};
+use super::key::{KeyOf, key_hash, store_key};
+use super::repeat::answer_held;
+use super::request::IdempotentRequest;
+use super::reserve::reserve_one;
+use super::settle::{Finish, Held, Settle};
 use super::stats::bump;
-use crate::fingerprint::{Fingerprint, Fingerprinted};
-use crate::message::{KeyError, Message, RawMessage, validate_key};
+use crate::classify::into_send_error;
 use crate::outcome::{BoxError, Receipt, SendError, codes};
-use crate::store::{RecordState, Reservation, StoreError};
+use crate::store::Reservation;
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer): it wraps a provider
-/// client and sends each keyed message once.
+/// client and sends each keyed request once.
 ///
-/// It serves [`Message`] and [`RawMessage`] (any [`IdempotentRequest`]) when the inner
-/// service does, and answers with a [`SendError`].
+/// It serves any [`IdempotentRequest`] ([`Message`](crate::Message),
+/// [`RawMessage`](crate::RawMessage), your own) and [`Batch`](crate::batch::Batch)es of them
+/// when the inner service does, and answers with a [`SendError`].
 ///
 /// Readiness is the inner service's: `poll_ready` forwards to it, and `call` moves the ready
 /// inner service into the response future (cloning a fresh one in its place), so a service
 /// that holds a permit while ready (a concurrency limit) keeps it for that send.
 #[derive(Clone)]
 pub struct Idempotency<S> {
-    inner: S,
-    config: Arc<Config>,
+    pub(super) inner: S,
+    pub(super) config: Arc<Config>,
 }
 
 impl<S> Idempotency<S> {
-    pub(crate) fn from_parts(inner: S, config: Arc<Config>) -> Self {
+    pub(super) fn new(inner: S, config: Arc<Config>) -> Self {
         Self { inner, config }
     }
 
@@ -54,8 +55,14 @@ impl<S> Idempotency<S> {
         self.inner
     }
 
-    pub(crate) fn config(&self) -> &Arc<Config> {
-        &self.config
+    /// Takes the ready inner service for one call, leaving a fresh clone to be polled ready
+    /// for the next.
+    pub(super) fn take_ready(&mut self) -> S
+    where
+        S: Clone,
+    {
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
     }
 }
 
@@ -65,66 +72,6 @@ impl<S: fmt::Debug> fmt::Debug for Idempotency<S> {
             .field("inner", &self.inner)
             .field("config", &self.config)
             .finish()
-    }
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for crate::Message {}
-    impl Sealed for crate::RawMessage {}
-}
-
-/// A request the layer can deduplicate: [`Message`] and [`RawMessage`].
-///
-/// Sealed: the key rules and fingerprints are the crate's.
-pub trait IdempotentRequest:
-    Fingerprinted + Clone + Send + Sync + 'static + sealed::Sealed
-{
-    /// The request's key under the layer's options: `None` when it has none, an error when
-    /// the key function gave an invalid one.
-    #[doc(hidden)]
-    fn key_in<'a>(&'a self, config: &LayerOptions<'_>) -> Option<Result<Cow<'a, str>, KeyError>>;
-
-    /// Every recipient, in a fixed order: what a kept receipt's accepted recipients point into.
-    #[doc(hidden)]
-    fn recipient_list(&self) -> Vec<&str>;
-}
-
-/// The options a request's key depends on (opaque).
-#[doc(hidden)]
-#[allow(missing_debug_implementations)]
-pub struct LayerOptions<'c>(&'c Config);
-
-fn checked(key: Option<String>) -> Option<Result<Cow<'static, str>, KeyError>> {
-    key.map(|key| validate_key(&key).map(|()| Cow::Owned(key)))
-}
-
-impl IdempotentRequest for Message {
-    fn key_in<'a>(&'a self, options: &LayerOptions<'_>) -> Option<Result<Cow<'a, str>, KeyError>> {
-        match &options.0.key {
-            Some(key) => checked(key(self)),
-            None => self
-                .idempotency_key()
-                .map(|key| Ok(Cow::Borrowed(key.as_str()))),
-        }
-    }
-
-    fn recipient_list(&self) -> Vec<&str> {
-        self.recipients().collect()
-    }
-}
-
-impl IdempotentRequest for RawMessage {
-    fn key_in<'a>(&'a self, options: &LayerOptions<'_>) -> Option<Result<Cow<'a, str>, KeyError>> {
-        options
-            .0
-            .raw_key
-            .as_ref()
-            .and_then(|key| checked(key(self)))
-    }
-
-    fn recipient_list(&self) -> Vec<&str> {
-        self.envelope().to().iter().map(String::as_str).collect()
     }
 }
 
@@ -142,55 +89,17 @@ where
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner
             .poll_ready(cx)
-            .map_err(|e| classify(&self.config, e.into()))
+            .map_err(|e| into_send_error(&self.config.classifier, e.into()))
     }
 
     fn call(&mut self, request: R) -> Self::Future {
-        // The ready service goes into the future; a fresh clone waits for the next poll_ready.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = self.take_ready();
         ResponseFuture::new(send(Arc::clone(&self.config), inner, request).boxed())
     }
 }
 
-/// A short, stable hash of a key for logs: keys often hold an address, so the raw key is
-/// never logged.
-pub(crate) fn key_hash(key: &str) -> String {
-    let digest = Sha256::digest(key.as_bytes());
-    digest[..6].iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// What the layer makes of a request's key.
-pub(crate) enum KeyOf {
-    /// No key: sent as it is, the store untouched.
-    Unkeyed,
-    /// A key the rules refuse: answered `idempotency.invalid_key`, not sent.
-    Invalid(SendError),
-    /// The key as stored: `namespace:key`.
-    Keyed(Arc<str>),
-}
-
-/// The request's key in the store, counting and logging what is not one.
-pub(crate) fn store_key<R: IdempotentRequest>(config: &Config, request: &R) -> KeyOf {
-    match request.key_in(&LayerOptions(config)) {
-        None => {
-            bump(&config.counters.unkeyed);
-            KeyOf::Unkeyed
-        }
-        Some(Err(error)) => {
-            bump(&config.counters.invalid_key);
-            tracing::warn!(
-                namespace = %config.namespace,
-                code = codes::INVALID_KEY,
-                error = %error,
-                "idempotency key refused"
-            );
-            KeyOf::Invalid(SendError::invalid_key(error))
-        }
-        Some(Ok(key)) => KeyOf::Keyed(Arc::from(format!("{}:{key}", config.namespace))),
-    }
-}
-
+/// One request: reserve its key, answer a repeat from the store, or send it and settle the
+/// key by the outcome.
 async fn send<S, R>(config: Arc<Config>, mut inner: S, request: R) -> Result<Receipt, SendError>
 where
     R: IdempotentRequest,
@@ -203,7 +112,7 @@ where
             return inner
                 .call(request)
                 .await
-                .map_err(|e| classify(&config, e.into()));
+                .map_err(|e| into_send_error(&config.classifier, e.into()));
         }
         KeyOf::Invalid(error) => return Err(error),
         KeyOf::Keyed(key) => key,
@@ -241,62 +150,9 @@ where
     let result = inner
         .call(request)
         .await
-        .map_err(|e| classify(&config, e.into()));
+        .map_err(|e| into_send_error(&config.classifier, e.into()));
     settle
-        .run(vec![Finish::for_result(&result, &kept.recipient_list())])
+        .run(vec![Finish::for_result(&result, &kept.recipients())])
         .await;
     result
-}
-
-pub(crate) fn answer_held<R: IdempotentRequest>(
-    config: &Config,
-    store_key: &str,
-    fingerprint: Fingerprint,
-    record: crate::store::Record,
-    request: &R,
-) -> Result<Receipt, SendError> {
-    let counters = &config.counters;
-    if record.fingerprint != fingerprint {
-        bump(&counters.key_reused);
-        tracing::warn!(
-            namespace = %config.namespace,
-            key_hash = %key_hash(store_key),
-            code = codes::KEY_REUSED,
-            "idempotency key reused for a different message; not sent"
-        );
-        return Err(SendError::key_reused());
-    }
-    match (record.state, record.outcome) {
-        (RecordState::Pending, _) => {
-            bump(&counters.in_flight);
-            tracing::info!(
-                namespace = %config.namespace,
-                key_hash = %key_hash(store_key),
-                code = codes::IN_FLIGHT,
-                "send under this idempotency key is in flight; not sent"
-            );
-            Err(SendError::in_flight())
-        }
-        (RecordState::Done, Some(outcome)) => {
-            bump(&counters.replayed);
-            tracing::debug!(
-                namespace = %config.namespace,
-                key_hash = %key_hash(store_key),
-                "answered from the idempotency store"
-            );
-            outcome.into_replay_for(&request.recipient_list())
-        }
-        (RecordState::Done, None) => {
-            bump(&counters.store_failed);
-            tracing::warn!(
-                namespace = %config.namespace,
-                key_hash = %key_hash(store_key),
-                code = codes::STORE_FAILED,
-                "idempotency store answered a done record without an outcome; not sent"
-            );
-            Err(SendError::store_failed(StoreError::corrupt(
-                "a done record has no outcome",
-            )))
-        }
-    }
 }

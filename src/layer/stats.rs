@@ -67,3 +67,7 @@ impl Counters {
         }
     }
 }
+
+pub(crate) fn bump_by(counter: &AtomicU64, n: usize) {
+    counter.fetch_add(n as u64, Ordering::Relaxed);
+}

@@ -1,0 +1,138 @@
+//! Reserving keys in the store, drop-safe: a reservation abandoned while the store is still
+//! answering (the caller dropped the send, or the reserve timeout fired) finishes in the
+//! background and frees what it reserved at once, not after a lease.
+
+use std::future::{Future, poll_fn};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+
+use super::config::Config;
+use crate::fingerprint::Fingerprint;
+use crate::store::{Reservation, StoreError, StoreErrorKind, Token};
+
+/// Awaits a store call under the reserve timeout. If the caller drops the send, or the
+/// timeout fires, while the store is still answering, `abandon` gets the unfinished call to
+/// finish in the background (so reservations it makes are freed at once, not after a lease).
+async fn bounded<T: Send + 'static>(
+    config: &Config,
+    future: BoxFuture<'static, Result<T, StoreError>>,
+    abandon: impl FnOnce(BoxFuture<'static, Result<T, StoreError>>) + Send + 'static,
+) -> Result<T, StoreError> {
+    let mut pending = Pending {
+        future: Some(future),
+        abandon: Some(Box::new(abandon)),
+    };
+    // An in-process store answers at once: take that answer without arming a timer.
+    if let Some(result) = poll_fn(|cx| pending.poll(cx)).now_or_never() {
+        return result;
+    }
+    let answer = poll_fn(|cx| pending.poll(cx));
+    if tokio::runtime::Handle::try_current().is_ok() {
+        match tokio::time::timeout(config.reserve_timeout, answer).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::timeout()),
+        }
+    } else {
+        answer.await
+    }
+}
+
+type Abandon<T> = Box<dyn FnOnce(BoxFuture<'static, Result<T, StoreError>>) + Send>;
+
+struct Pending<T> {
+    future: Option<BoxFuture<'static, Result<T, StoreError>>>,
+    abandon: Option<Abandon<T>>,
+}
+
+impl<T> Pending<T> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, StoreError>> {
+        let Some(future) = self.future.as_mut() else {
+            return Poll::Ready(Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "store call polled after it finished",
+            )));
+        };
+        let result = std::task::ready!(future.poll_unpin(cx));
+        self.future = None;
+        Poll::Ready(result)
+    }
+}
+
+impl<T> Drop for Pending<T> {
+    fn drop(&mut self) {
+        if let (Some(future), Some(abandon)) = (self.future.take(), self.abandon.take()) {
+            abandon(future);
+        }
+    }
+}
+
+/// Reserves one key, freeing it in the background if the reservation is abandoned.
+pub(crate) async fn reserve_one(
+    config: &Arc<Config>,
+    key: &Arc<str>,
+    fingerprint: Fingerprint,
+) -> Result<Reservation, StoreError> {
+    let store = Arc::clone(&config.store);
+    let owned = Arc::clone(key);
+    let lease = config.lease;
+    let future = async move { store.reserve(&owned, fingerprint, lease).await }.boxed();
+    let store = Arc::clone(&config.store);
+    let owned = Arc::clone(key);
+    bounded(config, future, move |unfinished| {
+        spawn_detached(async move {
+            if let Ok(Reservation::Reserved { token }) = unfinished.await {
+                // Nothing was sent under it; failing to free it only costs the lease.
+                let _ = store.release(&owned, token).await;
+            }
+        });
+    })
+    .await
+}
+
+/// Reserves many distinct keys in one store call, freeing in the background whatever an
+/// abandoned call reserves.
+pub(crate) async fn reserve_many(
+    config: &Arc<Config>,
+    requests: Arc<[(Arc<str>, Fingerprint)]>,
+) -> Result<Vec<Result<Reservation, StoreError>>, StoreError> {
+    let store = Arc::clone(&config.store);
+    let lease = config.lease;
+    let asked = Arc::clone(&requests);
+    let future = async move {
+        let borrowed: Vec<(&str, Fingerprint)> =
+            asked.iter().map(|(k, f)| (k.as_ref(), *f)).collect();
+        store.reserve_many(&borrowed, lease).await
+    }
+    .boxed();
+    let store = Arc::clone(&config.store);
+    bounded(config, future, move |unfinished| {
+        spawn_detached(async move {
+            if let Ok(answers) = unfinished.await {
+                let reserved: Vec<(&str, Token)> = requests
+                    .iter()
+                    .zip(answers)
+                    .filter_map(|((key, _), answer)| match answer {
+                        Ok(Reservation::Reserved { token }) => Some((key.as_ref(), token)),
+                        _ => None,
+                    })
+                    .collect();
+                let _ = store.release_many(&reserved).await;
+            }
+        });
+    })
+    .await
+}
+
+/// Runs `future` on the current tokio runtime, if there is one. Without one it is dropped:
+/// an aborted send's key then stays pending until its lease ends (see the crate docs).
+pub(crate) fn spawn_detached<F>(future: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        drop(handle.spawn(future));
+    }
+}
