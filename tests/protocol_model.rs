@@ -419,8 +419,8 @@ fn explore(model: &Model) -> Report {
             report.single_delivery_reachable = true;
         }
         for (action, next) in state.successors(model) {
-            if !parent.contains_key(&next) {
-                parent.insert(next, Some((state, action)));
+            if let std::collections::hash_map::Entry::Vacant(entry) = parent.entry(next) {
+                entry.insert(Some((state, action)));
                 queue.push_back(next);
             }
         }
