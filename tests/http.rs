@@ -4,11 +4,11 @@
 //! `IdempotencyLayer`.
 #![cfg(feature = "http")]
 
-mod http_support;
+mod support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http_support::{ClientKind, FakeProvider, Reply, hyper_client};
+use support::http::{AnyClient, ClientKind, FakeProvider, Reply, hyper_client};
 use tower::timeout::TimeoutLayer;
 use tower::timeout::error::Elapsed;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -45,10 +45,7 @@ fn order_email() -> Message {
         .unwrap()
 }
 
-fn transport(
-    kind: ClientKind,
-    provider: &FakeProvider,
-) -> HttpTransport<http_support::AnyClient, ResendCodec> {
+fn transport(kind: ClientKind, provider: &FakeProvider) -> HttpTransport<AnyClient, ResendCodec> {
     HttpTransport::new(
         kind.client(),
         ResendCodec::new(API_KEY).base_url(provider.base_url()),
@@ -69,11 +66,10 @@ async fn error_for(kind: ClientKind, reply: Reply) -> SendError {
 }
 
 fn resend_error(status: u16, name: &str, message: &str) -> Reply {
-    Reply::new(
+    Reply::json(
         status,
         serde_json::json!({ "statusCode": status, "name": name, "message": message }).to_string(),
     )
-    .header("content-type", "application/json")
 }
 
 async fn sends_resend_json_with_authorization_and_idempotency_key(kind: ClientKind) {
