@@ -13,9 +13,8 @@ use tower::timeout::TimeoutLayer;
 use tower::timeout::error::Elapsed;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::batch::{Batch, BatchOutcomes};
-use tower_idempotency::http::{
-    HttpTransport, RESEND_MAX_BATCH, ResendCodec, batch_idempotency_key, codes,
-};
+use tower_idempotency::http::codec::resend::{RESEND_MAX_BATCH, codes as resend_codes};
+use tower_idempotency::http::{HttpTransport, ResendCodec, batch_idempotency_key, codes};
 use tower_idempotency::outcome::{Category, codes as layer_codes};
 use tower_idempotency::{Attachment, IdempotencyLayer, MemoryStore, Message, SendError};
 
@@ -235,7 +234,7 @@ async fn conflict_409_concurrent_idempotent_requests_leaves_delivery_unknown(kin
         "Same idempotency key used while original request is still in progress.",
     );
     let err = error_for(kind, reply).await;
-    assert_eq!(err.code(), codes::IDEMPOTENCY_IN_FLIGHT);
+    assert_eq!(err.code(), resend_codes::IDEMPOTENCY_IN_FLIGHT);
     assert_eq!(err.category(), Category::Unknown);
 }
 
@@ -246,7 +245,7 @@ async fn conflict_409_invalid_idempotent_request_is_a_validation_error(kind: Cli
         "Same idempotency key used with a different request payload.",
     );
     let err = error_for(kind, reply).await;
-    assert_eq!(err.code(), codes::IDEMPOTENCY_KEY_REUSED);
+    assert_eq!(err.code(), resend_codes::IDEMPOTENCY_KEY_REUSED);
     assert_eq!(err.category(), Category::Validation);
 }
 
