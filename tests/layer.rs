@@ -1,4 +1,6 @@
-//! The send contract of `IdempotencyLayer`, row by row (SPEC §1), through `ServiceBuilder`.
+//! The send contract of `IdempotencyLayer` through `ServiceBuilder`, case by case: what the
+//! store holds under the key decides whether the provider is called (the table in the
+//! README's "What it does"), and the outcome decides whether the key is kept or freed.
 
 mod support;
 
