@@ -28,8 +28,23 @@ use crate::store::StoreError;
 /// The error type of inner services: any error that is `Send + Sync`.
 pub type BoxError = Box<dyn Error + Send + Sync>;
 
-/// The stable codes of the answers the idempotency layer makes itself.
 pub mod codes {
+    //! The stable codes of the errors this crate makes itself, whichever the provider.
+    //!
+    //! By who makes them:
+    //! - the idempotency layer's own answers, `idempotency.*`: [`IN_FLIGHT`], [`KEY_REUSED`],
+    //!   [`ABORTED`], [`STORE_FAILED`], [`INVALID_KEY`], and the code of its warning,
+    //!   [`STORE_FAILED_WARNING`];
+    //! - provider failures the crate classified without reading a provider's answer,
+    //!   `provider.*`: [`TIMEOUT`] (a timeout inside the stack), [`UNKNOWN`] and [`NOT_SENT`]
+    //!   (what the classifier judged any other inner error), and [`BATCH_MISMATCH`] (a batch
+    //!   provider answered the wrong number of outcomes);
+    //! - [`CIRCUIT_OPEN`], the code of [`SendError::circuit_open`](super::SendError::circuit_open).
+    //!
+    //! Codes made from an HTTP provider's answer are with the transport, in `http::codes`
+    //! (feature `http`); the codes only one provider's codec makes are in that codec's module,
+    //! such as `http::codec::resend::codes`.
+
     /// A send under the key is still in flight; this one was not sent. Category unknown.
     pub const IN_FLIGHT: &str = "idempotency.in_flight";
     /// The key was used before for a different message. Category validation.

@@ -1,15 +1,15 @@
 //! Batch sends: per-message answers in input order, one inner batch, keys kept or freed one by
 //! one, and a bounded number of store calls.
 
-mod common;
+mod support;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TestStore, message};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
+use support::{TestStore, message};
 use tower::{Service, ServiceExt};
 use tower_idempotency::batch::{Batch, BatchOutcomes};
 use tower_idempotency::fingerprint::Fingerprint;
@@ -346,7 +346,7 @@ async fn dropping_a_batch_after_the_provider_was_called_keeps_every_key_as_abort
     called_rx.await.unwrap();
     task.abort();
     assert!(task.await.unwrap_err().is_cancelled());
-    common::wait_until(|| store.complete_many_calls.load(Ordering::SeqCst) != 0).await;
+    support::wait_until(|| store.complete_many_calls.load(Ordering::SeqCst) != 0).await;
     let provider = BatchProvider::ok();
     let mut svc = service(&store, &provider);
     let answers = send(

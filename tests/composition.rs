@@ -1,26 +1,19 @@
 //! The layer in the stack users build: with a real circuit breaker
 //! (`tower-resilience-circuitbreaker`), retries and timeouts.
 
-mod common;
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{Provider, TestStore, message};
+use support::{Provider, TestStore, breaker_error, message};
 use tower::retry::RetryLayer;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::outcome::codes;
 use tower_idempotency::{
     BoxError, IdempotencyLayer, Receipt, RetryPolicy, SendError, counts_against_provider,
 };
-use tower_resilience_circuitbreaker::{CircuitBreakerError, CircuitBreakerLayer, CircuitState};
-
-fn breaker_error(e: CircuitBreakerError<BoxError>) -> BoxError {
-    match e {
-        CircuitBreakerError::OpenCircuit => SendError::circuit_open().into(),
-        CircuitBreakerError::Inner(e) => e,
-    }
-}
+use tower_resilience_circuitbreaker::{CircuitBreakerLayer, CircuitState};
 
 /// A breaker that opens after 4 counted failures in a window of 4 calls.
 fn breaker() -> CircuitBreakerLayer<

@@ -8,228 +8,25 @@
 //! short and every wait on the provider has a deadline.
 #![cfg(feature = "http")]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+mod support;
+
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use futures_util::FutureExt;
-use futures_util::future::BoxFuture;
-use http_body_util::Full;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use tokio::sync::watch;
+use support::breaker_error;
+use support::http::{FakeProvider, Reply, hyper_client, script};
 use tokio::task::JoinSet;
 use tower::retry::RetryLayer;
-use tower::util::MapRequest;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::http::{HttpTransport, ResendCodec, codes as http_codes};
 use tower_idempotency::outcome::codes;
 use tower_idempotency::{
     BoxError, IdempotencyLayer, Message, Receipt, RetryPolicy, SendError, counts_against_provider,
 };
-use tower_resilience_circuitbreaker::{CircuitBreakerError, CircuitBreakerLayer};
-
-/// The longest any provider handler waits for a signal: a bound, never reached when the
-/// tests pass.
-const HANDLER_DEADLINE: Duration = Duration::from_secs(5);
-
-// ---------------------------------------------------------------------------------------------
-// The fake provider
-// ---------------------------------------------------------------------------------------------
-
-/// A request as the provider received it.
-#[derive(Clone, Debug)]
-struct Arrival {
-    at: Instant,
-    key: Option<String>,
-    body: Bytes,
-}
-
-/// What the provider answers.
-#[derive(Clone, Debug)]
-struct Reply {
-    status: u16,
-    headers: Vec<(&'static str, String)>,
-    body: String,
-}
-
-impl Reply {
-    /// Resend's 200 with the message id `msg-<n>`.
-    fn accepted(n: usize) -> Self {
-        Self::status(200, format!(r#"{{"id":"msg-{n}"}}"#))
-    }
-
-    fn status(status: u16, body: impl Into<String>) -> Self {
-        Self {
-            status,
-            headers: vec![("content-type", "application/json".to_owned())],
-            body: body.into(),
-        }
-    }
-
-    fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
-        self.headers.push((name, value.into()));
-        self
-    }
-}
-
-/// The provider's state, which scripts read to decide when to answer.
-struct Provider {
-    arrivals: Mutex<Vec<Arrival>>,
-    arrived: watch::Sender<usize>,
-    in_flight: AtomicUsize,
-    max_in_flight: AtomicUsize,
-    released: watch::Sender<bool>,
-}
-
-impl Provider {
-    /// Waits until `n` requests have arrived, at most [`HANDLER_DEADLINE`].
-    async fn arrived(&self, n: usize) {
-        let mut arrived = self.arrived.subscribe();
-        let _ = tokio::time::timeout(HANDLER_DEADLINE, arrived.wait_for(|c| *c >= n)).await;
-    }
-
-    /// Waits until the test releases the provider, at most [`HANDLER_DEADLINE`].
-    async fn released(&self) {
-        let mut released = self.released.subscribe();
-        let _ = tokio::time::timeout(HANDLER_DEADLINE, released.wait_for(|r| *r)).await;
-    }
-}
-
-/// Answers the `n`-th request (1-based).
-type Script = Arc<dyn Fn(usize, Arc<Provider>) -> BoxFuture<'static, Reply> + Send + Sync>;
-
-fn script<F, Fut>(f: F) -> Script
-where
-    F: Fn(usize, Arc<Provider>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Reply> + Send + 'static,
-{
-    Arc::new(move |n, provider| f(n, provider).boxed())
-}
-
-/// A fake provider on 127.0.0.1:0. Dropping it releases every waiting handler and stops the
-/// server.
-struct FakeProvider {
-    base_url: http::Uri,
-    state: Arc<Provider>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl FakeProvider {
-    async fn start(script: Script) -> Self {
-        let state = Arc::new(Provider {
-            arrivals: Mutex::new(Vec::new()),
-            arrived: watch::Sender::new(0),
-            in_flight: AtomicUsize::new(0),
-            max_in_flight: AtomicUsize::new(0),
-            released: watch::Sender::new(false),
-        });
-        let app = Router::new()
-            .fallback(record_and_answer)
-            .with_state((Arc::clone(&state), script));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base_url = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Self {
-            base_url,
-            state,
-            server,
-        }
-    }
-
-    fn arrivals(&self) -> Vec<Arrival> {
-        self.state.arrivals.lock().unwrap().clone()
-    }
-
-    fn max_in_flight(&self) -> usize {
-        self.state.max_in_flight.load(Ordering::SeqCst)
-    }
-
-    fn release(&self) {
-        self.state.released.send_replace(true);
-    }
-}
-
-impl Drop for FakeProvider {
-    fn drop(&mut self) {
-        self.release();
-        self.server.abort();
-    }
-}
-
-/// Counts a request out of flight when its handler ends, answered or dropped.
-struct InFlight(Arc<Provider>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-async fn record_and_answer(
-    State((provider, script)): State<(Arc<Provider>, Script)>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let at = Instant::now();
-    let now = provider.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-    provider.max_in_flight.fetch_max(now, Ordering::SeqCst);
-    let _in_flight = InFlight(Arc::clone(&provider));
-    let n = {
-        let mut arrivals = provider.arrivals.lock().unwrap();
-        arrivals.push(Arrival {
-            at,
-            key: headers
-                .get("idempotency-key")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-            body,
-        });
-        arrivals.len()
-    };
-    provider.arrived.send_replace(n);
-    let reply = script(n, Arc::clone(&provider)).await;
-    let mut response = (StatusCode::from_u16(reply.status).unwrap(), reply.body).into_response();
-    for (name, value) in reply.headers {
-        response.headers_mut().insert(name, value.parse().unwrap());
-    }
-    response
-}
+use tower_resilience_circuitbreaker::CircuitBreakerLayer;
 
 // ---------------------------------------------------------------------------------------------
 // The stack
 // ---------------------------------------------------------------------------------------------
-
-type HyperClient = MapRequest<
-    Client<HttpConnector, Full<Bytes>>,
-    fn(http::Request<Bytes>) -> http::Request<Full<Bytes>>,
->;
-
-/// hyper-util's legacy client, with the codec's bytes wrapped in `Full`.
-fn hyper_client() -> HyperClient {
-    let full: fn(http::Request<Bytes>) -> http::Request<Full<Bytes>> = |r| r.map(Full::new);
-    ServiceBuilder::new()
-        .map_request(full)
-        .service(Client::builder(TokioExecutor::new()).build_http())
-}
-
-/// The breaker's open circuit means "not sent": map it to the error the layer frees the key on.
-fn breaker_error(e: CircuitBreakerError<BoxError>) -> BoxError {
-    match e {
-        CircuitBreakerError::OpenCircuit => SendError::circuit_open().into(),
-        CircuitBreakerError::Inner(e) => e,
-    }
-}
 
 /// What a test varies in the stack.
 struct Options {
@@ -267,7 +64,7 @@ fn stack(
         .expect("valid breaker");
     let transport = HttpTransport::new(
         hyper_client(),
-        ResendCodec::new("re_test_123").base_url(provider.base_url.clone()),
+        ResendCodec::new("re_test_123").base_url(provider.base_url()),
     );
     ServiceBuilder::new()
         .layer(layer)
@@ -298,7 +95,7 @@ fn order_email(order: &str) -> Message {
 async fn rate_limited_send_waits_for_retry_after_and_resends_under_the_same_key() {
     let provider = FakeProvider::start(script(|n, _| async move {
         if n == 1 {
-            Reply::status(
+            Reply::json(
                 429,
                 r#"{"statusCode":429,"name":"rate_limit_exceeded","message":"slow down"}"#,
             )
@@ -314,7 +111,7 @@ async fn rate_limited_send_waits_for_retry_after_and_resends_under_the_same_key(
 
     assert_eq!(receipt.id, "msg-2");
     assert!(!receipt.replayed);
-    let arrivals = provider.arrivals();
+    let arrivals = provider.requests();
     assert_eq!(arrivals.len(), 2, "one 429, one resend");
     assert_eq!(
         arrivals[0].key.as_deref(),
@@ -333,7 +130,7 @@ async fn rate_limited_send_waits_for_retry_after_and_resends_under_the_same_key(
 async fn unavailable_three_times_fails_retryable_and_frees_the_key() {
     let provider = FakeProvider::start(script(|n, _| async move {
         if n <= 3 {
-            Reply::status(
+            Reply::json(
                 503,
                 r#"{"statusCode":503,"name":"service_unavailable","message":"try later"}"#,
             )
@@ -354,13 +151,13 @@ async fn unavailable_three_times_fails_retryable_and_frees_the_key() {
     assert_eq!(error.code(), http_codes::UNAVAILABLE);
     assert!(error.is_retryable());
     assert!(!error.delivery_unknown());
-    assert_eq!(provider.arrivals().len(), 3, "max_attempts(3)");
+    assert_eq!(provider.requests().len(), 3, "max_attempts(3)");
 
     // The key was freed: the same message later goes again.
     let receipt = service.oneshot(order_email("ord_2")).await.unwrap();
     assert_eq!(receipt.id, "msg-4");
     assert!(!receipt.replayed);
-    let arrivals = provider.arrivals();
+    let arrivals = provider.requests();
     assert_eq!(arrivals.len(), 4);
     assert!(
         arrivals
@@ -373,7 +170,7 @@ async fn unavailable_three_times_fails_retryable_and_frees_the_key() {
 #[tokio::test]
 async fn attempt_timeout_is_unknown_delivery_and_keeps_the_key() {
     // The provider takes the request and never answers until the test ends.
-    let provider = FakeProvider::start(script(|n, provider: Arc<Provider>| async move {
+    let provider = FakeProvider::start(script(|n, provider| async move {
         provider.released().await;
         Reply::accepted(n)
     }))
@@ -401,7 +198,7 @@ async fn attempt_timeout_is_unknown_delivery_and_keeps_the_key() {
     assert!(!error.is_retryable());
     assert!(!error.is_replayed());
     assert_eq!(
-        provider.arrivals().len(),
+        provider.requests().len(),
         1,
         "unknown delivery is not retried"
     );
@@ -410,7 +207,7 @@ async fn attempt_timeout_is_unknown_delivery_and_keeps_the_key() {
     let again = service.oneshot(order_email("ord_3")).await.unwrap_err();
     assert_eq!(again.code(), codes::TIMEOUT);
     assert!(again.is_replayed());
-    assert_eq!(provider.arrivals().len(), 1);
+    assert_eq!(provider.requests().len(), 1);
     let stats = layer.stats();
     assert_eq!((stats.sent, stats.replayed), (1, 1));
 }
@@ -422,7 +219,7 @@ async fn concurrency_limit_bounds_requests_the_provider_holds_at_once() {
     // Each request waits for the rest of its group of 4 to arrive (bounded), so that the
     // requests really overlap: a group cannot fill unless 4 are in flight together, and the
     // next group cannot start until one of this group is answered.
-    let provider = FakeProvider::start(script(|n, provider: Arc<Provider>| async move {
+    let provider = FakeProvider::start(script(|n, provider| async move {
         let group_end = n.div_ceil(LIMIT) * LIMIT;
         provider.arrived(group_end.min(MESSAGES)).await;
         Reply::accepted(n)
@@ -445,7 +242,7 @@ async fn concurrency_limit_bounds_requests_the_provider_holds_at_once() {
 
     assert_eq!(receipts.len(), MESSAGES);
     assert!(receipts.iter().all(|r| !r.replayed));
-    assert_eq!(provider.arrivals().len(), MESSAGES);
+    assert_eq!(provider.requests().len(), MESSAGES);
     assert_eq!(
         provider.max_in_flight(),
         LIMIT,
@@ -457,7 +254,7 @@ async fn concurrency_limit_bounds_requests_the_provider_holds_at_once() {
 async fn concurrent_duplicates_through_the_stack_reach_the_provider_once() {
     const DUPLICATES: usize = 50;
     // The provider holds the one send until the test has every other answer.
-    let provider = FakeProvider::start(script(|n, provider: Arc<Provider>| async move {
+    let provider = FakeProvider::start(script(|n, provider| async move {
         provider.released().await;
         Reply::accepted(n)
     }))
@@ -485,7 +282,7 @@ async fn concurrent_duplicates_through_the_stack_reach_the_provider_once() {
     assert_eq!(sent.id, "msg-1");
     assert_eq!(in_flight + replayed, DUPLICATES - 1);
     assert!(sends.is_empty());
-    let arrivals = provider.arrivals();
+    let arrivals = provider.requests();
     assert_eq!(arrivals.len(), 1);
     assert_eq!(
         arrivals[0].key.as_deref(),

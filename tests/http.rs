@@ -4,18 +4,17 @@
 //! `IdempotencyLayer`.
 #![cfg(feature = "http")]
 
-mod http_support;
+mod support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http_support::{ClientKind, FakeProvider, Reply, hyper_client};
+use support::http::{AnyClient, ClientKind, FakeProvider, Reply, hyper_client};
 use tower::timeout::TimeoutLayer;
 use tower::timeout::error::Elapsed;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::batch::{Batch, BatchOutcomes};
-use tower_idempotency::http::{
-    HttpTransport, RESEND_MAX_BATCH, ResendCodec, batch_idempotency_key, codes,
-};
+use tower_idempotency::http::codec::resend::{RESEND_MAX_BATCH, codes as resend_codes};
+use tower_idempotency::http::{HttpTransport, ResendCodec, batch_idempotency_key, codes};
 use tower_idempotency::outcome::{Category, codes as layer_codes};
 use tower_idempotency::{Attachment, IdempotencyLayer, MemoryStore, Message, SendError};
 
@@ -45,10 +44,7 @@ fn order_email() -> Message {
         .unwrap()
 }
 
-fn transport(
-    kind: ClientKind,
-    provider: &FakeProvider,
-) -> HttpTransport<http_support::AnyClient, ResendCodec> {
+fn transport(kind: ClientKind, provider: &FakeProvider) -> HttpTransport<AnyClient, ResendCodec> {
     HttpTransport::new(
         kind.client(),
         ResendCodec::new(API_KEY).base_url(provider.base_url()),
@@ -69,11 +65,10 @@ async fn error_for(kind: ClientKind, reply: Reply) -> SendError {
 }
 
 fn resend_error(status: u16, name: &str, message: &str) -> Reply {
-    Reply::new(
+    Reply::json(
         status,
         serde_json::json!({ "statusCode": status, "name": name, "message": message }).to_string(),
     )
-    .header("content-type", "application/json")
 }
 
 async fn sends_resend_json_with_authorization_and_idempotency_key(kind: ClientKind) {
@@ -239,7 +234,7 @@ async fn conflict_409_concurrent_idempotent_requests_leaves_delivery_unknown(kin
         "Same idempotency key used while original request is still in progress.",
     );
     let err = error_for(kind, reply).await;
-    assert_eq!(err.code(), codes::IDEMPOTENCY_IN_FLIGHT);
+    assert_eq!(err.code(), resend_codes::IDEMPOTENCY_IN_FLIGHT);
     assert_eq!(err.category(), Category::Unknown);
 }
 
@@ -250,7 +245,7 @@ async fn conflict_409_invalid_idempotent_request_is_a_validation_error(kind: Cli
         "Same idempotency key used with a different request payload.",
     );
     let err = error_for(kind, reply).await;
-    assert_eq!(err.code(), codes::IDEMPOTENCY_KEY_REUSED);
+    assert_eq!(err.code(), resend_codes::IDEMPOTENCY_KEY_REUSED);
     assert_eq!(err.category(), Category::Validation);
 }
 

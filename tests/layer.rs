@@ -1,12 +1,14 @@
-//! The send contract of `IdempotencyLayer`, row by row (SPEC §1), through `ServiceBuilder`.
+//! The send contract of `IdempotencyLayer` through `ServiceBuilder`, case by case: what the
+//! store holds under the key decides whether the provider is called (the table in the
+//! README's "What it does"), and the outcome decides whether the key is kept or freed.
 
-mod common;
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{Provider, TestStore, capture, message};
+use support::{Provider, TestStore, capture, message};
 use tokio::sync::{Notify, oneshot};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::fingerprint::Fingerprint;
@@ -83,7 +85,7 @@ async fn send_while_the_first_is_in_flight_is_answered_in_flight_and_not_sent() 
         .service(provider.clone());
     let first = tokio::spawn(svc.clone().oneshot(message(Some("k"), "hi")));
     // Wait until the provider holds the first send.
-    common::wait_until(|| provider.calls() != 0).await;
+    support::wait_until(|| provider.calls() != 0).await;
     let err = svc
         .clone()
         .oneshot(message(Some("k"), "hi"))
@@ -343,7 +345,7 @@ async fn dropping_the_send_after_the_provider_was_called_keeps_the_key_as_aborte
     handle.abort();
     assert!(handle.await.unwrap_err().is_cancelled());
     // The aborted outcome is written by a spawned task: wait for the store to see it.
-    common::wait_until(|| store.completes.load(Ordering::SeqCst) != 0).await;
+    support::wait_until(|| store.completes.load(Ordering::SeqCst) != 0).await;
     let err = send(&mut svc, message(Some("k"), "hi")).await.unwrap_err();
     assert_eq!(err.code(), codes::ABORTED);
     assert!(err.is_replayed());
@@ -368,7 +370,7 @@ async fn dropping_the_send_while_the_store_reserves_frees_the_key_at_once() {
     drop(future);
     gate.add_permits(1);
     // The background task finishes the reserve and frees the key.
-    common::wait_until(|| store.releases.load(Ordering::SeqCst) != 0).await;
+    support::wait_until(|| store.releases.load(Ordering::SeqCst) != 0).await;
     gate.add_permits(1);
     let receipt = send(&mut svc, message(Some("k"), "hi")).await.unwrap();
     assert!(!receipt.replayed);
@@ -502,7 +504,7 @@ async fn layer_answers_are_traced_at_their_levels_without_the_key_or_content() {
     let (captured, _guard) = capture();
     let key = "order:ord_1:email:seller@example.com";
     let first = tokio::spawn(svc.clone().oneshot(message(Some(key), "secret body")));
-    common::wait_until(|| provider.calls() != 0).await;
+    support::wait_until(|| provider.calls() != 0).await;
     let in_flight = svc
         .clone()
         .oneshot(message(Some(key), "secret body"))

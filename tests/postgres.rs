@@ -5,6 +5,8 @@
 //! otherwise (and fails when `TOWER_IDEMPOTENCY_REQUIRE_BACKENDS` is set).
 #![cfg(feature = "postgres")]
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -12,9 +14,11 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use support::stores::postgres_admin::admin;
+use support::stores::{backend_url, fp, unique};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
-use tower_idempotency::store::conformance::{Conformance, backend_url};
+use tower_idempotency::store::conformance::Conformance;
 use tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::{self, NoTls};
 use tower_idempotency::store::postgres::deadpool_postgres::{
     Manager, ManagerConfig, Pool, RecyclingMethod,
@@ -34,14 +38,6 @@ fn database_url() -> Option<String> {
     backend_url("DATABASE_URL")
 }
 
-fn fp(n: u8) -> Fingerprint {
-    Fingerprint::from_bytes([n; 32])
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", Uuid::new_v4().simple())
-}
-
 /// A pool of up to `size` connections whose sessions carry `application_name`.
 fn pool(url: &str, size: usize, application_name: &str) -> Pool {
     let mut config: tokio_postgres::Config = url.parse().expect("DATABASE_URL parses");
@@ -57,17 +53,6 @@ fn pool(url: &str, size: usize, application_name: &str) -> Pool {
         .max_size(size)
         .build()
         .expect("pool builds")
-}
-
-/// A separate session for planting rows, holding locks and killing the store's sessions.
-async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .expect("admin connection");
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
 }
 
 /// Deletes the rows a test left in the shared table, whose keys start with `prefix`.

@@ -3,36 +3,23 @@
 //! races across connections, corrupt values and connections killed under the store.
 #![cfg(all(feature = "redis", feature = "test-util"))]
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use support::stores::redis_admin::admin;
+use support::stores::{backend_url, fp, unique_prefix};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
-use tower_idempotency::store::conformance::{Conformance, backend_url};
+use tower_idempotency::store::conformance::Conformance;
 use tower_idempotency::store::{
     Completion, RecordState, RedisStore, Reservation, Store, StoreError, StoreErrorKind, Token,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
 const TTL: Duration = Duration::from_secs(60);
-
-fn fp(n: u8) -> Fingerprint {
-    Fingerprint::from_bytes([n; 32])
-}
-
-/// A prefix no other test or run shares.
-fn unique_prefix(test: &str) -> String {
-    format!("test:{test}:{}:", Token::new())
-}
-
-async fn admin(url: &str) -> MultiplexedConnection {
-    redis::Client::open(url)
-        .expect("valid REDIS_URL")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin connection")
-}
 
 /// Writes `value` under the store's key, as something other than the store would.
 async fn plant(url: &str, redis_key: &str, value: &[u8]) {

@@ -1,11 +1,11 @@
 //! The retry policy: what it retries, when, and how often. Time is tokio's paused clock.
 
-mod common;
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Provider, message};
+use support::{Provider, message};
 use tokio::time::Instant;
 use tower::retry::RetryLayer;
 use tower::{ServiceBuilder, ServiceExt};

@@ -3,14 +3,14 @@
 //! `DATABASE_URL` are set; otherwise prints that it was skipped.
 #![cfg(any(feature = "redis", feature = "postgres"))]
 
-mod common;
+mod support;
 
 use std::sync::Arc;
 
-use common::{Provider, message};
+use support::stores::{backend_url, unique};
+use support::{Provider, message};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::outcome::codes;
-use tower_idempotency::store::Token;
 use tower_idempotency::{IdempotencyLayer, Store};
 
 /// Sends 50 duplicates, alternating between two layers over `a` and `b`; answers the
@@ -21,7 +21,7 @@ async fn fifty_duplicates_across_two_processes(a: impl Store, b: impl Store) -> 
         tokio::task::yield_now().await;
         Ok(tower_idempotency::Receipt::new(format!("msg-{n}"), "fake"))
     });
-    let namespace = format!("e2e-{}", Token::new().as_uuid().simple());
+    let namespace = unique("e2e");
     let layer = |store| {
         IdempotencyLayer::builder()
             .shared_store(store)
@@ -71,7 +71,7 @@ async fn fifty_duplicates_across_two_processes(a: impl Store, b: impl Store) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_two_processes_fifty_duplicates_one_send() {
     use tower_idempotency::store::RedisStore;
-    let Some(url) = tower_idempotency::store::conformance::backend_url("REDIS_URL") else {
+    let Some(url) = backend_url("REDIS_URL") else {
         return;
     };
     let a = RedisStore::connect(&url).await.unwrap();
@@ -83,7 +83,7 @@ async fn redis_two_processes_fifty_duplicates_one_send() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_two_processes_fifty_duplicates_one_send() {
     use tower_idempotency::store::PostgresStore;
-    let Some(url) = tower_idempotency::store::conformance::backend_url("DATABASE_URL") else {
+    let Some(url) = backend_url("DATABASE_URL") else {
         return;
     };
     let a = PostgresStore::connect(&url).await.unwrap();

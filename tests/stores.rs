@@ -1,9 +1,11 @@
 //! Store conformance and the memory store's own rules.
 
+mod support;
+
 use std::time::Duration;
 
+use support::stores::fp;
 use tower_idempotency::MemoryStore;
-use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::conformance::Conformance;
 use tower_idempotency::store::{RecordState, Reservation, Store, StoreErrorKind, Token};
@@ -32,12 +34,8 @@ async fn memory_store_passes_the_suite_under_real_threads() {
 const LEASE: Duration = Duration::from_secs(60);
 const TTL: Duration = Duration::from_secs(3600);
 
-fn fp() -> Fingerprint {
-    Fingerprint::from_bytes([7; 32])
-}
-
 async fn reserve(store: &MemoryStore, key: &str) -> Result<Token, StoreErrorKind> {
-    match store.reserve(key, fp(), LEASE).await {
+    match store.reserve(key, fp(7), LEASE).await {
         Ok(Reservation::Reserved { token }) => Ok(token),
         Ok(Reservation::Held { record }) => panic!("{key} unexpectedly held: {record:?}"),
         Ok(other) => panic!("{key}: unexpected reservation {other:?}"),
@@ -50,14 +48,14 @@ async fn done(store: &MemoryStore, key: &str) {
     let outcome = Outcome::sent(Receipt::new(key, "test"));
     assert!(
         store
-            .complete(key, token, fp(), &outcome, TTL)
+            .complete(key, token, fp(7), &outcome, TTL)
             .await
             .unwrap()
     );
 }
 
 async fn state(store: &MemoryStore, key: &str) -> Option<RecordState> {
-    match store.reserve(key, fp(), LEASE).await.unwrap() {
+    match store.reserve(key, fp(7), LEASE).await.unwrap() {
         Reservation::Held { record } => Some(record.state),
         Reservation::Reserved { token } => {
             store.release(key, token).await.unwrap();
@@ -139,7 +137,7 @@ async fn completing_a_new_key_in_a_full_store_also_makes_room() {
     let outcome = Outcome::sent(Receipt::new("m", "test"));
     assert!(
         store
-            .complete("new", Token::new(), fp(), &outcome, TTL)
+            .complete("new", Token::new(), fp(7), &outcome, TTL)
             .await
             .unwrap()
     );
@@ -208,7 +206,10 @@ async fn zero_capacity_refuses_instead_of_panicking() {
 #[tokio::test]
 async fn huge_leases_do_not_overflow_the_clock() {
     let store = MemoryStore::new();
-    let r = store.reserve("forever", fp(), Duration::MAX).await.unwrap();
+    let r = store
+        .reserve("forever", fp(7), Duration::MAX)
+        .await
+        .unwrap();
     assert!(matches!(r, Reservation::Reserved { .. }));
 }
 

@@ -1,6 +1,7 @@
 //! The HTTP provider transport: [`HttpTransport`] sends a [`Message`](crate::Message) through
 //! any HTTP client that is a `tower::Service<http::Request<Bytes>>`, in the API a [`Codec`]
-//! describes; [`ResendCodec`] is Resend's.
+//! describes. The codecs, one module per provider, are in [`codec`]; [`ResendCodec`] is
+//! Resend's.
 //!
 //! Enabled by the `http` feature.
 //!
@@ -69,9 +70,11 @@
 //! | the client's `poll_ready` fails | error | retryable | `provider.not_sent` |
 //!
 //! With [`ResendCodec`], a 409 named `concurrent_idempotent_requests` is of unknown delivery
-//! (`provider.idempotency_in_flight`: Resend holds the key for a request in flight) and one
-//! named `invalid_idempotent_request` a validation error (`provider.idempotency_key_reused`:
-//! the key was used at Resend for another payload).
+//! ([`provider.idempotency_in_flight`](codec::resend::codes::IDEMPOTENCY_IN_FLIGHT): Resend
+//! holds the key for a request in flight) and one named `invalid_idempotent_request` a
+//! validation error
+//! ([`provider.idempotency_key_reused`](codec::resend::codes::IDEMPOTENCY_KEY_REUSED): the key
+//! was used at Resend for another payload).
 //!
 //! Decisions:
 //! - **408** is retryable under its own code, `provider.request_timeout`, not the
@@ -97,9 +100,10 @@
 //! ([`BatchOutcomes`](crate::batch::BatchOutcomes)). Under [`IdempotencyLayer`](crate::IdempotencyLayer)
 //! the batch it receives holds only the messages the store let through. On every call:
 //!
-//! 1. A batch larger than [`BatchCodec::max_batch`] (Resend: [`RESEND_MAX_BATCH`], 100) is a
-//!    validation error for every message, [`provider.batch_too_large`](codes::BATCH_TOO_LARGE),
-//!    and nothing is sent: split it before, so no half of it goes by surprise.
+//! 1. A batch larger than [`BatchCodec::max_batch`] (Resend:
+//!    [`RESEND_MAX_BATCH`](codec::resend::RESEND_MAX_BATCH), 100) is a validation error for
+//!    every message, [`provider.batch_too_large`](codes::BATCH_TOO_LARGE), and nothing is
+//!    sent: split it before, so no half of it goes by surprise.
 //! 2. A message the codec cannot put in a batch ([`BatchCodec::batchable`]; Resend: one with
 //!    attachments or a `send_at`) is answered a validation error,
 //!    [`provider.not_batchable`](codes::NOT_BATCHABLE), and left out; the rest go. The error
@@ -163,24 +167,33 @@
 //!   the stack chose, and its redirects (`redirect::Policy::none()`), which turn a POST into a
 //!   GET.
 
-mod codec;
+pub mod codec;
 mod future;
-mod resend;
 mod status;
 mod transport;
 
+// The codec traits and each provider's codec type are re-exported here, where the transport
+// that takes them is; a provider's constants and codes stay in its module under `codec`.
+pub use codec::resend::ResendCodec;
 pub use codec::{BatchCodec, Codec};
 pub use future::{BatchResponseFuture, ResponseFuture};
-pub use resend::{RESEND, RESEND_API, RESEND_MAX_BATCH, ResendCodec};
 pub use status::{connection_refused, parse_retry_after};
 pub use transport::{
     DEFAULT_MAX_RESPONSE_BODY, HttpTransport, IDEMPOTENCY_KEY, batch_idempotency_key,
 };
 
-/// The stable codes of the errors [`HttpTransport`] and [`ResendCodec`] make; see the
-/// mapping table in the [module docs](self). Client timeouts and other client errors use
-/// [`outcome::codes::TIMEOUT`](crate::outcome::codes::TIMEOUT) and
-/// [`outcome::codes::UNKNOWN`](crate::outcome::codes::UNKNOWN).
+/// The stable codes of the errors [`HttpTransport`] makes from the provider's answer (see the
+/// mapping table in the [module docs](self)), and the codes the [`Codec`] contract asks every
+/// codec to use.
+///
+/// Where the other codes live, by who makes them:
+/// - a codec's own readings of its provider's answers: in that codec's module, e.g.
+///   [`codec::resend::codes`];
+/// - failures the crate classified without reading an answer (a client timeout, any other
+///   client error, a client that could not become ready) and the idempotency layer's own
+///   answers: [`outcome::codes`](crate::outcome::codes), e.g.
+///   [`TIMEOUT`](crate::outcome::codes::TIMEOUT), [`UNKNOWN`](crate::outcome::codes::UNKNOWN)
+///   and [`NOT_SENT`](crate::outcome::codes::NOT_SENT).
 pub mod codes {
     /// 429: the provider is rate limiting. Retryable, with the `Retry-After` wait.
     pub const RATE_LIMITED: &str = "provider.rate_limited";
@@ -200,19 +213,16 @@ pub mod codes {
     pub const REJECTED: &str = "provider.rejected";
     /// 1xx or 3xx. Permanent.
     pub const UNEXPECTED_STATUS: &str = "provider.unexpected_status";
-    /// The message cannot be expressed as the provider's request. Validation.
+    /// The message cannot be expressed as the provider's request
+    /// ([`Codec::encode`](super::Codec::encode)) or carry its key in the `Idempotency-Key`
+    /// header. Validation; nothing is sent.
     pub const INVALID_REQUEST: &str = "provider.invalid_request";
-    /// The provider is still handling a request under this idempotency key (Resend's 409
-    /// `concurrent_idempotent_requests`). Unknown delivery.
-    pub const IDEMPOTENCY_IN_FLIGHT: &str = "provider.idempotency_in_flight";
-    /// The provider holds this idempotency key for a different request (Resend's 409
-    /// `invalid_idempotent_request`). Validation.
-    pub const IDEMPOTENCY_KEY_REUSED: &str = "provider.idempotency_key_reused";
     /// The batch holds more messages than the provider takes in one request
     /// ([`BatchCodec::max_batch`](super::BatchCodec::max_batch)). Validation, for every
     /// message; nothing is sent.
     pub const BATCH_TOO_LARGE: &str = "provider.batch_too_large";
-    /// The message cannot go in a batch request (with Resend: it has attachments or a
-    /// schedule). Validation, for that message; the rest of the batch goes.
+    /// The message cannot go in a batch request
+    /// ([`BatchCodec::batchable`](super::BatchCodec::batchable); with Resend: it has
+    /// attachments or a schedule). Validation, for that message; the rest of the batch goes.
     pub const NOT_BATCHABLE: &str = "provider.not_batchable";
 }

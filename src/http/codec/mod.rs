@@ -1,4 +1,8 @@
-//! The [`Codec`] trait: what a provider's HTTP API looks like.
+//! What a provider's HTTP API looks like: the [`Codec`] and [`BatchCodec`] traits, and one
+//! module per provider with its codec, its constants and the codes of the errors only it
+//! makes ([`resend`]).
+
+pub mod resend;
 
 use bytes::Bytes;
 

@@ -1,4 +1,5 @@
-//! [`ResendCodec`]: Resend's email API (`POST /emails` and `POST /emails/batch`).
+//! [`ResendCodec`]: Resend's email API (`POST /emails` and `POST /emails/batch`), with its
+//! constants and the [`codes`] of the errors only it makes.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -10,10 +11,21 @@ use http::header::{AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 use http::{HeaderValue, Method, Uri};
 use serde::{Deserialize, Serialize};
 
-use super::codec::{BatchCodec, Codec};
-use super::codes;
+use super::{BatchCodec, Codec};
+use crate::http::codes as http_codes;
 use crate::message::Message;
 use crate::outcome::{BoxError, Receipt, SendError};
+
+/// The stable codes of the errors only [`ResendCodec`] makes: what Resend's own 409 answers
+/// mean. Its other answers get the transport's codes ([`http::codes`](crate::http::codes)).
+pub mod codes {
+    /// Resend is still handling a request under this idempotency key (its 409
+    /// `concurrent_idempotent_requests`). Unknown delivery.
+    pub const IDEMPOTENCY_IN_FLIGHT: &str = "provider.idempotency_in_flight";
+    /// Resend holds this idempotency key for a different request (its 409
+    /// `invalid_idempotent_request`). Validation.
+    pub const IDEMPOTENCY_KEY_REUSED: &str = "provider.idempotency_key_reused";
+}
 
 /// Resend's API, where [`ResendCodec::new`] points.
 pub const RESEND_API: &str = "https://api.resend.com";
@@ -56,9 +68,9 @@ pub const RESEND_MAX_BATCH: usize = 100;
 /// `{"data": [{"id": "…"}, …]}` in the order sent. Resend's batch endpoint takes neither
 /// attachments nor `scheduled_at`, so a message with attachments or a `send_at` is not
 /// [`batchable`](BatchCodec::batchable): it is answered a validation error,
-/// [`provider.not_batchable`](codes::NOT_BATCHABLE), and the rest of the batch goes without
-/// it. That error lands on the message at fault, never on its neighbours, and says what to do:
-/// send that message on its own (its key was not used, so the layer has freed it).
+/// [`provider.not_batchable`](http_codes::NOT_BATCHABLE), and the rest of the batch goes
+/// without it. That error lands on the message at fault, never on its neighbours, and says
+/// what to do: send that message on its own (its key was not used, so the layer has freed it).
 ///
 /// ```
 /// use tower_idempotency::http::ResendCodec;
@@ -99,7 +111,7 @@ impl ResendCodec {
             .filter(|uri| uri.scheme().is_some() && uri.authority().is_some())
             .ok_or_else(|| {
                 SendError::validation(
-                    codes::INVALID_REQUEST,
+                    http_codes::INVALID_REQUEST,
                     "the Resend base URL is not an absolute http(s) URL",
                 )
             })
@@ -178,7 +190,7 @@ fn resend_error(response: &http::Response<Bytes>) -> Option<ResendError> {
 }
 
 fn invalid(text: &'static str) -> impl FnOnce(http::Error) -> SendError {
-    move |e| SendError::validation(codes::INVALID_REQUEST, text).with_source(e)
+    move |e| SendError::validation(http_codes::INVALID_REQUEST, text).with_source(e)
 }
 
 impl ResendCodec {
@@ -202,7 +214,7 @@ impl ResendCodec {
         let scheduled_at = match message.send_at() {
             Some(at) => Some(rfc3339(at).ok_or_else(|| {
                 SendError::validation(
-                    codes::INVALID_REQUEST,
+                    http_codes::INVALID_REQUEST,
                     "the message is scheduled before 1970, which Resend cannot take",
                 )
             })?),
@@ -240,14 +252,14 @@ impl ResendCodec {
     fn post(&self, path: &str, body: &impl Serialize) -> Result<http::Request<Bytes>, SendError> {
         let body = serde_json::to_vec(body).map_err(|e| {
             SendError::validation(
-                codes::INVALID_REQUEST,
+                http_codes::INVALID_REQUEST,
                 "the message cannot be encoded as JSON",
             )
             .with_source(e)
         })?;
         let mut authorization = HeaderValue::from_str(&self.authorization).map_err(|e| {
             SendError::validation(
-                codes::INVALID_REQUEST,
+                http_codes::INVALID_REQUEST,
                 "the Resend API key cannot be sent as an HTTP header",
             )
             .with_source(e)
@@ -329,7 +341,7 @@ impl BatchCodec for ResendCodec {
             (true, None) => return Ok(()),
         };
         Err(SendError::validation(
-            codes::NOT_BATCHABLE,
+            http_codes::NOT_BATCHABLE,
             format!(
                 "Resend's batch endpoint does not take {refused}; this message was left out \
                  of the batch and not sent: send it on its own"

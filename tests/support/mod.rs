@@ -1,6 +1,15 @@
-//! Test doubles shared by the integration tests: a counting provider and a store wrapper that
-//! counts calls and fails on command.
-#![allow(dead_code, unreachable_pub)]
+//! What the integration tests share, one module per area. Here: messages, a counting
+//! provider, a store wrapper that counts calls and fails on command, a tracing capture and a
+//! bounded wait. [`stores`]: the backend tests' servers, skip policy and admin connections.
+//! [`http`]: the one fake HTTP provider and the real clients.
+//!
+//! Every test binary declares `mod support;` and uses the part it needs.
+// Each binary uses a part of this module; the rest would be dead code in that binary.
+#![allow(dead_code)]
+
+#[cfg(feature = "http")]
+pub mod http;
+pub mod stores;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -13,7 +22,8 @@ use tokio::sync::Semaphore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::Outcome;
 use tower_idempotency::store::{Reservation, Store, StoreError, Token};
-use tower_idempotency::{BoxError, MemoryStore, Message, Receipt};
+use tower_idempotency::{BoxError, MemoryStore, Message, Receipt, SendError};
+use tower_resilience_circuitbreaker::CircuitBreakerError;
 
 /// A message to `to` with `text`, under `key` when given.
 pub fn message(key: Option<&str>, text: &str) -> Message {
@@ -78,6 +88,15 @@ impl tower::Service<Message> for Provider {
     fn call(&mut self, m: Message) -> Self::Future {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         (self.answer)(n, &m)
+    }
+}
+
+/// A circuit breaker's open circuit means "not sent": maps it to the error the layer frees the
+/// key on.
+pub fn breaker_error(e: CircuitBreakerError<BoxError>) -> BoxError {
+    match e {
+        CircuitBreakerError::OpenCircuit => SendError::circuit_open().into(),
+        CircuitBreakerError::Inner(e) => e,
     }
 }
 

@@ -1,0 +1,94 @@
+//! For the tests of stores on real servers: which server each test uses and when it is
+//! skipped, fingerprints, names no other test or run shares, and admin connections that go
+//! around the store.
+
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::store::Token;
+
+/// The environment variable that turns a skipped backend test into a failure (CI sets it).
+pub const REQUIRE_BACKENDS_VAR: &str = "TOWER_IDEMPOTENCY_REQUIRE_BACKENDS";
+
+/// Reads the server URL a backend test needs from `var`.
+///
+/// When it is unset, says once per test binary that its tests are skipped and answers `None`,
+/// unless [`REQUIRE_BACKENDS_VAR`] is set, in which case it panics: a CI run must not pass on
+/// skipped backends.
+pub fn backend_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            assert!(
+                std::env::var_os(REQUIRE_BACKENDS_VAR).is_none(),
+                "{var} is not set but {REQUIRE_BACKENDS_VAR} requires every backend test to run"
+            );
+            announce_skip(var);
+            None
+        }
+    }
+}
+
+/// Says once per test binary and variable that its tests are skipped. Written to the
+/// process's stderr directly, not through `eprintln!`, which the test harness captures and
+/// hides for passing tests.
+fn announce_skip(var: &str) {
+    use std::io::Write;
+    static ANNOUNCED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut announced = ANNOUNCED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !announced.iter().any(|v| v == var) {
+        announced.push(var.to_owned());
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: {var} is not set, so the tests that need it pass without running"
+        );
+    }
+}
+
+/// A distinct fingerprint per `n`.
+pub fn fp(n: u8) -> Fingerprint {
+    Fingerprint::from_bytes([n; 32])
+}
+
+/// `prefix` and a random suffix, a name no other test or run shares: usable as a table name,
+/// a key namespace or part of a Redis key.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", Token::new().as_uuid().simple())
+}
+
+/// A Redis key prefix no other test or run shares.
+pub fn unique_prefix(test: &str) -> String {
+    format!("test:{}:", unique(test))
+}
+
+/// Connections that go around the store, to plant values, read them raw and watch the server.
+#[cfg(feature = "redis")]
+pub mod redis_admin {
+    use redis::aio::MultiplexedConnection;
+
+    /// A connection of the test's own to the server at `url`.
+    pub async fn admin(url: &str) -> MultiplexedConnection {
+        redis::Client::open(url)
+            .expect("valid REDIS_URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("admin connection")
+    }
+}
+
+/// A session that goes around the store, to plant rows, hold locks and kill the store's sessions.
+#[cfg(feature = "postgres")]
+pub mod postgres_admin {
+    use tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::{self, NoTls};
+
+    /// A session of the test's own on the server at `url`.
+    pub async fn admin(url: &str) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(url, NoTls)
+            .await
+            .expect("admin connection");
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        client
+    }
+}
