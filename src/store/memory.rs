@@ -390,6 +390,29 @@ impl Inner {
         }
         false
     }
+
+    fn extend(&self, key: &str, token: Token, lease: Duration) -> bool {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        let (fingerprint, written_at) = match shard.map.get(key) {
+            Some(e) if e.is_live(now) && e.token == token && e.state == RecordState::Pending => {
+                (e.fingerprint, e.written_at)
+            }
+            _ => return false,
+        };
+        // Re-inserted under a new sequence number, so the expiry index moves with it.
+        let entry = Entry {
+            state: RecordState::Pending,
+            fingerprint,
+            token,
+            outcome: None,
+            expires_at: deadline(now, lease),
+            written_at,
+            seq: shard.next_seq(),
+        };
+        shard.insert(Arc::from(key), entry);
+        true
+    }
 }
 
 /// The records stay consistent whatever a panicking thread left half done: every mutation
@@ -425,5 +448,14 @@ impl Store for MemoryStore {
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         std::future::ready(Ok(self.inner.release(key, token))).boxed()
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        std::future::ready(Ok(self.inner.extend(key, token, lease))).boxed()
     }
 }

@@ -179,6 +179,8 @@ pub enum StoreErrorKind {
     Capacity,
     /// The call itself was invalid, such as a batch that names one key twice.
     InvalidInput,
+    /// The store does not offer this operation (a store written before it existed).
+    Unsupported,
 }
 
 /// Why a store operation failed. The source error is kept.
@@ -282,6 +284,33 @@ pub trait Store: Send + Sync + 'static {
     fn release<'a>(&'a self, key: &'a str, token: Token)
     -> BoxFuture<'a, Result<bool, StoreError>>;
 
+    /// Makes the lease of `key` end `lease` from now, by the store's clock, when `token` holds
+    /// it pending and its lease has not passed; answers whether it did. `false` means the key
+    /// is lost to this token: another token holds it, it was completed or released, or its
+    /// lease passed (a record whose lease passed may already be gone, so a store never
+    /// revives one).
+    ///
+    /// The layer calls it while a send runs, so that a send slower than its lease keeps its
+    /// key. Like `complete` and `release`, it is one atomic step in the backend, fenced by the
+    /// token.
+    ///
+    /// The default answers an error of kind [`StoreErrorKind::Unsupported`], so a store
+    /// written before this operation existed keeps compiling; the layer then holds keys for
+    /// the lease given at reserve time only, and says so in a warning. Every store of this
+    /// crate implements it.
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (key, token, lease);
+        Box::pin(std::future::ready(Err(StoreError::new(
+            StoreErrorKind::Unsupported,
+            "this store cannot extend a lease",
+        ))))
+    }
+
     /// [`reserve`](Self::reserve) for many keys, in as few round trips as the backend allows.
     ///
     /// The keys must be distinct (the layer guarantees it); a store may refuse a repeated key.
@@ -377,6 +406,15 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         (**self).release(key, token)
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        (**self).extend(key, token, lease)
     }
 
     fn reserve_many<'a>(
