@@ -458,6 +458,7 @@ async fn huge_leases_and_ttls_do_not_overflow() {
     else {
         panic!("a fresh key is reserved")
     };
+    assert!(store.extend(&key, token, Duration::MAX).await.unwrap());
     let outcome = Outcome::sent(Receipt::new("m", "t"));
     assert!(
         store

@@ -195,6 +195,8 @@ async fn assert_corrupt_everywhere(url: &str, test: &str, value: &[u8]) {
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "complete: {err}");
     let err = store.release("k", Token::new()).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "release: {err}");
+    let err = store.extend("k", Token::new(), LEASE).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "extend: {err}");
     assert_eq!(
         raw_get(url, &redis_key).await.as_deref(),
         Some(value),
@@ -314,6 +316,8 @@ async fn a_key_of_another_redis_type_is_corrupt() {
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "complete: {err}");
     let err = store.release("k", Token::new()).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "release: {err}");
+    let err = store.extend("k", Token::new(), LEASE).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "extend: {err}");
     let len: i64 = redis::cmd("LLEN")
         .arg(&redis_key)
         .query_async(&mut admin)
@@ -339,6 +343,10 @@ async fn zero_and_huge_leases_and_ttls_are_clamped_not_refused() {
         let Reservation::Reserved { token } = store.reserve(&key, fp(1), d).await.unwrap() else {
             panic!("fresh key held")
         };
+        // A zero lease is 1 ms, which may already have passed: either answer is fine, an
+        // error is not.
+        let extended = store.extend(&key, token, d).await.unwrap();
+        assert!(extended || d == Duration::ZERO, "{key} extended");
         let done = format!("ttl-{name}");
         assert!(
             store
@@ -383,6 +391,45 @@ async fn scripts_are_loaded_again_after_script_flush() {
         .query_async(&mut admin(&url).await)
         .await
         .unwrap();
+    assert!(store.extend("k", token, LEASE).await.unwrap());
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut admin(&url).await)
+        .await
+        .unwrap();
+    assert!(store.release("k", token).await.unwrap());
+}
+
+#[tokio::test]
+async fn extend_moves_the_expiry_and_leaves_the_record_as_it_is() {
+    let Some(url) = backend_url("REDIS_URL") else {
+        return;
+    };
+    let prefix = unique_prefix("extend-pttl");
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .key_prefix(prefix.clone());
+    let redis_key = format!("{prefix}k");
+    let Reservation::Reserved { token } = store.reserve("k", fp(1), LEASE).await.unwrap() else {
+        panic!("fresh key held")
+    };
+    let before = raw_get(&url, &redis_key).await.expect("the pending record");
+    let mut admin = admin(&url).await;
+    let pttl = redis::cmd("PTTL").arg(&redis_key).clone();
+    let first: i64 = pttl.query_async(&mut admin).await.unwrap();
+    assert!(first <= LEASE.as_millis() as i64);
+    assert!(store.extend("k", token, LEASE * 10).await.unwrap());
+    let moved: i64 = pttl.query_async(&mut admin).await.unwrap();
+    assert!(
+        moved > LEASE.as_millis() as i64 * 9,
+        "the lease now ends about ten leases from now, {moved} ms"
+    );
+    assert_eq!(
+        raw_get(&url, &redis_key).await,
+        Some(before),
+        "the record was not rewritten"
+    );
     assert!(store.release("k", token).await.unwrap());
 }
 

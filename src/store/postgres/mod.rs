@@ -39,6 +39,9 @@
 //! - `complete` is an upsert whose `DO UPDATE` applies only `WHERE token = $token OR
 //!   expires_at <= now()`, so a stale owner never overwrites a new owner's record.
 //! - `release` is `DELETE … WHERE key = $1 AND token = $2 AND state = 'pending'`.
+//! - `extend` is `UPDATE … SET expires_at = now() + lease WHERE key = $1 AND token = $2 AND
+//!   state = 'pending' AND expires_at > now()`: only the holder moves its lease, and a row
+//!   whose lease passed (dead, though still on disk until purged) is never revived.
 //!
 //! The batch operations are one statement each too, whatever the number of keys: the keys,
 //! tokens, fingerprints (and outcomes) travel as arrays and `unnest` turns them back into
@@ -487,6 +490,24 @@ impl PostgresStore {
             .map_err(|e| self.db_error(e))?;
         Ok(deleted > 0)
     }
+
+    async fn try_extend(
+        &self,
+        key: &str,
+        token: Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.extend)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let row = client
+            .query_opt(&statement, &[&key, token.as_uuid(), &millis(lease)])
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(row.is_some())
+    }
 }
 
 /// A duration as whole milliseconds for an interval, rounded up so a short lease never
@@ -523,6 +544,15 @@ impl Store for PostgresStore {
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(self.bounded(self.try_release(key, token)))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.bounded(self.try_extend(key, token, lease)))
     }
 
     fn reserve_many<'a>(
