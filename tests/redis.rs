@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use support::stores::redis_admin::admin;
-use support::stores::{backend_url, fp, unique_prefix};
+use support::stores::{backend_url, broken_records, fp, unique_prefix};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::conformance::Conformance;
@@ -279,6 +279,50 @@ async fn a_record_the_store_cannot_use_is_corrupt_on_reserve() {
         panic!("done key reserved")
     };
     assert_eq!(record.outcome.unwrap().replay().unwrap().id, "repaired");
+}
+
+/// Point 5 of the store contract: a record that decodes but breaks the record rules (a
+/// pending record with an outcome, a failure of category delivered) is corrupt here as on
+/// every store, on a single reserve and in its own entry of a batch, and is left as it is.
+#[tokio::test]
+async fn a_record_that_breaks_the_record_rules_is_corrupt_like_on_every_store() {
+    let Some(url) = backend_url("REDIS_URL") else {
+        return;
+    };
+    let prefix = unique_prefix("broken-record");
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .key_prefix(prefix.clone());
+    let token = Token::new().to_string();
+    let fingerprint = fp(1).to_string();
+    for (name, state, outcome) in broken_records::PARTS {
+        let value = broken_records::whole(state, &token, &fingerprint, outcome);
+        let redis_key = format!("{prefix}{name}");
+        plant(&url, &redis_key, value.as_bytes()).await;
+
+        let err = store.reserve(name, fp(1), LEASE).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{name}: {err}");
+        let fresh = format!("{name}-fresh");
+        let answers = store
+            .reserve_many(&[(name, fp(1)), (&fresh, fp(1))], LEASE)
+            .await
+            .expect("the batch as a whole succeeds");
+        match &answers[0] {
+            Err(err) => assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{name}: {err}"),
+            Ok(answer) => panic!("{name} was answered {answer:?}"),
+        }
+        assert!(
+            matches!(answers[1], Ok(Reservation::Reserved { .. })),
+            "{name}: the other entry is reserved: {:?}",
+            answers[1]
+        );
+        assert_eq!(
+            raw_get(&url, &redis_key).await.as_deref(),
+            Some(value.as_bytes()),
+            "{name}: the value was left as it is"
+        );
+    }
 }
 
 #[tokio::test]

@@ -67,8 +67,10 @@
 //! operation, including the wait for a pooled connection, is bounded by a timeout
 //! ([`DEFAULT_TIMEOUT`]) and fails with a [`Timeout`](super::StoreErrorKind::Timeout) error.
 //! A row that does not decode (unknown state, an outcome that is not a kept [`Outcome`], a
-//! done row without an outcome, a fingerprint that is not 32 bytes) is reported as a
-//! [`Corrupt`](super::StoreErrorKind::Corrupt) error, never a panic.
+//! fingerprint that is not 32 bytes) or breaks the
+//! [record rules](super::record#the-record-rules) (a pending row with an outcome, a done row
+//! without, a failure of category `delivered`: the same damage every store reports) is
+//! reported as a [`Corrupt`](super::StoreErrorKind::Corrupt) error, never a panic.
 //!
 //! Keys are stored as given. The layer's key rules (at most 256 bytes, no control characters)
 //! keep them well inside what PostgreSQL accepts; called directly, a key with a NUL byte or

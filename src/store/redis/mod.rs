@@ -68,8 +68,10 @@
 //!
 //! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
 //! fingerprint in hex, `outcome` the kept [`Outcome`] (done records only). No message content
-//! is stored. The scripts read `state` and `token` of that JSON. A value that is not such JSON, a done record without an outcome, or a key of
-//! another Redis type makes the operation fail with a
+//! is stored. The scripts read `state` and `token` of that JSON. A value that is not such
+//! JSON, a record that breaks the [record rules](super::record#the-record-rules) (a pending
+//! record with an outcome, a done one without, a failure of category `delivered`: the same
+//! damage every store reports), or a key of another Redis type makes the operation fail with a
 //! [`Corrupt`](super::StoreErrorKind::Corrupt) error; the scripts never overwrite or delete a
 //! value they cannot read.
 //!
