@@ -177,6 +177,7 @@ impl Conformance {
         self.extend_by_the_holder_keeps_the_key_past_its_first_lease()
             .await;
         self.an_extended_lease_ends().await;
+        self.extend_sets_the_end_from_now_even_when_sooner().await;
         self.extend_by_another_token_changes_nothing().await;
         self.extend_of_a_done_key_changes_nothing().await;
         self.extend_of_a_released_key_changes_nothing().await;
@@ -348,6 +349,7 @@ macro_rules! store_conformance_tests {
             concurrent_overlapping_batches_reserve_each_key_once,
             extend_by_the_holder_keeps_the_key_past_its_first_lease,
             an_extended_lease_ends,
+            extend_sets_the_end_from_now_even_when_sooner,
             extend_by_another_token_changes_nothing,
             extend_of_a_done_key_changes_nothing,
             extend_of_a_released_key_changes_nothing,
