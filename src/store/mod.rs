@@ -125,7 +125,8 @@ pub struct Record {
     pub state: RecordState,
     /// The fingerprint of the message that holds the key.
     pub fingerprint: Fingerprint,
-    /// The kept outcome: present when done. A done record without one is corrupt.
+    /// The kept outcome: present when done, absent when pending. A record that breaks this
+    /// is corrupt (see [the record rules](record#the-record-rules)).
     pub outcome: Option<Outcome>,
 }
 
