@@ -241,6 +241,15 @@ impl Store for TestStore {
         }
         .boxed()
     }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.extend(key, token, lease)
+    }
 }
 
 /// Captures the tracing events emitted on this thread as `LEVEL fields` lines.
