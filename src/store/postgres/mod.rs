@@ -109,7 +109,7 @@ use crate::outcome::Outcome;
 
 mod purge;
 mod row;
-mod sql;
+pub(crate) mod sql;
 
 pub use deadpool_postgres;
 pub use purge::PurgeTask;

@@ -26,19 +26,7 @@ pub(super) struct Sql {
 
 impl Table {
     pub(super) fn new(name: &str) -> Result<Self, InvalidTableName> {
-        let invalid = |reason| InvalidTableName {
-            name: name.to_owned(),
-            reason,
-        };
-        let mut parts = name.split('.');
-        let (schema, table) = match (parts.next(), parts.next(), parts.next()) {
-            (Some(table), None, _) => (None, table),
-            (Some(schema), Some(table), None) => (Some(schema), table),
-            _ => return Err(invalid("at most one dot, between schema and table")),
-        };
-        for part in schema.iter().chain([&table]) {
-            check_identifier(part).map_err(invalid)?;
-        }
+        let (schema, table) = split_table_name(name)?;
         Ok(Self::checked(name, schema, table))
     }
 
@@ -158,6 +146,25 @@ impl Table {
             sql,
         }
     }
+}
+
+/// Splits `table` or `schema.table` into its parts, each checked by [`check_identifier`]:
+/// names that need no escaping and cannot carry SQL. Also used by the outbox's table.
+pub(crate) fn split_table_name(name: &str) -> Result<(Option<&str>, &str), InvalidTableName> {
+    let invalid = |reason| InvalidTableName {
+        name: name.to_owned(),
+        reason,
+    };
+    let mut parts = name.split('.');
+    let (schema, table) = match (parts.next(), parts.next(), parts.next()) {
+        (Some(table), None, _) => (None, table),
+        (Some(schema), Some(table), None) => (Some(schema), table),
+        _ => return Err(invalid("at most one dot, between schema and table")),
+    };
+    for part in schema.iter().chain([&table]) {
+        check_identifier(part).map_err(invalid)?;
+    }
+    Ok((schema, table))
 }
 
 fn check_identifier(part: &str) -> Result<(), &'static str> {
