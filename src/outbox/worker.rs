@@ -43,8 +43,14 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 /// | [`max_attempts`](Self::max_attempts) | [`DEFAULT_MAX_ATTEMPTS`] |
 /// | [`backoff`](Self::backoff) | 1 s doubling to 5 minutes, jittered |
 pub struct Worker<S> {
-    outbox: Outbox,
+    settings: Settings,
     service: S,
+}
+
+/// What a worker does, apart from the service it sends through: nothing here is generic, so
+/// the run's future holds no borrow of the service across a statement.
+struct Settings {
+    outbox: Outbox,
     batch: u32,
     claim_lease: Duration,
     poll_interval: Duration,
@@ -56,12 +62,13 @@ pub struct Worker<S> {
 
 impl<S> fmt::Debug for Worker<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.settings;
         f.debug_struct("Worker")
-            .field("outbox", &self.outbox)
-            .field("batch", &self.batch)
-            .field("claim_lease", &self.claim_lease)
-            .field("poll_interval", &self.poll_interval)
-            .field("max_attempts", &self.max_attempts)
+            .field("outbox", &s.outbox)
+            .field("batch", &s.batch)
+            .field("claim_lease", &s.claim_lease)
+            .field("poll_interval", &s.poll_interval)
+            .field("max_attempts", &s.max_attempts)
             .finish_non_exhaustive()
     }
 }
@@ -148,15 +155,17 @@ enum Verdict {
 impl<S> Worker<S> {
     pub(super) fn new(outbox: Outbox, service: S) -> Self {
         Self {
-            outbox,
+            settings: Settings {
+                outbox,
+                batch: DEFAULT_BATCH,
+                claim_lease: DEFAULT_CLAIM_LEASE,
+                poll_interval: DEFAULT_POLL_INTERVAL,
+                max_attempts: DEFAULT_MAX_ATTEMPTS,
+                backoff_base: Duration::from_secs(1),
+                backoff_max: Duration::from_secs(5 * 60),
+                counters: Arc::default(),
+            },
             service,
-            batch: DEFAULT_BATCH,
-            claim_lease: DEFAULT_CLAIM_LEASE,
-            poll_interval: DEFAULT_POLL_INTERVAL,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            backoff_base: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(5 * 60),
-            counters: Arc::default(),
         }
     }
 
@@ -164,7 +173,7 @@ impl<S> Worker<S> {
     /// more workers for more sends at once.
     #[must_use]
     pub fn batch(mut self, rows: u32) -> Self {
-        self.batch = rows.max(1);
+        self.settings.batch = rows.max(1);
         self
     }
 
@@ -174,21 +183,21 @@ impl<S> Worker<S> {
     /// worker's answer is not written.
     #[must_use]
     pub fn claim_lease(mut self, lease: Duration) -> Self {
-        self.claim_lease = lease.max(Duration::from_millis(1));
+        self.settings.claim_lease = lease.max(Duration::from_millis(1));
         self
     }
 
     /// How often an idle worker looks for rows when no notification wakes it.
     #[must_use]
     pub fn poll_interval(mut self, every: Duration) -> Self {
-        self.poll_interval = every.max(Duration::from_millis(1));
+        self.settings.poll_interval = every.max(Duration::from_millis(1));
         self
     }
 
     /// Attempts before a row whose failures are retryable becomes dead (at least 1).
     #[must_use]
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts.max(1);
+        self.settings.max_attempts = attempts.max(1);
         self
     }
 
@@ -196,16 +205,149 @@ impl<S> Worker<S> {
     /// down by up to half; a provider's `Retry-After` that asks for longer wins.
     #[must_use]
     pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
-        self.backoff_base = base;
-        self.backoff_max = max.max(base);
+        self.settings.backoff_base = base;
+        self.settings.backoff_max = max.max(base);
         self
     }
 
     /// A live view of what this worker does, to read while it runs.
     pub fn stats(&self) -> WorkerStatsHandle {
-        WorkerStatsHandle(Arc::clone(&self.counters))
+        WorkerStatsHandle(Arc::clone(&self.settings.counters))
+    }
+}
+
+impl<S> Worker<S>
+where
+    S: Service<crate::Message, Response = Receipt> + Send,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+{
+    /// Drains the outbox until `shutdown` completes, then finishes the send in hand, puts
+    /// back the rows it claimed but did not send, and returns its stats.
+    ///
+    /// A failed claim (the database is down) is logged and tried again at the next poll;
+    /// the worker never gives up on its own.
+    pub async fn run(
+        mut self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<WorkerStats, StoreError> {
+        let mut shutdown = pin!(shutdown.fuse());
+        let wake = Arc::new(Notify::new());
+        let mut listener: Option<JoinHandle<()>> = None;
+        let token = Uuid::new_v4();
+        'drain: loop {
+            if listener.as_ref().is_none_or(JoinHandle::is_finished) {
+                listener = self.settings.listen(&wake);
+            }
+            if shutdown.as_mut().now_or_never().is_some() {
+                break;
+            }
+            let claimed = match self.settings.claim(token).await {
+                Ok(claimed) => claimed,
+                Err(error) => {
+                    tracing::warn!(error = %error, table = %self.settings.outbox.table_name(), "outbox claim failed; trying again at the next poll");
+                    Vec::new()
+                }
+            };
+            if claimed.is_empty() {
+                let notified = pin!(wake.notified());
+                let slept = pin!(tokio::time::sleep(self.settings.poll_interval));
+                let idle = select(notified, slept);
+                if let Either::Left(_) = select(shutdown.as_mut(), idle).await {
+                    break;
+                }
+                continue;
+            }
+            let mut rows = claimed.into_iter();
+            while let Some(row) = rows.next() {
+                if shutdown.as_mut().now_or_never().is_some() {
+                    let unsent: Vec<i64> =
+                        std::iter::once(row.id).chain(rows.map(|r| r.id)).collect();
+                    self.settings.release(token, &unsent).await;
+                    break 'drain;
+                }
+                self.send(token, row).await;
+            }
+        }
+        if let Some(listener) = listener {
+            listener.abort();
+        }
+        Ok(self.settings.counters.snapshot())
     }
 
+    async fn send(&mut self, token: Uuid, row: Claimed) {
+        let Self { settings, service } = self;
+        let verdict = match stored::decode(&row.message) {
+            Err(error) => Verdict::Dead(format!("outbox.corrupt: {error}")),
+            Ok(message) => {
+                let classifier = Classifier::default();
+                // Judged before anything else is awaited: the service's error type need
+                // not be `Send`.
+                let ready = poll_fn(|cx| service.poll_ready(cx))
+                    .await
+                    .map_err(|error| into_send_error(&classifier, error.into()));
+                let result = match ready {
+                    Err(error) => Err(error),
+                    Ok(()) => {
+                        let answer = service.call(message).await;
+                        answer.map_err(|error| into_send_error(&classifier, error.into()))
+                    }
+                };
+                settings.judge(result, row.attempts)
+            }
+        };
+        let sql = &settings.outbox.sql;
+        let marked = match &verdict {
+            Verdict::Done(receipt) => {
+                settings
+                    .execute(
+                        &sql.done,
+                        &[&row.id, &token, &receipt.id, &receipt.transport],
+                    )
+                    .await
+            }
+            Verdict::Retry { after, error } => {
+                let after_ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
+                let last = format!("{}: {}", error.code(), error.message());
+                settings
+                    .execute(&sql.retry, &[&row.id, &token, &after_ms, &last])
+                    .await
+            }
+            Verdict::Dead(why) => settings.execute(&sql.dead, &[&row.id, &token, why]).await,
+        };
+        match (&verdict, marked) {
+            (_, Err(error)) => tracing::warn!(
+                row = row.id,
+                error = %error,
+                "outbox could not record a send's answer; the row is sent again when its claim passes, and the idempotency layer answers that repeat"
+            ),
+            (_, Ok(0)) => tracing::warn!(
+                row = row.id,
+                "outbox claim passed before the send's answer was recorded; another worker holds the row"
+            ),
+            (Verdict::Done(_), Ok(_)) => {
+                Counters::add(&settings.counters.sent, 1);
+                tracing::debug!(row = row.id, attempts = row.attempts, "outbox message sent");
+            }
+            (Verdict::Retry { after, error }, Ok(_)) => {
+                Counters::add(&settings.counters.retried, 1);
+                tracing::info!(
+                    row = row.id,
+                    attempts = row.attempts,
+                    code = error.code(),
+                    retry_in_ms = after.as_millis() as u64,
+                    "outbox message will be tried again"
+                );
+            }
+            (Verdict::Dead(why), Ok(_)) => {
+                Counters::add(&settings.counters.dead_lettered, 1);
+                tracing::warn!(row = row.id, attempts = row.attempts, error = %why, "outbox message moved to the dead-letter state");
+            }
+        }
+    }
+}
+
+impl Settings {
     fn wait_before(&self, attempts: i32) -> Duration {
         let doublings = u32::try_from(attempts.saturating_sub(1))
             .unwrap_or(0)
@@ -238,133 +380,7 @@ impl<S> Worker<S> {
         };
         Verdict::Dead(format!("{} ({why}): {}", error.code(), error.message()))
     }
-}
 
-impl<S> Worker<S>
-where
-    S: Service<crate::Message, Response = Receipt> + Send,
-    S::Error: Into<BoxError>,
-    S::Future: Send,
-{
-    /// Drains the outbox until `shutdown` completes, then finishes the send in hand, puts
-    /// back the rows it claimed but did not send, and returns its stats.
-    ///
-    /// A failed claim (the database is down) is logged and tried again at the next poll;
-    /// the worker never gives up on its own.
-    pub async fn run(
-        mut self,
-        shutdown: impl Future<Output = ()> + Send,
-    ) -> Result<WorkerStats, StoreError> {
-        let mut shutdown = pin!(shutdown.fuse());
-        let wake = Arc::new(Notify::new());
-        let mut listener: Option<JoinHandle<()>> = None;
-        let token = Uuid::new_v4();
-        'drain: loop {
-            if listener.as_ref().is_none_or(JoinHandle::is_finished) {
-                listener = self.listen(&wake);
-            }
-            if shutdown.as_mut().now_or_never().is_some() {
-                break;
-            }
-            let claimed = match self.claim(token).await {
-                Ok(claimed) => claimed,
-                Err(error) => {
-                    tracing::warn!(error = %error, table = %self.outbox.table_name(), "outbox claim failed; trying again at the next poll");
-                    Vec::new()
-                }
-            };
-            if claimed.is_empty() {
-                let notified = pin!(wake.notified());
-                let slept = pin!(tokio::time::sleep(self.poll_interval));
-                let idle = select(notified, slept);
-                if let Either::Left(_) = select(shutdown.as_mut(), idle).await {
-                    break;
-                }
-                continue;
-            }
-            let mut rows = claimed.into_iter();
-            while let Some(row) = rows.next() {
-                if shutdown.as_mut().now_or_never().is_some() {
-                    let unsent: Vec<i64> =
-                        std::iter::once(row.id).chain(rows.map(|r| r.id)).collect();
-                    self.release(token, &unsent).await;
-                    break 'drain;
-                }
-                self.send(token, row).await;
-            }
-        }
-        if let Some(listener) = listener {
-            listener.abort();
-        }
-        Ok(self.counters.snapshot())
-    }
-
-    async fn send(&mut self, token: Uuid, row: Claimed) {
-        let verdict = match stored::decode(&row.message) {
-            Err(error) => Verdict::Dead(format!("outbox.corrupt: {error}")),
-            Ok(message) => {
-                let classifier = Classifier::default();
-                let result = match poll_fn(|cx| self.service.poll_ready(cx)).await {
-                    Err(error) => Err(into_send_error(&classifier, error.into())),
-                    Ok(()) => self
-                        .service
-                        .call(message)
-                        .await
-                        .map_err(|error| into_send_error(&classifier, error.into())),
-                };
-                self.judge(result, row.attempts)
-            }
-        };
-        let sql = &self.outbox.sql;
-        let marked = match &verdict {
-            Verdict::Done(receipt) => {
-                self.execute(
-                    &sql.done,
-                    &[&row.id, &token, &receipt.id, &receipt.transport],
-                )
-                .await
-            }
-            Verdict::Retry { after, error } => {
-                let after_ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
-                let last = format!("{}: {}", error.code(), error.message());
-                self.execute(&sql.retry, &[&row.id, &token, &after_ms, &last])
-                    .await
-            }
-            Verdict::Dead(why) => self.execute(&sql.dead, &[&row.id, &token, why]).await,
-        };
-        match (&verdict, marked) {
-            (_, Err(error)) => tracing::warn!(
-                row = row.id,
-                error = %error,
-                "outbox could not record a send's answer; the row is sent again when its claim passes, and the idempotency layer answers that repeat"
-            ),
-            (_, Ok(0)) => tracing::warn!(
-                row = row.id,
-                "outbox claim passed before the send's answer was recorded; another worker holds the row"
-            ),
-            (Verdict::Done(_), Ok(_)) => {
-                Counters::add(&self.counters.sent, 1);
-                tracing::debug!(row = row.id, attempts = row.attempts, "outbox message sent");
-            }
-            (Verdict::Retry { after, error }, Ok(_)) => {
-                Counters::add(&self.counters.retried, 1);
-                tracing::info!(
-                    row = row.id,
-                    attempts = row.attempts,
-                    code = error.code(),
-                    retry_in_ms = after.as_millis() as u64,
-                    "outbox message will be tried again"
-                );
-            }
-            (Verdict::Dead(why), Ok(_)) => {
-                Counters::add(&self.counters.dead_lettered, 1);
-                tracing::warn!(row = row.id, attempts = row.attempts, error = %why, "outbox message moved to the dead-letter state");
-            }
-        }
-    }
-}
-
-impl<S> Worker<S> {
     async fn claim(&self, token: Uuid) -> Result<Vec<Claimed>, StoreError> {
         let lease_ms = i64::try_from(self.claim_lease.as_millis()).unwrap_or(i64::MAX);
         let outbox = &self.outbox;
