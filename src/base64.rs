@@ -22,7 +22,7 @@ pub(crate) fn encode(bytes: &[u8]) -> String {
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn decode(text: &str) -> Option<Vec<u8>> {
     let text = text.as_bytes();
-    if text.len() % 4 != 0 {
+    if !text.len().is_multiple_of(4) {
         return None;
     }
     let value = |c: u8| ALPHABET.iter().position(|&a| a == c).map(|v| v as u32);
