@@ -63,11 +63,14 @@ async fn enqueue(url: &str, outbox: &Outbox, keys: impl IntoIterator<Item = Stri
     tx.commit().await.expect("commit");
 }
 
+/// How a test provider answers a key.
+type Answer = dyn Fn(&str) -> Result<Receipt, SendError> + Send + Sync;
+
 /// A provider that counts its calls per key and answers by `answer`.
 #[derive(Clone)]
 struct Provider {
     calls: Arc<Mutex<HashMap<String, usize>>>,
-    answer: Arc<dyn Fn(&str) -> Result<Receipt, SendError> + Send + Sync>,
+    answer: Arc<Answer>,
 }
 
 impl Provider {
