@@ -30,7 +30,8 @@ impl PostgresStore {
             .try_get(3)
             .map_err(|e| self.corrupt("has no readable outcome").with_source(e))?;
         let (state, outcome) = match (state, outcome) {
-            ("pending", None) => (RecordState::Pending, None),
+            // A claim not yet taken holds the key like a send under way.
+            ("pending" | "claimed", None) => (RecordState::Pending, None),
             ("pending", Some(_)) => return Err(self.corrupt("is pending with an outcome")),
             ("done", Some(json)) => {
                 let outcome = record::decode_outcome(json.as_bytes())

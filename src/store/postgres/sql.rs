@@ -22,6 +22,8 @@ pub(super) struct Sql {
     pub(super) complete_many: String,
     pub(super) release_many: String,
     pub(super) purge: String,
+    pub(super) claim: String,
+    pub(super) claims: String,
 }
 
 impl Table {
@@ -41,6 +43,10 @@ impl Table {
         // An index lives in its table's schema, so its name is never qualified. PostgreSQL
         // truncates names over 63 bytes, the same way every time.
         let index = format!("\"{table}_expires_at_idx\"");
+        // A reserve takes the row when it expired, or when it is a claim of the same message
+        // (claim-then-send: the claim was written in the caller's transaction).
+        let takes = "(r.expires_at <= now() \
+                     OR (r.state = 'claimed' AND r.fingerprint = excluded.fingerprint))";
         let sql = Sql {
             migrate: format!(
                 "SELECT pg_advisory_xact_lock(hashtext('tower_idempotency.migrate'));
@@ -60,12 +66,12 @@ impl Table {
                 "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
                  VALUES ($1, 'pending', $2, $3, NULL, now() + $4::bigint * interval '1 millisecond')
                  ON CONFLICT (key) DO UPDATE SET
-                     state = CASE WHEN r.expires_at <= now() THEN excluded.state ELSE r.state END,
-                     token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END,
-                     fingerprint = CASE WHEN r.expires_at <= now()
+                     state = CASE WHEN {takes} THEN excluded.state ELSE r.state END,
+                     token = CASE WHEN {takes} THEN excluded.token ELSE r.token END,
+                     fingerprint = CASE WHEN {takes}
                          THEN excluded.fingerprint ELSE r.fingerprint END,
-                     outcome = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.outcome END,
-                     expires_at = CASE WHEN r.expires_at <= now()
+                     outcome = CASE WHEN {takes} THEN NULL ELSE r.outcome END,
+                     expires_at = CASE WHEN {takes}
                          THEN excluded.expires_at ELSE r.expires_at END
                  RETURNING r.state, r.token, r.fingerprint, r.outcome::text"
             ),
@@ -92,12 +98,12 @@ impl Table {
                  FROM unnest($1::text[], $2::uuid[], $3::bytea[]) AS i(key, token, fingerprint)
                  ORDER BY i.key
                  ON CONFLICT (key) DO UPDATE SET
-                     state = CASE WHEN r.expires_at <= now() THEN excluded.state ELSE r.state END,
-                     token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END,
-                     fingerprint = CASE WHEN r.expires_at <= now()
+                     state = CASE WHEN {takes} THEN excluded.state ELSE r.state END,
+                     token = CASE WHEN {takes} THEN excluded.token ELSE r.token END,
+                     fingerprint = CASE WHEN {takes}
                          THEN excluded.fingerprint ELSE r.fingerprint END,
-                     outcome = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.outcome END,
-                     expires_at = CASE WHEN r.expires_at <= now()
+                     outcome = CASE WHEN {takes} THEN NULL ELSE r.outcome END,
+                     expires_at = CASE WHEN {takes}
                          THEN excluded.expires_at ELSE r.expires_at END
                  RETURNING r.state, r.token, r.fingerprint, r.outcome::text, r.key"
             ),
@@ -139,6 +145,23 @@ impl Table {
                      SELECT ctid FROM {quoted} WHERE expires_at <= now()
                      LIMIT $1::bigint FOR UPDATE SKIP LOCKED))
                  AND expires_at <= now()"
+            ),
+            // Written in the caller's transaction; replaces only an expired row, so a live
+            // record (a send under way or done, another claim) is left alone: no row back.
+            claim: format!(
+                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
+                 VALUES ($1, 'claimed', $2, $3, NULL,
+                         now() + $4::bigint * interval '1 millisecond')
+                 ON CONFLICT (key) DO UPDATE SET
+                     state = excluded.state, token = excluded.token,
+                     fingerprint = excluded.fingerprint, outcome = NULL,
+                     expires_at = excluded.expires_at
+                 WHERE r.expires_at <= now()
+                 RETURNING r.key"
+            ),
+            claims: format!(
+                "SELECT key FROM {quoted} WHERE state = 'claimed' AND expires_at > now()
+                 ORDER BY expires_at, key LIMIT $1"
             ),
         };
         Self {
