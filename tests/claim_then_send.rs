@@ -83,7 +83,7 @@ async fn a_claim_left_by_a_crash_before_the_send_is_found_and_sent_once() {
     tx.commit().await.unwrap();
     // The process dies here, before the send. The next run finds the claim …
     let waiting = store.claims(10).await.unwrap();
-    assert_eq!(waiting, [claim.key.clone()]);
+    assert_eq!(waiting, std::slice::from_ref(&claim.key));
 
     // … and sends the same message under the same key: once.
     let provider = Provider::ok();
