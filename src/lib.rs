@@ -128,6 +128,8 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(any(feature = "http", feature = "postgres"))]
+mod base64;
 pub mod batch;
 pub mod classify;
 pub mod fingerprint;
@@ -135,6 +137,8 @@ pub mod fingerprint;
 pub mod http;
 pub mod layer;
 pub mod message;
+#[cfg(feature = "postgres")]
+pub mod outbox;
 pub mod outcome;
 pub mod retry;
 pub mod store;

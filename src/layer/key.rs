@@ -21,19 +21,28 @@ pub(crate) enum KeyOf {
     Keyed(Arc<str>),
 }
 
-/// The request's key in the store, counting and logging what is not one.
+/// The request's key in the store, `namespace:key`, without counting or logging: `None`
+/// for no key, an error for a key the rules refuse.
 ///
 /// The layer's key function for the request's type, when one was set, overrides the
 /// request's own key.
-pub(crate) fn store_key<R: IdempotentRequest>(config: &Config, request: &R) -> KeyOf {
+pub(crate) fn derive_key<R: IdempotentRequest>(
+    config: &Config,
+    request: &R,
+) -> Option<Result<Arc<str>, KeyError>> {
     let stored = |key: &str| -> Result<Arc<str>, KeyError> {
         validate_key(key)?;
         Ok(Arc::from(format!("{}:{key}", config.namespace)))
     };
-    let key = match config.keys.get::<R>() {
+    match config.keys.get::<R>() {
         Some(key_fn) => key_fn(request).map(|key| stored(&key)),
         None => request.idempotency_key().map(stored),
-    };
+    }
+}
+
+/// The request's key in the store ([`derive_key`]), counting and logging what is not one.
+pub(crate) fn store_key<R: IdempotentRequest>(config: &Config, request: &R) -> KeyOf {
+    let key = derive_key(config, request);
     match key {
         None => {
             bump(&config.counters.unkeyed);

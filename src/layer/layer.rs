@@ -6,10 +6,13 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::config::{Config, ConfigError, IdempotencyLayerBuilder};
+use super::key::derive_key;
+use super::request::IdempotentRequest;
 use super::service::Idempotency;
 use super::stats::Stats;
 use crate::classify::Classifier;
-use crate::store::{MemoryStore, Store};
+use crate::outcome::SendError;
+use crate::store::{Claim, MemoryStore, Store};
 
 /// A tower [`Layer`] that sends each keyed message once: it reserves the message's
 /// idempotency key in a [`Store`] before the inner service is called, answers repeats from the
@@ -118,5 +121,31 @@ impl<S> Layer<S> for IdempotencyLayer {
 impl fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.config.fmt(f)
+    }
+}
+
+// Claims: what a store writes in the caller's own transaction (claim-then-send), so the
+// message's key is held from the moment the business rows commit.
+impl IdempotencyLayer {
+    /// The claim this layer would hold for `request`: its key as stored (`namespace:key`,
+    /// after the key function), its fingerprint and the layer's ttl. `Ok(None)` for a
+    /// request without a key.
+    ///
+    /// Write it in your own transaction with a store that can, such as
+    /// [`PostgresStore::claim_in`](crate::store::postgres::PostgresStore::claim_in) (feature
+    /// `postgres`); the layer's send of the same request then takes the claim as its own.
+    ///
+    /// # Errors
+    /// The layer's `idempotency.invalid_key` error for a key the rules refuse.
+    pub fn claim<R: IdempotentRequest>(&self, request: &R) -> Result<Option<Claim>, SendError> {
+        match derive_key(&self.config, request) {
+            None => Ok(None),
+            Some(Err(error)) => Err(SendError::invalid_key(error)),
+            Some(Ok(key)) => Ok(Some(Claim::new(
+                key.as_ref(),
+                request.fingerprint(),
+                self.config.ttl,
+            ))),
+        }
     }
 }

@@ -16,7 +16,7 @@
 //! | `settle.rs` | keeping or freeing the reserved keys once a send is over, also after a drop | config, key, reserve, stats |
 //! | `service.rs` | [`Idempotency`] and the single send flow | stats, future, config, request, key, reserve, repeat, settle |
 //! | `batch.rs` | the batch send flow: `Service<Batch<R>>` for [`Idempotency`] | stats, config, request, key, reserve, repeat, settle, service |
-//! | `layer.rs` | [`IdempotencyLayer`] (and the builder's `build`, which makes it) | config, service, stats |
+//! | `layer.rs` | [`IdempotencyLayer`] (and the builder's `build`, which makes it; its claims) | config, key, request, service, stats |
 //!
 //! The crate-level modules it uses import nothing from it: [`crate::classify`] judges
 //! errors, [`crate::batch`] holds the public batch types, [`crate::store`] keeps the keys.

@@ -369,6 +369,35 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// A key to hold as *claimed* in a transaction of the caller's own, made by
+/// [`IdempotencyLayer::claim`](crate::IdempotencyLayer::claim): the claim-then-send shape,
+/// where the key commits with the business rows and the layer's send then takes it.
+///
+/// A claim is held for `ttl`, waiting for its send. A reserve with the same fingerprint takes
+/// it (pending, under a new token) and sends; one with another fingerprint finds the key
+/// held and is answered `idempotency.key_reused`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Claim {
+    /// The key as the layer stores it (`namespace:key`).
+    pub key: String,
+    /// The fingerprint of the message claimed.
+    pub fingerprint: Fingerprint,
+    /// How long the claim waits for its send.
+    pub ttl: Duration,
+}
+
+impl Claim {
+    /// A claim of `key` for the message of `fingerprint`, held for `ttl`.
+    pub fn new(key: impl Into<String>, fingerprint: Fingerprint, ttl: Duration) -> Self {
+        Self {
+            key: key.into(),
+            fingerprint,
+            ttl,
+        }
+    }
+}
+
 /// One completion of [`Store::complete_many`].
 #[derive(Clone, Copy, Debug)]
 pub struct Completion<'a> {

@@ -9,7 +9,7 @@
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS "idempotency_keys" (
 //!     key         text        PRIMARY KEY,
-//!     state       text        NOT NULL,      -- 'pending' or 'done'
+//!     state       text        NOT NULL,      -- 'pending', 'done' or 'claimed'
 //!     token       uuid        NOT NULL,      -- fences the reservation
 //!     fingerprint bytea       NOT NULL,      -- 32 bytes of SHA-256
 //!     outcome     jsonb,                     -- the kept outcome, once done
@@ -20,6 +20,8 @@
 //! ```
 //!
 //! The table holds the key, state, token, fingerprint and outcome only: no message content.
+//! A `claimed` row is a key claimed in the caller's own transaction
+//! ([`PostgresStore::claim_in`], claim-then-send): a reserve of the same message takes it.
 //! The outcome is the JSON of the stored form in [`store::record`](super::record) (version 1).
 //! Run the migration from a deploy step or at start-up; it takes an advisory lock, so several
 //! processes may run it at once.
@@ -112,9 +114,10 @@ use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, r
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
+mod claim;
 mod purge;
 mod row;
-mod sql;
+pub(crate) mod sql;
 
 pub use deadpool_postgres;
 pub use purge::PurgeTask;

@@ -30,7 +30,8 @@ impl PostgresStore {
             .try_get(3)
             .map_err(|e| self.corrupt("has no readable outcome").with_source(e))?;
         let state = match state {
-            "pending" => RecordState::Pending,
+            // A claim not yet taken holds the key like a send under way.
+            "pending" | "claimed" => RecordState::Pending,
             "done" => RecordState::Done,
             _ => return Err(self.corrupt("has an unknown state")),
         };

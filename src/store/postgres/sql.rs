@@ -23,23 +23,13 @@ pub(super) struct Sql {
     pub(super) complete_many: String,
     pub(super) release_many: String,
     pub(super) purge: String,
+    pub(super) claim: String,
+    pub(super) claims: String,
 }
 
 impl Table {
     pub(super) fn new(name: &str) -> Result<Self, InvalidTableName> {
-        let invalid = |reason| InvalidTableName {
-            name: name.to_owned(),
-            reason,
-        };
-        let mut parts = name.split('.');
-        let (schema, table) = match (parts.next(), parts.next(), parts.next()) {
-            (Some(table), None, _) => (None, table),
-            (Some(schema), Some(table), None) => (Some(schema), table),
-            _ => return Err(invalid("at most one dot, between schema and table")),
-        };
-        for part in schema.iter().chain([&table]) {
-            check_identifier(part).map_err(invalid)?;
-        }
+        let (schema, table) = split_table_name(name)?;
         Ok(Self::checked(name, schema, table))
     }
 
@@ -54,6 +44,10 @@ impl Table {
         // An index lives in its table's schema, so its name is never qualified. PostgreSQL
         // truncates names over 63 bytes, the same way every time.
         let index = format!("\"{table}_expires_at_idx\"");
+        // A reserve takes the row when it expired, or when it is a claim of the same message
+        // (claim-then-send: the claim was written in the caller's transaction).
+        let takes = "(r.expires_at <= now() \
+                     OR (r.state = 'claimed' AND r.fingerprint = excluded.fingerprint))";
         let sql = Sql {
             migrate: format!(
                 "SELECT pg_advisory_xact_lock(hashtext('tower_idempotency.migrate'));
@@ -73,12 +67,12 @@ impl Table {
                 "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
                  VALUES ($1, 'pending', $2, $3, NULL, now() + $4::bigint * interval '1 millisecond')
                  ON CONFLICT (key) DO UPDATE SET
-                     state = CASE WHEN r.expires_at <= now() THEN excluded.state ELSE r.state END,
-                     token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END,
-                     fingerprint = CASE WHEN r.expires_at <= now()
+                     state = CASE WHEN {takes} THEN excluded.state ELSE r.state END,
+                     token = CASE WHEN {takes} THEN excluded.token ELSE r.token END,
+                     fingerprint = CASE WHEN {takes}
                          THEN excluded.fingerprint ELSE r.fingerprint END,
-                     outcome = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.outcome END,
-                     expires_at = CASE WHEN r.expires_at <= now()
+                     outcome = CASE WHEN {takes} THEN NULL ELSE r.outcome END,
+                     expires_at = CASE WHEN {takes}
                          THEN excluded.expires_at ELSE r.expires_at END
                  RETURNING r.state, r.token, r.fingerprint, r.outcome::text"
             ),
@@ -112,12 +106,12 @@ impl Table {
                  FROM unnest($1::text[], $2::uuid[], $3::bytea[]) AS i(key, token, fingerprint)
                  ORDER BY i.key
                  ON CONFLICT (key) DO UPDATE SET
-                     state = CASE WHEN r.expires_at <= now() THEN excluded.state ELSE r.state END,
-                     token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END,
-                     fingerprint = CASE WHEN r.expires_at <= now()
+                     state = CASE WHEN {takes} THEN excluded.state ELSE r.state END,
+                     token = CASE WHEN {takes} THEN excluded.token ELSE r.token END,
+                     fingerprint = CASE WHEN {takes}
                          THEN excluded.fingerprint ELSE r.fingerprint END,
-                     outcome = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.outcome END,
-                     expires_at = CASE WHEN r.expires_at <= now()
+                     outcome = CASE WHEN {takes} THEN NULL ELSE r.outcome END,
+                     expires_at = CASE WHEN {takes}
                          THEN excluded.expires_at ELSE r.expires_at END
                  RETURNING r.state, r.token, r.fingerprint, r.outcome::text, r.key"
             ),
@@ -160,12 +154,48 @@ impl Table {
                      LIMIT $1::bigint FOR UPDATE SKIP LOCKED))
                  AND expires_at <= now()"
             ),
+            // Written in the caller's transaction; replaces only an expired row, so a live
+            // record (a send under way or done, another claim) is left alone: no row back.
+            claim: format!(
+                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
+                 VALUES ($1, 'claimed', $2, $3, NULL,
+                         now() + $4::bigint * interval '1 millisecond')
+                 ON CONFLICT (key) DO UPDATE SET
+                     state = excluded.state, token = excluded.token,
+                     fingerprint = excluded.fingerprint, outcome = NULL,
+                     expires_at = excluded.expires_at
+                 WHERE r.expires_at <= now()
+                 RETURNING r.key"
+            ),
+            claims: format!(
+                "SELECT key FROM {quoted} WHERE state = 'claimed' AND expires_at > now()
+                 ORDER BY expires_at, key LIMIT $1"
+            ),
         };
         Self {
             name: name.to_owned(),
             sql,
         }
     }
+}
+
+/// Splits `table` or `schema.table` into its parts, each checked by [`check_identifier`]:
+/// names that need no escaping and cannot carry SQL. Also used by the outbox's table.
+pub(crate) fn split_table_name(name: &str) -> Result<(Option<&str>, &str), InvalidTableName> {
+    let invalid = |reason| InvalidTableName {
+        name: name.to_owned(),
+        reason,
+    };
+    let mut parts = name.split('.');
+    let (schema, table) = match (parts.next(), parts.next(), parts.next()) {
+        (Some(table), None, _) => (None, table),
+        (Some(schema), Some(table), None) => (Some(schema), table),
+        _ => return Err(invalid("at most one dot, between schema and table")),
+    };
+    for part in schema.iter().chain([&table]) {
+        check_identifier(part).map_err(invalid)?;
+    }
+    Ok((schema, table))
 }
 
 fn check_identifier(part: &str) -> Result<(), &'static str> {

@@ -1,0 +1,91 @@
+//! Claim-then-send: [`PostgresStore::claim_in`] writes a key as *claimed* in a transaction
+//! of the caller's own, and [`PostgresStore::claims`] lists the claims still waiting for
+//! their send.
+
+use tokio_postgres::GenericClient;
+
+use super::{PostgresStore, millis};
+use crate::store::{Claim, StoreError};
+
+impl PostgresStore {
+    /// Writes `claim` through `client`, inside the transaction that writes your business
+    /// rows (`&tx` for a `tokio_postgres::Transaction`, `&*tx` for a `deadpool_postgres`
+    /// one), so the key is held exactly when those rows commit, and not at all if they roll
+    /// back. Answers whether it wrote the claim: `false` when a live record already holds the
+    /// key (a send under way or done, or another claim), which the layer's send then answers.
+    ///
+    /// After the commit, send the message through the
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer) that made the claim: its reserve takes
+    /// the claim (same fingerprint) and the message goes once; a message with another
+    /// fingerprint under the key is `idempotency.key_reused`. If the process dies between the
+    /// commit and the send, the claim waits (for the claim's ttl): [`claims`](Self::claims)
+    /// lists it, and the next run sends the same message under the same key.
+    ///
+    /// A send that certainly did not go (refused, rate limited) frees the key, claim
+    /// included, like any reservation: retry it, or claim again.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::postgres::PostgresStore;
+    /// use tower_idempotency::{IdempotencyLayer, Message};
+    ///
+    /// # async fn run(store: PostgresStore, layer: IdempotencyLayer, alert: Message,
+    /// #     client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let tx = client.transaction().await?;
+    /// tx.execute("UPDATE orders SET state = 'paid' WHERE id = $1", &[&"ord_1"]).await?;
+    /// if let Some(claim) = layer.claim(&alert)? {
+    ///     store.claim_in(&tx, &claim).await?;
+    /// }
+    /// tx.commit().await?;
+    /// // Now send `alert` through the layer's stack: it takes the claim and sends once.
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Unavailable`](crate::store::StoreErrorKind::Unavailable) when the statement fails;
+    /// your transaction is then aborted, as PostgreSQL does.
+    pub async fn claim_in<C: GenericClient>(
+        &self,
+        client: &C,
+        claim: &Claim,
+    ) -> Result<bool, StoreError> {
+        let token = crate::store::Token::new();
+        let fingerprint = &claim.fingerprint.as_bytes()[..];
+        let rows = client
+            .query(
+                &self.table.sql.claim,
+                &[
+                    &claim.key,
+                    token.as_uuid(),
+                    &fingerprint,
+                    &millis(claim.ttl),
+                ],
+            )
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(!rows.is_empty())
+    }
+
+    /// Up to `limit` keys (as stored, `namespace:key`) claimed and not yet taken by a send,
+    /// oldest first: after a crash, the messages the next run must send.
+    pub async fn claims(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+        let rows = self
+            .bounded(async {
+                let client = self.client().await?;
+                let statement = client
+                    .prepare_cached(&self.table.sql.claims)
+                    .await
+                    .map_err(|e| self.db_error(e))?;
+                client
+                    .query(&statement, &[&i64::from(limit)])
+                    .await
+                    .map_err(|e| self.db_error(e))
+            })
+            .await?;
+        rows.iter()
+            .map(|row| {
+                row.try_get(0)
+                    .map_err(|e| self.corrupt("has no readable key").with_source(e))
+            })
+            .collect()
+    }
+}

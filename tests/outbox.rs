@@ -1,0 +1,584 @@
+//! The PostgreSQL outbox against a real server: the message commits or rolls back with the
+//! caller's transaction, workers send each message once (four of them on one table, workers
+//! killed before and after the provider took a message, a worker told to stop), poison
+//! messages end dead without blocking the rest, and `NOTIFY` wakes an idle worker.
+//!
+//! Runs when `DATABASE_URL` is set, skips otherwise (and fails when
+//! `TOWER_IDEMPOTENCY_REQUIRE_BACKENDS` is set).
+#![cfg(feature = "postgres")]
+
+mod support;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use tokio::sync::{Notify, oneshot};
+use tower::{Layer, ServiceExt};
+
+use support::stores::postgres_admin::admin;
+use support::stores::{backend_url, unique};
+use tower_idempotency::outbox::{Enqueued, Outbox, WorkerStats};
+use tower_idempotency::store::StoreErrorKind;
+use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
+
+/// A fresh outbox table of the test's own, migrated; `None` when the test is skipped.
+async fn outbox(test: &str) -> Option<(String, Outbox)> {
+    let url = backend_url("DATABASE_URL")?;
+    let outbox = Outbox::connect(&url)
+        .await
+        .expect("connect")
+        .table(&unique(test))
+        .expect("valid table name");
+    outbox.migrate().await.expect("migrate");
+    Some((url, outbox))
+}
+
+async fn drop_table(url: &str, outbox: &Outbox) {
+    let sql = format!("DROP TABLE IF EXISTS \"{}\"", outbox.table_name());
+    admin(url).await.batch_execute(&sql).await.expect("drop");
+}
+
+fn message(key: &str) -> Message {
+    Message::builder()
+        .from("orders@shop.example")
+        .to("seller@example.com")
+        .subject("New order")
+        .text(format!("{key} sold."))
+        .idempotency_key(key)
+        .build()
+        .expect("valid message")
+}
+
+/// Enqueues `keys` in one committed transaction.
+async fn enqueue(url: &str, outbox: &Outbox, keys: impl IntoIterator<Item = String>) {
+    let mut client = admin(url).await;
+    let tx = client.transaction().await.expect("begin");
+    for key in keys {
+        outbox.enqueue(&tx, &message(&key)).await.expect("enqueue");
+    }
+    tx.commit().await.expect("commit");
+}
+
+/// How a test provider answers a key.
+type Answer = dyn Fn(&str) -> Result<Receipt, SendError> + Send + Sync;
+
+/// A provider that counts its calls per key and answers by `answer`.
+#[derive(Clone)]
+struct Provider {
+    calls: Arc<Mutex<HashMap<String, usize>>>,
+    answer: Arc<Answer>,
+}
+
+impl Provider {
+    fn ok() -> Self {
+        Self::answering(|key| Ok(Receipt::new(format!("id-{key}"), "fake")))
+    }
+
+    fn answering(
+        answer: impl Fn(&str) -> Result<Receipt, SendError> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            calls: Arc::default(),
+            answer: Arc::new(answer),
+        }
+    }
+
+    fn calls(&self, key: &str) -> usize {
+        self.calls.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    fn total(&self) -> usize {
+        self.calls.lock().unwrap().values().sum()
+    }
+
+    fn service(
+        &self,
+    ) -> impl tower::Service<
+        Message,
+        Response = Receipt,
+        Error = BoxError,
+        Future = BoxFuture<'static, Result<Receipt, BoxError>>,
+    > + Clone
+    + Send
+    + 'static {
+        let provider = self.clone();
+        tower::service_fn(move |m: Message| {
+            let key = m
+                .idempotency_key()
+                .map(|k| k.as_str().to_owned())
+                .unwrap_or_default();
+            *provider
+                .calls
+                .lock()
+                .unwrap()
+                .entry(key.clone())
+                .or_default() += 1;
+            let answer = (provider.answer)(&key).map_err(BoxError::from);
+            async move { answer }.boxed()
+        })
+    }
+}
+
+/// Waits until `condition` holds on the outbox, polling it; fails after `limit`.
+async fn eventually<F, Fut>(limit: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let waited = tokio::time::timeout(limit, async {
+        while !condition().await {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "the condition did not hold within {limit:?}"
+    );
+}
+
+/// A worker's run, and the switch that stops it.
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<WorkerStats>,
+}
+
+impl Running {
+    async fn stop(self) -> WorkerStats {
+        let _ = self.stop.send(());
+        self.task.await.expect("the worker does not panic")
+    }
+}
+
+fn start<S>(worker: tower_idempotency::outbox::Worker<S>) -> Running
+where
+    S: tower::Service<Message, Response = Receipt> + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+{
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        worker
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("the worker runs")
+    });
+    Running { stop, task }
+}
+
+#[tokio::test]
+async fn a_message_commits_or_rolls_back_with_the_callers_transaction() {
+    let Some((url, outbox)) = outbox("outbox_tx").await else {
+        return;
+    };
+    let mut client = admin(&url).await;
+
+    let tx = client.transaction().await.unwrap();
+    assert!(matches!(
+        outbox.enqueue(&tx, &message("k1")).await,
+        Ok(Enqueued::New(_))
+    ));
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        outbox.counts().await.unwrap().waiting,
+        0,
+        "a rollback leaves no row"
+    );
+
+    let tx = client.transaction().await.unwrap();
+    assert!(matches!(
+        outbox.enqueue(&tx, &message("k1")).await,
+        Ok(Enqueued::New(_))
+    ));
+    assert_eq!(
+        outbox.enqueue(&tx, &message("k1")).await.unwrap(),
+        Enqueued::AlreadyThere
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(outbox.counts().await.unwrap().waiting, 1);
+
+    let unkeyed = Message::builder()
+        .from("a@x")
+        .to("b@x")
+        .text("t")
+        .build()
+        .unwrap();
+    let tx = client.transaction().await.unwrap();
+    let error = outbox.enqueue(&tx, &unkeyed).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::InvalidInput);
+    drop_table(&url, &outbox).await;
+}
+
+#[tokio::test]
+async fn a_worker_sends_each_message_once_and_a_second_worker_finds_nothing_to_send() {
+    let Some((url, outbox)) = outbox("outbox_once").await else {
+        return;
+    };
+    enqueue(&url, &outbox, (0..5).map(|i| format!("once-{i}"))).await;
+    let provider = Provider::ok();
+
+    let first = start(
+        outbox
+            .worker(provider.service())
+            .poll_interval(Duration::from_millis(20)),
+    );
+    eventually(Duration::from_secs(10), || async {
+        outbox.counts().await.unwrap().done == 5
+    })
+    .await;
+    let stats = first.stop().await;
+    assert_eq!((stats.claimed, stats.sent), (5, 5));
+
+    let rows = admin(&url)
+        .await
+        .query(
+            &format!("SELECT key, provider_id FROM \"{}\"", outbox.table_name()),
+            &[],
+        )
+        .await
+        .unwrap();
+    for row in rows {
+        let (key, id): (String, String) = (row.get(0), row.get(1));
+        assert_eq!(
+            id,
+            format!("id-{key}"),
+            "the row keeps the provider's receipt"
+        );
+        assert_eq!(provider.calls(&key), 1);
+    }
+
+    // A second run polls busily for a bounded time and finds nothing to send.
+    let second = outbox
+        .worker(provider.service())
+        .poll_interval(Duration::from_millis(5));
+    let stats = second
+        .run(tokio::time::sleep(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    assert_eq!(stats.claimed, 0);
+    assert_eq!(provider.total(), 5);
+    drop_table(&url, &outbox).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_workers_on_one_table_send_a_thousand_messages_exactly_once() {
+    let Some((url, outbox)) = outbox("outbox_four").await else {
+        return;
+    };
+    enqueue(&url, &outbox, (0..1000).map(|i| format!("four-{i}"))).await;
+    let provider = Provider::ok();
+    let workers: Vec<Running> = (0..4)
+        .map(|_| {
+            start(
+                outbox
+                    .worker(provider.service())
+                    .batch(25)
+                    .poll_interval(Duration::from_millis(20)),
+            )
+        })
+        .collect();
+    eventually(Duration::from_secs(60), || async {
+        outbox.counts().await.unwrap().done == 1000
+    })
+    .await;
+    let mut sent = 0;
+    for worker in workers {
+        sent += worker.stop().await.sent;
+    }
+    assert_eq!(sent, 1000);
+    let calls = provider.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1000);
+    assert!(calls.values().all(|&n| n == 1), "a message went twice");
+    drop_table(&url, &outbox).await;
+}
+
+#[tokio::test]
+async fn a_poison_message_ends_dead_after_its_attempts_and_blocks_nothing() {
+    let Some((url, outbox)) = outbox("outbox_poison").await else {
+        return;
+    };
+    enqueue(
+        &url,
+        &outbox,
+        ["poison", "refused", "good-1", "good-2"].map(String::from),
+    )
+    .await;
+    let provider = Provider::answering(|key| match key {
+        "poison" => Err(SendError::retryable("provider.unavailable", "503")),
+        "refused" => Err(SendError::permanent("provider.rejected", "422")),
+        _ => Ok(Receipt::new(format!("id-{key}"), "fake")),
+    });
+    let worker = start(
+        outbox
+            .worker(provider.service())
+            .max_attempts(3)
+            .backoff(Duration::from_millis(1), Duration::from_millis(5))
+            .poll_interval(Duration::from_millis(10)),
+    );
+    eventually(Duration::from_secs(10), || async {
+        let counts = outbox.counts().await.unwrap();
+        counts.done == 2 && counts.dead == 2
+    })
+    .await;
+    let stats = worker.stop().await;
+    assert_eq!((stats.sent, stats.dead_lettered, stats.retried), (2, 2, 2));
+    assert_eq!(provider.calls("poison"), 3, "retried up to its attempts");
+    assert_eq!(provider.calls("refused"), 1, "a refusal is not retried");
+
+    let dead = outbox.dead_letters(10).await.unwrap();
+    let by_key: HashMap<_, _> = dead.iter().map(|d| (d.key.as_str(), d)).collect();
+    assert_eq!(by_key["poison"].attempts, 3);
+    assert!(
+        by_key["poison"]
+            .last_error
+            .as_deref()
+            .unwrap()
+            .starts_with("provider.unavailable")
+    );
+    assert!(
+        by_key["refused"]
+            .last_error
+            .as_deref()
+            .unwrap()
+            .starts_with("provider.rejected")
+    );
+
+    // Requeued by an operator, it goes again.
+    assert!(outbox.requeue(by_key["refused"].id).await.unwrap());
+    assert!(
+        !outbox.requeue(by_key["refused"].id).await.unwrap(),
+        "no longer dead"
+    );
+    drop_table(&url, &outbox).await;
+}
+
+#[tokio::test]
+async fn notify_wakes_an_idle_worker_that_polls_once_an_hour() {
+    let Some((url, outbox)) = outbox("outbox_notify").await else {
+        return;
+    };
+    let provider = Provider::ok();
+    let worker = start(
+        outbox
+            .worker(provider.service())
+            .poll_interval(Duration::from_secs(3600)),
+    );
+    enqueue(&url, &outbox, ["first".to_owned()]).await;
+    eventually(Duration::from_secs(5), || async {
+        outbox.counts().await.unwrap().done == 1
+    })
+    .await;
+    enqueue(&url, &outbox, ["second".to_owned()]).await;
+    eventually(Duration::from_secs(5), || async {
+        outbox.counts().await.unwrap().done == 2
+    })
+    .await;
+    worker.stop().await;
+
+    // Without a LISTEN connection, the same worker waits for its poll.
+    let pool_only = Outbox::new(outbox_pool(&url))
+        .table(outbox.table_name())
+        .unwrap();
+    let quiet = start(
+        pool_only
+            .worker(provider.service())
+            .poll_interval(Duration::from_secs(3600)),
+    );
+    // Its first claim runs at start; give it a moment to go idle, then enqueue.
+    eventually(Duration::from_secs(5), || async { provider.total() == 2 }).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    enqueue(&url, &outbox, ["third".to_owned()]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        provider.calls("third"),
+        0,
+        "nothing woke the polling worker"
+    );
+    quiet.stop().await;
+    drop_table(&url, &outbox).await;
+}
+
+fn outbox_pool(url: &str) -> tower_idempotency::store::postgres::deadpool_postgres::Pool {
+    use tower_idempotency::store::postgres::deadpool_postgres::{
+        Manager, ManagerConfig, Pool, RecyclingMethod, tokio_postgres::NoTls,
+    };
+    let manager = Manager::from_config(
+        url.parse().expect("valid URL"),
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager).build().expect("pool")
+}
+
+#[tokio::test]
+async fn a_worker_killed_before_sending_leaves_its_rows_to_the_next_once_the_claim_passes() {
+    let Some((url, outbox)) = outbox("outbox_kill_before").await else {
+        return;
+    };
+    enqueue(&url, &outbox, ["k".to_owned()]).await;
+    let provider = Provider::ok();
+    // A stack that never gets to the provider: the process dies first.
+    let stalled =
+        tower::service_fn(|_m: Message| std::future::pending::<Result<Receipt, BoxError>>());
+    let doomed = outbox
+        .worker(stalled)
+        .claim_lease(Duration::from_millis(300));
+    let doomed_stats = doomed.stats();
+    let doomed = tokio::spawn(doomed.run(std::future::pending()));
+    eventually(Duration::from_secs(5), || async {
+        doomed_stats.get().claimed == 1
+    })
+    .await;
+    doomed.abort(); // killed: no release, no answer
+
+    let next = start(
+        outbox
+            .worker(provider.service())
+            .poll_interval(Duration::from_millis(20)),
+    );
+    eventually(Duration::from_secs(5), || async {
+        outbox.counts().await.unwrap().done == 1
+    })
+    .await;
+    next.stop().await;
+    assert_eq!(provider.calls("k"), 1);
+    drop_table(&url, &outbox).await;
+}
+
+#[tokio::test]
+async fn a_worker_killed_after_the_provider_took_the_message_does_not_send_it_again() {
+    let Some((url, outbox)) = outbox("outbox_kill_after").await else {
+        return;
+    };
+    enqueue(&url, &outbox, ["k".to_owned()]).await;
+    let provider = Provider::ok();
+    let store = MemoryStore::new();
+    let stack = |store: MemoryStore| {
+        IdempotencyLayer::builder()
+            .store(store)
+            .build()
+            .unwrap()
+            .layer(provider.service())
+    };
+
+    // The process dies after the stack answered, before the row is marked done.
+    let answered = Arc::new(Notify::new());
+    let dying = {
+        let answered = Arc::clone(&answered);
+        let inner = stack(store.clone());
+        tower::service_fn(move |m: Message| {
+            let inner = inner.clone();
+            let answered = Arc::clone(&answered);
+            async move {
+                let receipt = inner.oneshot(m).await;
+                answered.notify_one();
+                std::future::pending::<()>().await;
+                receipt.map_err(BoxError::from)
+            }
+        })
+    };
+    let doomed = tokio::spawn(
+        outbox
+            .worker(dying)
+            .claim_lease(Duration::from_millis(300))
+            .run(std::future::pending()),
+    );
+    tokio::time::timeout(Duration::from_secs(5), answered.notified())
+        .await
+        .expect("the provider was called");
+    doomed.abort();
+
+    let next = start(
+        outbox
+            .worker(stack(store))
+            .poll_interval(Duration::from_millis(20)),
+    );
+    eventually(Duration::from_secs(5), || async {
+        outbox.counts().await.unwrap().done == 1
+    })
+    .await;
+    next.stop().await;
+    assert_eq!(
+        provider.calls("k"),
+        1,
+        "the layer's store answered the repeat"
+    );
+    let row = admin(&url)
+        .await
+        .query_one(
+            &format!("SELECT provider_id FROM \"{}\"", outbox.table_name()),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, String>(0),
+        "id-k",
+        "the row keeps the original receipt"
+    );
+    drop_table(&url, &outbox).await;
+}
+
+#[tokio::test]
+async fn a_worker_told_to_stop_finishes_its_send_and_puts_back_the_rest() {
+    let Some((url, outbox)) = outbox("outbox_stop").await else {
+        return;
+    };
+    enqueue(&url, &outbox, (0..5).map(|i| format!("stop-{i}"))).await;
+    let provider = Provider::ok();
+    let (reached, reached_rx) = oneshot::channel::<()>();
+    let reached = Arc::new(Mutex::new(Some(reached)));
+    let gate = Arc::new(Notify::new());
+    let gated = {
+        let inner = provider.service();
+        let gate = Arc::clone(&gate);
+        tower::service_fn(move |m: Message| {
+            let (inner, gate, reached) = (inner.clone(), Arc::clone(&gate), Arc::clone(&reached));
+            async move {
+                if let Some(reached) = reached.lock().unwrap().take() {
+                    let _ = reached.send(());
+                }
+                gate.notified().await;
+                inner.oneshot(m).await
+            }
+        })
+    };
+    let worker = start(
+        outbox
+            .worker(gated)
+            .batch(5)
+            .claim_lease(Duration::from_secs(3600)),
+    );
+    tokio::time::timeout(Duration::from_secs(5), reached_rx)
+        .await
+        .unwrap()
+        .unwrap();
+    // The stop is asked while the first send is in hand; then its provider answers.
+    let Running { stop, task } = worker;
+    let _ = stop.send(());
+    gate.notify_one();
+    let stats = task.await.unwrap();
+    assert_eq!((stats.claimed, stats.sent, stats.released), (5, 1, 4));
+
+    // The four put back go at once, without waiting for the hour-long claim.
+    let next = start(
+        outbox
+            .worker(provider.service())
+            .poll_interval(Duration::from_millis(20)),
+    );
+    eventually(Duration::from_secs(5), || async {
+        outbox.counts().await.unwrap().done == 5
+    })
+    .await;
+    next.stop().await;
+    assert!((0..5).all(|i| provider.calls(&format!("stop-{i}")) == 1));
+    drop_table(&url, &outbox).await;
+}
