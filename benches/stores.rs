@@ -6,6 +6,9 @@
 use criterion::{Criterion, criterion_group, criterion_main};
 
 #[cfg(feature = "postgres")]
+#[path = "stores/outbox.rs"]
+mod outbox;
+#[cfg(feature = "postgres")]
 #[path = "stores/postgres.rs"]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -17,6 +20,8 @@ fn benches(c: &mut Criterion) {
     redis::bench(c);
     #[cfg(feature = "postgres")]
     postgres::bench(c);
+    #[cfg(feature = "postgres")]
+    outbox::bench(c);
     let _ = c;
 }
 

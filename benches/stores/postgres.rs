@@ -26,18 +26,22 @@ const LEASE: Duration = Duration::from_secs(600);
 const TTL: Duration = Duration::from_secs(3600);
 const BATCH: usize = 100;
 
+/// When a reserve takes the row: it expired, or it is a claim of the same message.
+const TAKES: &str = "(r.expires_at <= now() \
+                     OR (r.state = 'claimed' AND r.fingerprint = excluded.fingerprint))";
+
 /// The statements `PostgresStore` issues, as its module docs give them.
 fn reserve_sql(table: &str) -> String {
     format!(
         "INSERT INTO \"{table}\" AS r (key, state, token, fingerprint, outcome, expires_at)
          VALUES ($1, 'pending', $2, $3, NULL, now() + $4::bigint * interval '1 millisecond')
          ON CONFLICT (key) DO UPDATE SET
-             state = CASE WHEN r.expires_at <= now() THEN excluded.state ELSE r.state END,
-             token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END,
-             fingerprint = CASE WHEN r.expires_at <= now()
+             state = CASE WHEN {TAKES} THEN excluded.state ELSE r.state END,
+             token = CASE WHEN {TAKES} THEN excluded.token ELSE r.token END,
+             fingerprint = CASE WHEN {TAKES}
                  THEN excluded.fingerprint ELSE r.fingerprint END,
-             outcome = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.outcome END,
-             expires_at = CASE WHEN r.expires_at <= now()
+             outcome = CASE WHEN {TAKES} THEN NULL ELSE r.outcome END,
+             expires_at = CASE WHEN {TAKES}
                  THEN excluded.expires_at ELSE r.expires_at END
          RETURNING r.state, r.token, r.fingerprint, r.outcome::text"
     )
