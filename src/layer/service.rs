@@ -5,16 +5,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::config::Config;
 use super::future::ResponseFuture;
 use super::key::{KeyOf, key_hash, store_key};
+use super::renew::{Held, Lease};
 use super::repeat::answer_held;
 use super::request::IdempotentRequest;
 use super::reserve::reserve_one;
-use super::settle::{Finish, Held, Settle};
-use super::stats::bump;
+use super::settle::{Finish, Settle};
+use super::stats::{bump, bump_by};
+use super::wait::wait_one;
 use crate::classify::into_send_error;
 use crate::outcome::{BoxError, Receipt, SendError, codes};
 use crate::store::Reservation;
@@ -119,7 +122,14 @@ where
     };
     let fingerprint = request.fingerprint();
 
-    let token = match reserve_one(&config, &store_key, fingerprint).await {
+    let asked_at = Instant::now();
+    let reservation = match reserve_one(&config, &store_key, fingerprint).await {
+        Ok(Reservation::Held { record }) => {
+            wait_one(&config, &store_key, fingerprint, record).await
+        }
+        other => other,
+    };
+    let token = match reservation {
         Ok(Reservation::Reserved { token }) => token,
         Ok(Reservation::Held { record }) => {
             return answer_held(&config, &store_key, fingerprint, record, &request);
@@ -137,22 +147,39 @@ where
         }
     };
 
+    let held = Held {
+        key: store_key,
+        token,
+        fingerprint,
+    };
     let mut settle = Settle::new(
         Arc::clone(&config),
-        vec![Held {
-            key: store_key,
-            token,
-            fingerprint,
-        }],
+        vec![held],
+        Lease::new(&config, asked_at),
     );
     bump(&counters.sent);
     let kept = request.clone();
-    let result = inner
-        .call(request)
-        .await
-        .map_err(|e| into_send_error(&config.classifier, e.into()));
+    let result = match settle.hold(inner.call(request)).await {
+        Some(result) => result.map_err(|e| into_send_error(&config.classifier, e.into())),
+        None => Err(gave_up_holding(&config, 1)),
+    };
     settle
         .run(vec![Finish::for_result(&result, &kept.recipients())])
         .await;
     result
+}
+
+/// The answer to a send given up after the maximum hold, counted and warned once per key it
+/// held.
+pub(super) fn gave_up_holding(config: &Config, keys: usize) -> SendError {
+    bump_by(&config.counters.max_hold, keys);
+    tracing::warn!(
+        namespace = %config.namespace,
+        code = codes::MAX_HOLD,
+        max_hold = ?config.max_hold,
+        keys,
+        "the inner service ran longer than the maximum hold: the send was given up and its \
+         keys kept as of unknown delivery"
+    );
+    SendError::max_hold()
 }
