@@ -518,3 +518,49 @@ async fn a_batch_waits_for_its_in_flight_keys_and_replays_their_outcome() {
     );
     assert_eq!(provider.batches(), vec![vec!["new".to_owned()]]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_slower_than_its_lease_keeps_every_key_renewed() {
+    let store = TestStore::default();
+    let lease = Duration::from_secs(3);
+    let layer = IdempotencyLayer::builder()
+        .store(store.clone())
+        .namespace("batch")
+        .lease(lease)
+        .build()
+        .unwrap();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let slow = tower::service_fn(move |batch: Batch| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(lease * 3).await;
+            Ok::<_, BoxError>(
+                batch
+                    .iter()
+                    .map(|m| {
+                        Ok(Receipt::new(
+                            format!("id-{}", m.text().unwrap_or_default()),
+                            "bulk",
+                        ))
+                    })
+                    .collect::<BatchOutcomes>(),
+            )
+        }
+    });
+    let svc = tower::Layer::layer(&layer, slow);
+    let batch = || Batch::from(vec![message(Some("a"), "a"), message(Some("b"), "b")]);
+
+    let first = tokio::spawn(svc.clone().oneshot(batch()));
+    tokio::time::sleep(lease * 2).await;
+    let repeat = svc.clone().oneshot(batch()).await.unwrap();
+    assert!(
+        repeat
+            .iter()
+            .all(|a| a.as_ref().unwrap_err().code() == codes::IN_FLIGHT)
+    );
+    assert!(first.await.unwrap().unwrap().iter().all(Result::is_ok));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // Two keys, renewed every second for nine seconds.
+    assert!(store.extends() >= 16, "{} renewals", store.extends());
+}
