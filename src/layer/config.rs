@@ -279,7 +279,8 @@ impl IdempotencyLayerBuilder {
     /// the maximum hold the inner future is dropped, the caller gets a [`SendError`] of code
     /// `idempotency.max_hold` (delivery unknown) and the key is kept with that outcome, never
     /// freed: the provider may have taken the message. Put a timeout inside the stack for
-    /// the bound you mean on a send; this one is the backstop. Needs a tokio runtime.
+    /// the bound you mean on a send; this one is the backstop. It also bounds how long a
+    /// settlement is retried while its lease is renewed. Needs a tokio runtime.
     ///
     /// [`SendError`]: crate::SendError
     pub fn max_hold(mut self, max_hold: Duration) -> Self {

@@ -131,19 +131,23 @@ async fn settlement(config: Arc<Config>, held: Vec<Held>, lease: Lease, finishes
     let mut attempts = 1u32;
     loop {
         let answers = attempt(&config, &held, &finishes, open.as_deref(), attempts > 1).await;
+        let retry = |answer: &Result<bool, Arc<StoreError>>| {
+            retrying && matches!(answer, Err(error) if transient(error))
+        };
+        if answers.iter().any(|(_, answer)| retry(answer)) {
+            // The settled keys: a renewal while the rest retry would find them lost.
+            for (i, _) in answers.iter().filter(|(_, answer)| !retry(answer)) {
+                lease.stop_renewing(*i);
+            }
+        }
         let mut again = Vec::new();
         for (i, answer) in answers {
             match answer {
-                Err(error) if retrying && transient(&error) => {
-                    again.push((i, error));
-                    continue;
-                }
+                Err(error) if retrying && transient(&error) => again.push((i, error)),
                 Ok(true) => {}
                 Ok(false) => not_written(&config, &held[i], &finishes[i], attempts > 1),
                 Err(error) => gave_up(&config, &held[i], &finishes[i], &error, &lease, attempts),
             }
-            // Settled, one way or the other: a renewal would find it lost.
-            lease.stop_renewing(i);
         }
         if again.is_empty() {
             return;
@@ -184,6 +188,8 @@ async fn attempt(
     let all: Vec<usize>;
     let open = match open {
         Some(open) => open,
+        // The single send's first attempt, without an allocation.
+        None if held.len() == 1 => &[0],
         None => {
             all = (0..held.len()).collect();
             &all

@@ -4,9 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A snapshot of what an [`IdempotencyLayer`](super::IdempotencyLayer) and its services did.
 ///
-/// Every answer of the layer is counted once. The `store_failed_after_send` counter matches
-/// the `IDEMPOTENCY_STORE_FAILED` warnings: alert on it, as each one may let a repeat send
-/// again.
+/// Every answer of the layer is counted once. Alert on `store_failed_after_send`,
+/// `lease_lost` and `renewal_lost`: each may let a repeat send again, and each has its
+/// `IDEMPOTENCY_STORE_FAILED` warning.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
@@ -28,7 +28,8 @@ pub struct Stats {
     /// through every retry until the lease was about to end (or answered an error that
     /// retrying cannot mend). Each has its `IDEMPOTENCY_STORE_FAILED` warning.
     pub store_failed_after_send: u64,
-    /// Sends that finished after their lease passed and another owner took the key.
+    /// Sends whose settlement found another owner holding the key: their lease had passed
+    /// (renewal off or failing) and a repeat took the key.
     pub lease_lost: u64,
     /// Sends dropped by the caller after the inner service was called.
     pub aborted: u64,
