@@ -196,9 +196,10 @@ pub(crate) async fn renew_once(config: &Config, held: &[Held], lease: &Lease) ->
     )
     .await;
     let mut retry = false;
+    let mut extended = false;
     for ((i, h), answer) in renewed.into_iter().zip(answers) {
         match answer {
-            Ok(true) => {}
+            Ok(true) => extended = true,
             Ok(false) => {
                 lease.stop_renewing(i);
                 bump(&config.counters.renewal_lost);
@@ -240,9 +241,11 @@ pub(crate) async fn renew_once(config: &Config, held: &[Held], lease: &Lease) ->
     }
     if retry {
         Renewal::Retry
-    } else {
+    } else if extended {
         lease.renewed(after(asked_at, config.lease));
         Renewal::Renewed
+    } else {
+        Renewal::Stopped
     }
 }
 
