@@ -250,3 +250,28 @@ fn without_a_runtime_a_settlement_is_tried_once() {
     assert_eq!(l.stats().store_failed_after_send, 1);
     assert_eq!(l.stats().settle_retries, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_error_that_retrying_cannot_mend_gives_up_at_once() {
+    let store = TestStore::default();
+    store.corrupt_complete.store(true, Ordering::SeqCst);
+    let l = layer(&store);
+    let mut svc = ServiceBuilder::new()
+        .layer(l.clone())
+        .service(Provider::ok());
+    let (captured, _guard) = capture();
+    let started = Instant::now();
+    send(&mut svc, message(Some("k"), "hi")).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(store.completes.load(Ordering::SeqCst), 1);
+    assert_eq!(l.stats().settle_retries, 0);
+    assert_eq!(l.stats().store_failed_after_send, 1);
+    assert!(
+        captured
+            .lines()
+            .iter()
+            .any(|l| l.contains(codes::STORE_FAILED_WARNING) && l.contains("corrupt")),
+        "{:?}",
+        captured.lines()
+    );
+}

@@ -123,6 +123,8 @@ pub struct TestStore {
     /// The next this many calls of complete, complete_many, release or release_many fail as
     /// unavailable (a dropped connection), then the store answers again.
     pub fail_next_settlements: Arc<AtomicUsize>,
+    /// When set, complete answers a corrupt-record error, which retrying cannot mend.
+    pub corrupt_complete: Arc<AtomicBool>,
     /// When set, reserves wait for a permit.
     pub gate: Arc<Mutex<Option<Arc<Semaphore>>>>,
     /// When set, reserve answers this record instead of asking the inner store.
@@ -198,6 +200,9 @@ impl Store for TestStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         async move {
             self.completes.fetch_add(1, Ordering::SeqCst);
+            if self.corrupt_complete.load(Ordering::SeqCst) {
+                return Err(StoreError::corrupt("injected corrupt record"));
+            }
             if self.settlement_fails(&self.fail_complete) {
                 return Err(failure());
             }
