@@ -11,11 +11,11 @@ use tower_service::Service;
 
 use super::config::Config;
 use super::key::{KeyOf, key_hash, store_key};
-use super::renew::{Held, Lease};
+use super::renew::{Held, Lease, given_up};
 use super::repeat::answer_held;
 use super::request::IdempotentRequest;
 use super::reserve::reserve_many;
-use super::service::{Idempotency, gave_up_holding};
+use super::service::Idempotency;
 use super::settle::{Finish, Settle};
 use super::stats::{bump, bump_by};
 use super::wait::wait_many;
@@ -128,7 +128,7 @@ where
         let sent = outbound.len();
         let outcomes = match settle.hold(inner.call(Batch::new(outbound))).await {
             Some(result) => result.map_err(|e| into_send_error(&config.classifier, e.into())),
-            None => Err(gave_up_holding(&config, holds)),
+            None => Err(given_up(&config, holds)),
         };
         let outcomes = match outcomes {
             Ok(outcomes) if outcomes.len() == sent => outcomes,

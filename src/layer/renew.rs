@@ -19,9 +19,9 @@ use tokio::time::Instant;
 
 use super::config::Config;
 use super::key::key_hash;
-use super::stats::bump;
+use super::stats::{bump, bump_by};
 use crate::fingerprint::Fingerprint;
-use crate::outcome::codes;
+use crate::outcome::{SendError, codes};
 use crate::store::{StoreError, StoreErrorKind, Token};
 
 /// A key this send reserved.
@@ -299,4 +299,19 @@ pub(crate) async fn hold<F: Future>(
         watch.as_mut().poll(cx).map(|()| None)
     })
     .await
+}
+
+/// The answer to a send given up after the maximum hold: counted once per key it held,
+/// warned once.
+pub(crate) fn given_up(config: &Config, keys: usize) -> SendError {
+    bump_by(&config.counters.max_hold, keys);
+    tracing::warn!(
+        namespace = %config.namespace,
+        code = codes::MAX_HOLD,
+        max_hold = ?config.max_hold,
+        keys,
+        "the inner service ran longer than the maximum hold: the send was given up and its \
+         keys kept as of unknown delivery"
+    );
+    SendError::max_hold()
 }

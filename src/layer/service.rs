@@ -11,12 +11,12 @@ use tower_service::Service;
 use super::config::Config;
 use super::future::ResponseFuture;
 use super::key::{KeyOf, key_hash, store_key};
-use super::renew::{Held, Lease};
+use super::renew::{Held, Lease, given_up};
 use super::repeat::answer_held;
 use super::request::IdempotentRequest;
 use super::reserve::reserve_one;
 use super::settle::{Finish, Settle};
-use super::stats::{bump, bump_by};
+use super::stats::bump;
 use super::wait::wait_one;
 use crate::classify::into_send_error;
 use crate::outcome::{BoxError, Receipt, SendError, codes};
@@ -161,25 +161,10 @@ where
     let kept = request.clone();
     let result = match settle.hold(inner.call(request)).await {
         Some(result) => result.map_err(|e| into_send_error(&config.classifier, e.into())),
-        None => Err(gave_up_holding(&config, 1)),
+        None => Err(given_up(&config, 1)),
     };
     settle
         .run(vec![Finish::for_result(&result, &kept.recipients())])
         .await;
     result
-}
-
-/// The answer to a send given up after the maximum hold, counted and warned once per key it
-/// held.
-pub(super) fn gave_up_holding(config: &Config, keys: usize) -> SendError {
-    bump_by(&config.counters.max_hold, keys);
-    tracing::warn!(
-        namespace = %config.namespace,
-        code = codes::MAX_HOLD,
-        max_hold = ?config.max_hold,
-        keys,
-        "the inner service ran longer than the maximum hold: the send was given up and its \
-         keys kept as of unknown delivery"
-    );
-    SendError::max_hold()
 }

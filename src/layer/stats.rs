@@ -39,8 +39,8 @@ pub struct Stats {
     /// Lease renewals that found the key no longer held by its send: its lease had passed, so
     /// a repeat may have sent as well.
     pub renewal_lost: u64,
-    /// Sends given up after the maximum hold: the inner future was dropped and the key kept
-    /// as `idempotency.max_hold`.
+    /// Keyed messages whose send was given up after the maximum hold: the inner future was
+    /// dropped and the key kept as `idempotency.max_hold`.
     pub max_hold: u64,
     /// Repeats that waited for an in-flight send under their key
     /// ([`wait_for_in_flight`](super::IdempotencyLayerBuilder::wait_for_in_flight)).
