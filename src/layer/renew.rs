@@ -249,9 +249,13 @@ pub(crate) async fn renew_once(config: &Config, held: &[Held], lease: &Lease) ->
     }
 }
 
-/// Renews the lease of `held` for as long as it is polled, and finishes when the send has
-/// been held until `give_up_at`.
-async fn watch(config: &Config, held: &[Held], lease: &Lease, give_up_at: Instant) {
+/// Renews the lease of `held` for as long as it is polled, and finishes once it has been
+/// polled for the maximum hold. Without a tokio runtime it never finishes and renews nothing.
+async fn watch(config: &Config, held: &[Held], lease: &Lease) {
+    if !has_runtime() {
+        return std::future::pending().await;
+    }
+    let give_up_at = after(Instant::now(), config.max_hold);
     let mut backoff = Backoff::default();
     let mut renewing = renewal_on(config);
     let mut next = lease.renew_at();
@@ -275,8 +279,9 @@ async fn watch(config: &Config, held: &[Held], lease: &Lease, give_up_at: Instan
 /// Runs a send while holding its keys: renews their lease while it runs, and gives it up
 /// (`None`, the send dropped) once it has run for the maximum hold.
 ///
-/// A send that is over at its first poll arms no timer. Without a tokio runtime the send
-/// runs unwatched: no renewal, no maximum hold.
+/// The watch starts only once the send is pending, so a send that is over at its first poll
+/// arms no timer. Without a tokio runtime the send runs unwatched: no renewal, no maximum
+/// hold.
 pub(crate) async fn hold<F: Future>(
     config: &Config,
     held: &[Held],
@@ -284,14 +289,7 @@ pub(crate) async fn hold<F: Future>(
     send: F,
 ) -> Option<F::Output> {
     let mut send = pin!(send);
-    if let Some(output) = send.as_mut().now_or_never() {
-        return Some(output);
-    }
-    if !has_runtime() {
-        return Some(send.await);
-    }
-    let give_up_at = after(Instant::now(), config.max_hold);
-    let mut watch = pin!(watch(config, held, lease, give_up_at));
+    let mut watch = pin!(watch(config, held, lease));
     poll_fn(|cx| {
         if let Poll::Ready(output) = send.as_mut().poll(cx) {
             return Poll::Ready(Some(output));
