@@ -97,6 +97,48 @@ fn layer_cost(c: &mut Criterion) {
         group.finish();
     }
 
+    // Renewal's cost: an inner service that is not ready at its first poll (it yields once),
+    // so the layer arms its renewal, against the same send with renewal off; and the bare
+    // yielding service as the baseline.
+    let mut group = c.benchmark_group("layer/2KiB-pending-send");
+    let yielding = || {
+        tower::service_fn(|_m: Message| async {
+            tokio::task::yield_now().await;
+            Ok::<_, BoxError>(Receipt::new("msg_1", "bench"))
+        })
+    };
+    let unkeyed = message(2048, None);
+    group.bench_function("bare", |b| {
+        let mut svc = yielding();
+        b.to_async(&rt).iter(|| {
+            let fut = svc.call(unkeyed.clone());
+            async move { black_box(fut.await.expect("sent")) }
+        })
+    });
+    for (label, renew) in [("fresh_key_renew_on", true), ("fresh_key_renew_off", false)] {
+        let layer = IdempotencyLayer::builder()
+            .store(MemoryStore::with_max_entries(usize::MAX))
+            .renew(renew)
+            .build()
+            .expect("layer");
+        let mut svc = layer.layer_service(yielding());
+        let next = AtomicU64::new(0);
+        group.bench_function(label, |b| {
+            b.to_async(&rt).iter_batched(
+                || {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    message(2048, Some(format!("{label}:{n}")))
+                },
+                |m| {
+                    let fut = svc.call(m);
+                    async move { black_box(fut.await.expect("sent")) }
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+
     // Fresh keys on a full store: every send first evicts the oldest done record.
     let mut group = c.benchmark_group("layer/2KiB-at-capacity");
     let store = MemoryStore::with_max_entries(10_000);
