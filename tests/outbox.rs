@@ -582,3 +582,42 @@ async fn a_worker_told_to_stop_finishes_its_send_and_puts_back_the_rest() {
     assert!((0..5).all(|i| provider.calls(&format!("stop-{i}")) == 1));
     drop_table(&url, &outbox).await;
 }
+
+#[tokio::test]
+async fn done_rows_are_purged_after_their_retention_and_lag_reads_the_oldest_waiting_row() {
+    let Some((url, outbox)) = outbox("outbox_purge").await else {
+        return;
+    };
+    assert_eq!(outbox.lag().await.unwrap(), None, "nothing waits");
+    enqueue(&url, &outbox, (0..5).map(|i| format!("purge-{i}"))).await;
+    assert!(outbox.lag().await.unwrap().is_some());
+    let provider = Provider::ok();
+    let worker = start(
+        outbox
+            .worker(provider.service())
+            .poll_interval(Duration::from_millis(20)),
+    );
+    eventually(Duration::from_secs(5), || async {
+        outbox.counts().await.unwrap().done == 5
+    })
+    .await;
+    worker.stop().await;
+    enqueue(&url, &outbox, ["still-waiting".to_owned()]).await;
+
+    // A retention not yet reached keeps every row; then done rows go, in small statements.
+    assert_eq!(
+        outbox
+            .purge_done(Duration::from_secs(3600), 2)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(outbox.purge_done(Duration::ZERO, 2).await.unwrap(), 5);
+    let counts = outbox.counts().await.unwrap();
+    assert_eq!(
+        (counts.done, counts.waiting),
+        (0, 1),
+        "a waiting row is never purged"
+    );
+    drop_table(&url, &outbox).await;
+}
