@@ -107,11 +107,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
-use tokio_postgres::{GenericClient, NoTls};
+use deadpool_postgres::{Pool, PoolError};
+use tokio_postgres::GenericClient;
 
 use crate::message::Message;
-use crate::store::postgres::{DEFAULT_APPLICATION_NAME, InvalidTableName};
+use crate::store::postgres::InvalidTableName;
+use crate::store::postgres::pool_from_url;
 use crate::store::{StoreError, StoreErrorKind};
 
 mod sql;
@@ -207,25 +208,7 @@ impl Outbox {
     /// Connects to `url` without TLS, with a pool of deadpool's default size, checks that a
     /// connection opens, and lets workers `LISTEN` on the same server.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-            StoreError::new(StoreErrorKind::Unavailable, "invalid PostgreSQL URL").with_source(e)
-        })?;
-        if config.get_application_name().is_none() {
-            config.application_name(DEFAULT_APPLICATION_NAME);
-        }
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(DEFAULT_OUTBOX_TIMEOUT);
-        }
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager).build().map_err(|e| {
-            StoreError::new(StoreErrorKind::Unavailable, "could not build the pool").with_source(e)
-        })?;
+        let (pool, config) = pool_from_url(url, DEFAULT_OUTBOX_TIMEOUT)?;
         let outbox = Self::new(pool).listen(config);
         outbox
             .bounded(async { outbox.client().await.map(drop) })

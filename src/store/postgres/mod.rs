@@ -216,25 +216,7 @@ impl PostgresStore {
     /// operation timeout when the URL sets neither. For TLS or another pool size, build a
     /// pool and use [`new`](Self::new).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-            StoreError::new(StoreErrorKind::Unavailable, "invalid PostgreSQL URL").with_source(e)
-        })?;
-        if config.get_application_name().is_none() {
-            config.application_name(DEFAULT_APPLICATION_NAME);
-        }
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(DEFAULT_TIMEOUT);
-        }
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager).build().map_err(|e| {
-            StoreError::new(StoreErrorKind::Unavailable, "could not build the pool").with_source(e)
-        })?;
+        let (pool, _) = pool_from_url(url, DEFAULT_TIMEOUT)?;
         let store = Self::new(pool);
         store
             .bounded(async { store.client().await.map(drop) })
@@ -513,6 +495,35 @@ impl PostgresStore {
             .map_err(|e| self.db_error(e))?;
         Ok(row.is_some())
     }
+}
+
+/// A pool on `url` without TLS, of deadpool's default size, recycling connections the fast
+/// way, with `application_name` and the connect timeout set when the URL sets neither; and
+/// the connection settings, for a connection of one's own (the outbox's `LISTEN`).
+pub(crate) fn pool_from_url(
+    url: &str,
+    connect_timeout: Duration,
+) -> Result<(Pool, tokio_postgres::Config), StoreError> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+        StoreError::new(StoreErrorKind::Unavailable, "invalid PostgreSQL URL").with_source(e)
+    })?;
+    if config.get_application_name().is_none() {
+        config.application_name(DEFAULT_APPLICATION_NAME);
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(connect_timeout);
+    }
+    let manager = Manager::from_config(
+        config.clone(),
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager).build().map_err(|e| {
+        StoreError::new(StoreErrorKind::Unavailable, "could not build the pool").with_source(e)
+    })?;
+    Ok((pool, config))
 }
 
 /// A duration as whole milliseconds for an interval, rounded up so a short lease never
