@@ -7,14 +7,20 @@
 //!
 //! 1. reserves every keyed message's key in one store call
 //!    ([`Store::reserve_many`](crate::Store::reserve_many));
-//! 2. answers in place the messages found in the store (replayed, in flight, key reused,
+//! 2. with [`wait_for_in_flight`](crate::IdempotencyLayerBuilder::wait_for_in_flight), waits
+//!    for the keys in flight under the same message, polling them together in one store call
+//!    per poll (and stops waiting as soon as one is reserved: it must be sent);
+//! 3. answers in place the messages found in the store (replayed, in flight, key reused,
 //!    store failed) and those whose key is invalid;
-//! 3. answers a key that appears again in the same batch as a repeat of its first
-//!    occurrence: same fingerprint, the first one's outcome (marked replayed); another
-//!    fingerprint, `idempotency.key_reused`;
-//! 4. sends the rest (the newly reserved and the unkeyed) as **one** inner batch, in input
-//!    order;
-//! 5. keeps or frees each key by its own outcome, in one call each for the kept and the freed.
+//! 4. answers a key that appears again in the same batch: same fingerprint as its first
+//!    occurrence, the first one's outcome (marked replayed); another fingerprint, what a
+//!    single send would get after the first occurrence: replayed when the store kept this
+//!    very message, else `idempotency.key_reused` (or in flight, or store failed, by the
+//!    store's answer for the key);
+//! 5. sends the rest (the newly reserved and the unkeyed) as **one** inner batch, in input
+//!    order, renewing the leases of its keys while it runs;
+//! 6. keeps or frees each key by its own outcome, in one call each for the kept and the freed,
+//!    retried on transient store errors like a single send's.
 //!
 //! The answer has one outcome per input message, in input order. An inner batch that fails as
 //! a whole gives every sent message that error (and keeps or frees their keys by it); an

@@ -45,7 +45,7 @@
 //! | found in the store under the key | answer | provider called? |
 //! |---|---|---|
 //! | nothing (or an expired record) | the key is reserved and the message sent | yes |
-//! | a pending record, same fingerprint | [`SendError`] `idempotency.in_flight` (delivery unknown) | no |
+//! | a pending record, same fingerprint | [`SendError`] `idempotency.in_flight` (delivery unknown); with [`wait_for_in_flight`](IdempotencyLayerBuilder::wait_for_in_flight), the first send's outcome once it is kept | no |
 //! | a done record, same fingerprint | the kept outcome, marked replayed | no |
 //! | any record, another [fingerprint] | [`SendError`] `idempotency.key_reused` (validation) | no |
 //! | no key on the message | sent as it is; the store is not touched | yes |
@@ -59,13 +59,23 @@
 //! - the caller drops the send after the provider was called: the key is kept with an
 //!   `idempotency.aborted` outcome, written by a task spawned on the current tokio runtime.
 //!   Without a runtime, nothing can be written and the key stays pending until its lease
-//!   ends. A drop never frees a key.
+//!   ends. A drop never frees a key;
+//! - the inner service runs longer than the [maximum hold](IdempotencyLayerBuilder::max_hold)
+//!   (15 minutes): it is given up, and the key kept as `idempotency.max_hold` (unknown
+//!   delivery).
+//!
+//! While the send runs, the layer renews its key's lease every third of the lease
+//! ([`Store::extend`]), so a send may take longer than its lease.
 //!
 //! When the store fails to reserve (an error, a timeout, a corrupt record) that message alone
 //! fails with `idempotency.store_failed`, retryable, and is not sent. When it fails to keep
-//! the outcome after a send went, the caller still gets the real outcome and a `tracing`
-//! warning with code `IDEMPOTENCY_STORE_FAILED` is emitted (and
-//! [`Stats::store_failed_after_send`](layer::Stats) counts it).
+//! the outcome (or free the key) after the send, the caller still gets the real outcome, and
+//! the settlement is retried on transient errors, with jittered backoff and in the
+//! background once the caller has waited the
+//! [settle timeout](IdempotencyLayerBuilder::settle_timeout), until it lands or the lease is
+//! about to end (its lease renewed meanwhile). Only a settlement that finally gives up emits
+//! a `tracing` warning with code `IDEMPOTENCY_STORE_FAILED`, saying when the key will be
+//! free again (and [`Stats::store_failed_after_send`](layer::Stats) counts it).
 //!
 //! Every answer the layer makes itself except `key_reused` is of
 //! [`Category::Unknown`]; [`counts_against_provider`] is the predicate that keeps them out of
@@ -73,11 +83,31 @@
 //!
 //! # The guarantee, honestly
 //!
-//! This is **at-least-once delivery with deduplication, not exactly-once.** The lease
-//! (default 10 minutes) bounds how long a crashed process holds a key; it must be longer than
-//! a send takes with all its retries. A crash after the provider took the message but before
-//! its receipt was kept lets the message go again once the lease has passed, unless the
+//! This is **at-least-once delivery with deduplication, not exactly-once.** Without a crash,
+//! a key reaches the provider once: the layer renews a key's lease while its send runs and
+//! while its settlement is retried, and retries the settlement on transient store errors
+//! until it lands. A crash after the provider took the message but before its receipt was
+//! kept lets the message go again once the lease has passed (default 2 minutes), unless the
 //! provider also deduplicates on the `Idempotency-Key` you forward to it.
+//!
+//! That holds under one assumption: **store outages are shorter than the renewal window**,
+//! the two thirds of the lease left when a renewal is due (80 s with the default lease). A
+//! store unreachable for longer while a send runs lets the lease pass; a repeat may then
+//! reserve the key and send again, and the layer says so ([`Stats::renewal_lost`] and a
+//! warning). `tests/protocol_model.rs` checks the protocol exhaustively for small bounds:
+//! every interleaving of reserves, sends, settlements, renewals, store faults, lease expiry
+//! and crashes keeps the guarantee, and it breaks as soon as settlement retries or renewal
+//! are switched off, or the faults outlast the renewal window.
+//!
+//! **Why a 2-minute lease.** Before renewal the lease had to outlast a send with all its
+//! retries, so it was 10 minutes, and a crashed process held its keys that long. Renewed every
+//! 40 s, a 2-minute lease frees a crashed process's keys five times sooner, rides out the
+//! store outages of a Redis or PostgreSQL failover (up to 80 s), and still outlasts the
+//! default [`RetryPolicy`] (60 s) for a store that cannot renew (a third-party [`Store`]
+//! without `extend`) or a layer built with [`renew(false)`](IdempotencyLayerBuilder::renew).
+//! Choose a longer lease if your store's outages can last longer.
+//!
+//! [`Stats::renewal_lost`]: layer::Stats::renewal_lost
 //!
 //! # Decisions
 //!
@@ -96,6 +126,21 @@
 //!   store is [`ConfigError::MissingStore`](layer::ConfigError::MissingStore): a store local
 //!   to one process deduplicates nothing across processes. [`IdempotencyLayer::in_memory`]
 //!   is the explicit one-process choice.
+//! - **Settlements the caller does not wait for.** The caller waits for its key to be
+//!   settled at most the settle timeout (5 s, like the reserve timeout), then gets the
+//!   provider's answer; the settlement goes on in a task of its own, so a repeat right after
+//!   a store blip may still see the key pending (`idempotency.in_flight`) for a moment, never
+//!   free. Retries use full-jitter backoff from 10 ms to 1 s, so senders that failed together
+//!   do not retry together.
+//! - **A repeat waits by reserving.** [`wait_for_in_flight`](IdempotencyLayerBuilder::wait_for_in_flight)
+//!   polls with `reserve`, not a read the [`Store`] trait does not have: if the first send
+//!   freed the key (its message certainly did not go) the waiting repeat takes it and sends,
+//!   which is what it would have done a moment later. Waiting is off by default, as a caller
+//!   that retries on `idempotency.in_flight` already waits its own way.
+//! - **A maximum hold, not a maximum send time.** Renewal would hold the key of an inner
+//!   future that never ends for ever; past [`max_hold`](IdempotencyLayerBuilder::max_hold)
+//!   (15 minutes, far above the default retry budget) the future is dropped and the key kept
+//!   as of unknown delivery. It is a backstop: bound sends with a timeout inside the stack.
 //! - **One judge of "was it sent?".** The layer, [`RetryPolicy`], the HTTP transport and
 //!   [`counts_against_provider`] read errors through [`classify`]: a [`SendError`] anywhere
 //!   in the source chain, then a timeout, then the one [`Classifier`](classify::Classifier)

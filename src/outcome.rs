@@ -33,7 +33,7 @@ pub mod codes {
     //!
     //! By who makes them:
     //! - the idempotency layer's own answers, `idempotency.*`: [`IN_FLIGHT`], [`KEY_REUSED`],
-    //!   [`ABORTED`], [`STORE_FAILED`], [`INVALID_KEY`], and the code of its warning,
+    //!   [`ABORTED`], [`MAX_HOLD`], [`STORE_FAILED`], [`INVALID_KEY`], and the code of its warning,
     //!   [`STORE_FAILED_WARNING`];
     //! - provider failures the crate classified without reading a provider's answer,
     //!   `provider.*`: [`TIMEOUT`] (a timeout inside the stack), [`UNKNOWN`] and [`NOT_SENT`]
@@ -51,6 +51,9 @@ pub mod codes {
     pub const KEY_REUSED: &str = "idempotency.key_reused";
     /// The caller dropped the send after the provider was called. Category unknown.
     pub const ABORTED: &str = "idempotency.aborted";
+    /// The send ran longer than the layer's maximum hold and was given up; the provider may
+    /// have taken it. Category unknown.
+    pub const MAX_HOLD: &str = "idempotency.max_hold";
     /// The store could not reserve the key; the message was not sent. Category unknown,
     /// retryable.
     pub const STORE_FAILED: &str = "idempotency.store_failed";
@@ -273,6 +276,18 @@ impl SendError {
             Category::Unknown,
             false,
             "the send was dropped after the provider was called; it may have gone",
+        )
+    }
+
+    /// The outcome kept, and answered, when a send ran longer than the layer's maximum hold:
+    /// the inner future was dropped, and the message may have gone.
+    pub fn max_hold() -> Self {
+        Self::new(
+            codes::MAX_HOLD,
+            Category::Unknown,
+            false,
+            "the send ran longer than the idempotency layer's maximum hold and was given up; \
+             it may have gone",
         )
     }
 

@@ -185,7 +185,7 @@ impl RetryPolicy {
 
 /// A uniform draw in [0, 1) from the std hasher's random keys: fresh for every call, so
 /// concurrent requests do not back off in lockstep.
-fn unit_random() -> f64 {
+pub(crate) fn unit_random() -> f64 {
     let bits = RandomState::new().hash_one(std::time::SystemTime::now());
     (bits >> 11) as f64 / (1u64 << 53) as f64
 }

@@ -395,3 +395,172 @@ async fn concurrent_batches_with_the_same_keys_send_each_message_once() {
         "each message reached the provider exactly once"
     );
 }
+
+fn service_with(
+    store: &TestStore,
+    provider: &BatchProvider,
+    options: impl FnOnce(
+        tower_idempotency::IdempotencyLayerBuilder,
+    ) -> tower_idempotency::IdempotencyLayerBuilder,
+) -> Idempotency<BatchProvider> {
+    let layer = options(
+        IdempotencyLayer::builder()
+            .store(store.clone())
+            .namespace("batch"),
+    )
+    .build()
+    .unwrap();
+    tower::Layer::layer(&layer, provider.clone())
+}
+
+#[tokio::test]
+async fn a_later_message_under_a_reused_key_is_judged_against_the_store_like_a_single_send() {
+    let store = TestStore::default();
+    let provider = BatchProvider::ok();
+    let mut svc = service(&store, &provider);
+    send(&mut svc, vec![message(Some("k"), "A")]).await;
+
+    let answers = send(
+        &mut svc,
+        vec![message(Some("k"), "B"), message(Some("k"), "A")],
+    )
+    .await;
+    // B is another message under a used key; A is the message the store kept: replayed, as
+    // a single send of it would be.
+    assert_eq!(answers[0].as_ref().unwrap_err().code(), codes::KEY_REUSED);
+    let replayed = answers[1].as_ref().unwrap();
+    assert_eq!(replayed.id, "id-A");
+    assert!(replayed.replayed);
+    assert_eq!(provider.batches(), vec![vec!["A".to_owned()]]);
+
+    // A fresh key: the first message reserves it, so the other one finds it pending under
+    // another fingerprint and is refused, as a single send would be.
+    let answers = send(
+        &mut svc,
+        vec![message(Some("fresh"), "X"), message(Some("fresh"), "Y")],
+    )
+    .await;
+    assert_eq!(answers[0].as_ref().unwrap().id, "id-X");
+    assert_eq!(answers[1].as_ref().unwrap_err().code(), codes::KEY_REUSED);
+    assert_eq!(provider.batches().len(), 2);
+    assert_eq!(provider.batches()[1], vec!["X".to_owned()]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_settlement_that_fails_once_is_retried_and_every_key_kept() {
+    let store = TestStore::default();
+    store.fail_next_settlements.store(1, Ordering::SeqCst);
+    let provider = BatchProvider::ok();
+    let layer = IdempotencyLayer::builder()
+        .store(store.clone())
+        .namespace("batch")
+        .build()
+        .unwrap();
+    let mut svc = tower::Layer::layer(&layer, provider.clone());
+    let batch = vec![message(Some("a"), "a"), message(Some("b"), "b")];
+    send(&mut svc, batch.clone()).await;
+    assert_eq!(store.complete_many_calls.load(Ordering::SeqCst), 2);
+    assert_eq!(layer.stats().settle_retries, 1);
+    assert_eq!(layer.stats().store_failed_after_send, 0);
+
+    // Long after the lease, both keys are still kept.
+    tokio::time::sleep(tower_idempotency::layer::DEFAULT_LEASE * 2).await;
+    let again = send(&mut svc, batch).await;
+    assert!(again.iter().all(|a| a.as_ref().unwrap().replayed));
+    assert_eq!(provider.batches().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_waits_for_its_in_flight_keys_and_replays_their_outcome() {
+    let store = TestStore::default();
+    let provider = BatchProvider::ok();
+    let mut svc = service_with(&store, &provider, |b| {
+        b.wait_for_in_flight(Duration::from_secs(10))
+    });
+    // Another process holds "busy" and keeps its outcome two seconds later.
+    let busy = message(Some("busy"), "busy");
+    let fingerprint = Fingerprint::of(&busy);
+    let token = match store
+        .inner
+        .reserve("batch:busy", fingerprint, Duration::from_secs(60))
+        .await
+        .unwrap()
+    {
+        tower_idempotency::store::Reservation::Reserved { token } => token,
+        other => panic!("not reserved: {other:?}"),
+    };
+    let other_process = store.inner.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let outcome = tower_idempotency::Outcome::sent(Receipt::new("id-elsewhere", "bulk"));
+        other_process
+            .complete(
+                "batch:busy",
+                token,
+                fingerprint,
+                &outcome,
+                Duration::from_secs(600),
+            )
+            .await
+            .unwrap();
+    });
+
+    let started = tokio::time::Instant::now();
+    let answers = send(&mut svc, vec![busy, message(Some("new"), "new")]).await;
+    let waited = started.elapsed();
+    let replayed = answers[0].as_ref().unwrap();
+    assert_eq!(replayed.id, "id-elsewhere");
+    assert!(replayed.replayed);
+    assert_eq!(answers[1].as_ref().unwrap().id, "id-new");
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(4),
+        "{waited:?}"
+    );
+    assert_eq!(provider.batches(), vec![vec!["new".to_owned()]]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_slower_than_its_lease_keeps_every_key_renewed() {
+    let store = TestStore::default();
+    let lease = Duration::from_secs(3);
+    let layer = IdempotencyLayer::builder()
+        .store(store.clone())
+        .namespace("batch")
+        .lease(lease)
+        .build()
+        .unwrap();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let slow = tower::service_fn(move |batch: Batch| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(lease * 3).await;
+            Ok::<_, BoxError>(
+                batch
+                    .iter()
+                    .map(|m| {
+                        Ok(Receipt::new(
+                            format!("id-{}", m.text().unwrap_or_default()),
+                            "bulk",
+                        ))
+                    })
+                    .collect::<BatchOutcomes>(),
+            )
+        }
+    });
+    let svc = tower::Layer::layer(&layer, slow);
+    let batch = || Batch::from(vec![message(Some("a"), "a"), message(Some("b"), "b")]);
+
+    let first = tokio::spawn(svc.clone().oneshot(batch()));
+    tokio::time::sleep(lease * 2).await;
+    let repeat = svc.clone().oneshot(batch()).await.unwrap();
+    assert!(
+        repeat
+            .iter()
+            .all(|a| a.as_ref().unwrap_err().code() == codes::IN_FLIGHT)
+    );
+    assert!(first.await.unwrap().unwrap().iter().all(Result::is_ok));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // Two keys, renewed every second for nine seconds.
+    assert!(store.extends() >= 16, "{} renewals", store.extends());
+}

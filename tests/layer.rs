@@ -12,7 +12,7 @@ use support::{Provider, TestStore, capture, message};
 use tokio::sync::{Notify, oneshot};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::layer::ConfigError;
+use tower_idempotency::layer::{ConfigError, DEFAULT_LEASE};
 use tower_idempotency::outcome::{Category, codes};
 use tower_idempotency::store::{Record, RecordState, Reservation, Store};
 use tower_idempotency::{
@@ -445,10 +445,12 @@ async fn done_record_without_an_outcome_is_store_failed_and_not_sent() {
     assert_eq!(provider.calls(), 0);
 }
 
-#[tokio::test]
-async fn store_failing_after_the_send_returns_the_real_outcome_and_warns() {
+#[tokio::test(start_paused = true)]
+async fn store_failing_after_the_send_returns_the_real_outcome_and_warns_once_it_gives_up() {
+    // The store is down for good after the reserve: settlements and renewals fail.
     let store = TestStore::default();
     store.fail_complete.store(true, Ordering::SeqCst);
+    store.fail_extend.store(true, Ordering::SeqCst);
     let provider = Provider::ok();
     let l = layer(&store);
     let mut svc = ServiceBuilder::new()
@@ -460,6 +462,10 @@ async fn store_failing_after_the_send_returns_the_real_outcome_and_warns() {
         .unwrap();
     assert_eq!(receipt.id, "msg-1");
     assert!(!receipt.replayed);
+    // The settlement retries in the background until the lease is about to end; only then
+    // does it warn.
+    assert_eq!(l.stats().store_failed_after_send, 0);
+    tokio::time::sleep(DEFAULT_LEASE).await;
     let lines = captured.lines();
     let warning = lines
         .iter()
@@ -468,6 +474,10 @@ async fn store_failing_after_the_send_returns_the_real_outcome_and_warns() {
     assert!(warning.starts_with("WARN"));
     assert!(warning.contains("namespace=test"));
     assert!(warning.contains("key_hash="));
+    assert!(
+        warning.contains("free_in="),
+        "the warning says when the key frees: {warning}"
+    );
     assert!(
         !warning.contains("seller@example.com"),
         "the raw key leaked: {warning}"
@@ -483,6 +493,7 @@ async fn store_failing_after_the_send_returns_the_real_outcome_and_warns() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), "p.400");
+    tokio::time::sleep(DEFAULT_LEASE).await;
     assert_eq!(l.stats().store_failed_after_send, 2);
 }
 

@@ -6,21 +6,24 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::config::Config;
 use super::key::{KeyOf, key_hash, store_key};
+use super::renew::{Held, Lease, given_up};
 use super::repeat::answer_held;
 use super::request::IdempotentRequest;
 use super::reserve::reserve_many;
 use super::service::Idempotency;
-use super::settle::{Finish, Held, Settle};
+use super::settle::{Finish, Settle};
 use super::stats::{bump, bump_by};
+use super::wait::wait_many;
 use crate::batch::{Batch, BatchFuture, BatchOutcomes};
 use crate::classify::into_send_error;
 use crate::fingerprint::Fingerprint;
 use crate::outcome::{BoxError, Outcome, Receipt, SendError, codes};
-use crate::store::{Reservation, StoreError, Token};
+use crate::store::{Record, Reservation, StoreError, StoreErrorKind, Token};
 
 impl<S, R> Service<Batch<R>> for Idempotency<S>
 where
@@ -56,6 +59,9 @@ enum Plan {
     Send(Option<usize>),
     /// A repeat of the message at this input position, under the same key.
     RepeatOf(usize),
+    /// Another message under the key of `keyed[k]`: judged, like a single send, against what
+    /// the store answered for that key.
+    Differs(usize),
 }
 
 /// One batch: reserve every key in one store call, answer repeats in place, send the rest
@@ -74,7 +80,8 @@ where
     let mut answers: Vec<Option<Result<Receipt, SendError>>> = vec![None; items.len()];
     let mut plans = Vec::with_capacity(items.len());
     let mut keyed: Vec<(Arc<str>, Fingerprint)> = Vec::new();
-    let mut first_of: HashMap<Arc<str>, (usize, Fingerprint)> = HashMap::new();
+    // Per key: the input position of its first occurrence, its fingerprint, its `keyed` index.
+    let mut first_of: HashMap<Arc<str>, (usize, Fingerprint, usize)> = HashMap::new();
     for (i, item) in items.iter().enumerate() {
         plans.push(match store_key(&config, item) {
             KeyOf::Unkeyed => Plan::Send(None),
@@ -85,14 +92,10 @@ where
             KeyOf::Keyed(key) => {
                 let fingerprint = item.fingerprint();
                 match first_of.get(&key) {
-                    Some(&(first, fp)) if fp == fingerprint => Plan::RepeatOf(first),
-                    Some(_) => {
-                        bump(&config.counters.key_reused);
-                        answers[i] = Some(Err(SendError::key_reused()));
-                        Plan::Answered
-                    }
+                    Some(&(first, fp, _)) if fp == fingerprint => Plan::RepeatOf(first),
+                    Some(&(_, _, k)) => Plan::Differs(k),
                     None => {
-                        first_of.insert(Arc::clone(&key), (i, fingerprint));
+                        first_of.insert(Arc::clone(&key), (i, fingerprint, keyed.len()));
                         keyed.push((key, fingerprint));
                         Plan::Reserving(keyed.len() - 1)
                     }
@@ -101,6 +104,7 @@ where
         });
     }
 
+    let asked_at = Instant::now();
     let held = reserve_keyed(&config, keyed, &items, &mut plans, &mut answers).await;
 
     // The messages that go, in input order, as one inner batch.
@@ -119,14 +123,14 @@ where
     }
     if !outbound.is_empty() {
         let holds = held.len();
-        let mut settle = Settle::new(Arc::clone(&config), held);
+        let mut settle = Settle::new(Arc::clone(&config), held, Lease::new(&config, asked_at));
         bump_by(&config.counters.sent, holds);
         let sent = outbound.len();
-        let outcomes = match inner
-            .call(Batch::new(outbound))
-            .await
-            .map_err(|e| into_send_error(&config.classifier, e.into()))
-        {
+        let outcomes = match settle.hold(inner.call(Batch::new(outbound))).await {
+            Some(result) => result.map_err(|e| into_send_error(&config.classifier, e.into())),
+            None => Err(given_up(&config, holds)),
+        };
+        let outcomes = match outcomes {
             Ok(outcomes) if outcomes.len() == sent => outcomes,
             Ok(outcomes) => {
                 let error = SendError::unknown_delivery(
@@ -226,7 +230,16 @@ async fn reserve_keyed<R: IdempotentRequest>(
     .into_iter()
     .map(Some)
     .collect::<Vec<_>>();
+    wait_many(config, &requests, &mut reservations).await;
+    // What the store answered each key, for the other messages under it (`Plan::Differs`).
+    let mut judged: Vec<Option<Judged>> = (0..requests.len()).map(|_| None).collect();
     for (i, plan) in plans.iter_mut().enumerate() {
+        if let Plan::Differs(k) = *plan {
+            let (key, _) = &requests[k];
+            answers[i] = Some(judge_other(config, key, judged[k].as_ref(), &items[i]));
+            *plan = Plan::Answered;
+            continue;
+        }
         let Plan::Reserving(k) = *plan else { continue };
         let (key, fingerprint) = &requests[k];
         let Some(reservation) = reservations[k].take() else {
@@ -234,6 +247,7 @@ async fn reserve_keyed<R: IdempotentRequest>(
         };
         *plan = match reservation {
             Ok(Reservation::Reserved { token }) => {
+                judged[k] = Some(Judged::Reserved(*fingerprint));
                 held.push(Held {
                     key: Arc::clone(key),
                     token,
@@ -242,6 +256,7 @@ async fn reserve_keyed<R: IdempotentRequest>(
                 Plan::Send(Some(held.len() - 1))
             }
             Ok(Reservation::Held { record }) => {
+                judged[k] = Some(Judged::Held(record.clone()));
                 answers[i] = Some(answer_held(config, key, *fingerprint, record, &items[i]));
                 Plan::Answered
             }
@@ -254,7 +269,9 @@ async fn reserve_keyed<R: IdempotentRequest>(
                     error = %error,
                     "idempotency store failed to reserve; message not sent"
                 );
-                answers[i] = Some(Err(SendError::store_failed(error)));
+                let error = SendError::store_failed(error);
+                judged[k] = Some(Judged::Failed(error.clone()));
+                answers[i] = Some(Err(error));
                 Plan::Answered
             }
         };
@@ -262,7 +279,50 @@ async fn reserve_keyed<R: IdempotentRequest>(
     held
 }
 
-/// The store failed for the whole reservation: every keyed message fails unsent.
+/// What the store answered for a key of the batch.
+enum Judged {
+    /// Reserved by this batch, for the message with this fingerprint.
+    Reserved(Fingerprint),
+    /// Held by this record.
+    Held(Record),
+    /// The store failed for it, with this answer.
+    Failed(SendError),
+}
+
+/// The answer to a message under a key whose first occurrence in the batch is another
+/// message: what a single send would get after that first occurrence, judged by the store's
+/// answer for the key (a kept outcome of this very message is replayed).
+fn judge_other<R: IdempotentRequest>(
+    config: &Config,
+    key: &str,
+    judged: Option<&Judged>,
+    item: &R,
+) -> Result<Receipt, SendError> {
+    let fingerprint = item.fingerprint();
+    match judged {
+        // This batch now holds the key for another message.
+        Some(Judged::Reserved(first)) => {
+            answer_held(config, key, fingerprint, Record::pending(*first), item)
+        }
+        Some(Judged::Held(record)) => answer_held(config, key, fingerprint, record.clone(), item),
+        Some(Judged::Failed(error)) => {
+            bump(&config.counters.store_failed);
+            Err(error.clone())
+        }
+        // The key was not answered (the whole reservation failed, and `fail_unsent` answered
+        // the first occurrence): so is this message, the same way.
+        None => {
+            bump(&config.counters.store_failed);
+            Err(SendError::store_failed(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the idempotency store failed to reserve the batch",
+            )))
+        }
+    }
+}
+
+/// The store failed for the whole reservation: every keyed message still to be judged fails
+/// unsent.
 fn fail_unsent(
     config: &Config,
     plans: &mut [Plan],
@@ -277,7 +337,7 @@ fn fail_unsent(
         "idempotency store failed to reserve a batch; its keyed messages were not sent"
     );
     for (plan, answer) in plans.iter_mut().zip(answers.iter_mut()) {
-        if let Plan::Reserving(_) = plan {
+        if let Plan::Reserving(_) | Plan::Differs(_) = plan {
             bump(&config.counters.store_failed);
             *answer = Some(Err(error.clone()));
             *plan = Plan::Answered;

@@ -7,6 +7,7 @@ use std::any::{Any, TypeId};
 use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use super::stats::Counters;
@@ -15,12 +16,25 @@ use crate::message::{Message, RawMessage};
 use crate::outcome::Category;
 use crate::store::Store;
 
-/// The default lease: how long a reservation holds a key while its send runs.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(10 * 60);
+/// The default lease: how long a reservation holds a key before it must be renewed, and so
+/// how long a crashed process holds its keys.
+///
+/// Two minutes, renewed every 40 s while the send and its settlement run: a crashed process
+/// frees its keys within two minutes (the lease was ten before renewal existed), renewals
+/// ride out store outages of up to 80 s (a Redis or PostgreSQL failover), and a store
+/// without [`Store::extend`] still holds a key longer than the default
+/// [`RetryPolicy`](crate::RetryPolicy) retries (60 s).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(2 * 60);
 /// The default ttl: how long the outcome of a send is kept under its key.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The default bound on a reservation's round trip to the store.
 pub const DEFAULT_RESERVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default bound on how long the caller waits for its key to be settled after the send;
+/// the settlement goes on in the background past it.
+pub const DEFAULT_SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default maximum hold: a send whose inner future runs longer is given up, its key kept
+/// as `idempotency.max_hold`.
+pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(15 * 60);
 /// The default namespace.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
@@ -61,10 +75,17 @@ pub(crate) struct Config {
     pub(crate) lease: Duration,
     pub(crate) ttl: Duration,
     pub(crate) reserve_timeout: Duration,
+    pub(crate) settle_timeout: Duration,
+    pub(crate) renew: bool,
+    pub(crate) max_hold: Duration,
+    pub(crate) wait_for_in_flight: Option<Duration>,
     pub(crate) namespace: Arc<str>,
     pub(crate) keys: KeyFns,
     pub(crate) classifier: Classifier,
     pub(crate) counters: Counters,
+    /// Set once the store answered `Unsupported` to a renewal: the layer stops renewing, and
+    /// warns once.
+    pub(crate) extend_unsupported: AtomicBool,
 }
 
 impl Config {
@@ -75,10 +96,15 @@ impl Config {
             lease: DEFAULT_LEASE,
             ttl: DEFAULT_TTL,
             reserve_timeout: DEFAULT_RESERVE_TIMEOUT,
+            settle_timeout: DEFAULT_SETTLE_TIMEOUT,
+            renew: true,
+            max_hold: DEFAULT_MAX_HOLD,
+            wait_for_in_flight: None,
             namespace: Arc::from(DEFAULT_NAMESPACE),
             keys: KeyFns::default(),
             classifier: Classifier::default(),
             counters: Counters::default(),
+            extend_unsupported: AtomicBool::new(false),
         }
     }
 }
@@ -90,6 +116,10 @@ impl fmt::Debug for Config {
             .field("lease", &self.lease)
             .field("ttl", &self.ttl)
             .field("reserve_timeout", &self.reserve_timeout)
+            .field("settle_timeout", &self.settle_timeout)
+            .field("renew", &self.renew)
+            .field("max_hold", &self.max_hold)
+            .field("wait_for_in_flight", &self.wait_for_in_flight)
             .field("custom_key", &self.keys.has::<Message>())
             .field("raw_key", &self.keys.has::<RawMessage>())
             .field("key_functions", &self.keys.0.len())
@@ -137,9 +167,13 @@ impl Error for ConfigError {}
 /// | option | default |
 /// |---|---|
 /// | [`store`](Self::store) | none: required, [`build`](Self::build) fails with [`ConfigError::MissingStore`] without it |
-/// | [`lease`](Self::lease) | [`DEFAULT_LEASE`] (10 minutes) |
+/// | [`lease`](Self::lease) | [`DEFAULT_LEASE`] (2 minutes, renewed every 40 s while the send runs) |
+/// | [`renew`](Self::renew) | on |
+/// | [`max_hold`](Self::max_hold) | [`DEFAULT_MAX_HOLD`] (15 minutes) |
 /// | [`ttl`](Self::ttl) | [`DEFAULT_TTL`] (24 hours) |
 /// | [`reserve_timeout`](Self::reserve_timeout) | [`DEFAULT_RESERVE_TIMEOUT`] (5 s) |
+/// | [`settle_timeout`](Self::settle_timeout) | [`DEFAULT_SETTLE_TIMEOUT`] (5 s) |
+/// | [`wait_for_in_flight`](Self::wait_for_in_flight) | off: a repeat of an in-flight send is answered `idempotency.in_flight` at once |
 /// | [`namespace`](Self::namespace) | [`DEFAULT_NAMESPACE`] (`"default"`) |
 /// | [`key`](Self::key), [`raw_key`](Self::raw_key), [`key_for`](Self::key_for) | the request's own [`idempotency_key`](super::IdempotentRequest::idempotency_key) (a [`RawMessage`] has none) |
 /// | [`classify`](Self::classify) | [`default_classifier`](crate::classify::default_classifier) |
@@ -152,6 +186,10 @@ pub struct IdempotencyLayerBuilder {
     lease: Duration,
     ttl: Duration,
     reserve_timeout: Duration,
+    settle_timeout: Duration,
+    renew: bool,
+    max_hold: Duration,
+    wait_for_in_flight: Option<Duration>,
     namespace: String,
     keys: KeyFns,
     classifier: Classifier,
@@ -164,6 +202,10 @@ impl Default for IdempotencyLayerBuilder {
             lease: DEFAULT_LEASE,
             ttl: DEFAULT_TTL,
             reserve_timeout: DEFAULT_RESERVE_TIMEOUT,
+            settle_timeout: DEFAULT_SETTLE_TIMEOUT,
+            renew: true,
+            max_hold: DEFAULT_MAX_HOLD,
+            wait_for_in_flight: None,
             namespace: DEFAULT_NAMESPACE.to_owned(),
             keys: KeyFns::default(),
             classifier: Classifier::default(),
@@ -179,6 +221,10 @@ impl fmt::Debug for IdempotencyLayerBuilder {
             .field("lease", &self.lease)
             .field("ttl", &self.ttl)
             .field("reserve_timeout", &self.reserve_timeout)
+            .field("settle_timeout", &self.settle_timeout)
+            .field("renew", &self.renew)
+            .field("max_hold", &self.max_hold)
+            .field("wait_for_in_flight", &self.wait_for_in_flight)
             .finish_non_exhaustive()
     }
 }
@@ -197,11 +243,80 @@ impl IdempotencyLayerBuilder {
         self
     }
 
-    /// How long a reservation holds a key while its send runs. It must be longer than a send
-    /// takes with all its retries, or a second send may go while the first is still out; and
-    /// it bounds how long a crashed process holds a key.
+    /// How long a reservation holds a key without renewal, by the store's clock: it bounds
+    /// how long a crashed process holds its keys.
+    ///
+    /// While a send runs, and while its settlement is retried, the layer renews the lease
+    /// ([`Store::extend`]) every third of it, so a send may take longer than the lease. A
+    /// renewal that fails on a transient store error is retried sooner; a store outage
+    /// longer than the rest of the lease (two thirds of it) loses the key, and a repeat may
+    /// then send again. Choose a lease longer than the store outages you want to ride out.
+    /// Without renewal ([`renew(false)`](Self::renew), or a store that does not implement
+    /// `extend`) the lease must be longer than a send takes with all its retries.
+    ///
+    /// Default [`DEFAULT_LEASE`], two minutes; see there why.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// Whether the layer renews the lease of a key while its send and its settlement run
+    /// (default `true`).
+    ///
+    /// With `false`, a reservation holds its key for the lease given at reserve time only: a
+    /// send slower than the lease lets a repeat reserve the key and send again, as before
+    /// renewal existed. Renewal costs nothing for a send that finishes within a third of the
+    /// lease, and one store call per third of the lease for a slower one.
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// The longest the layer lets an inner service work on one send (default
+    /// [`DEFAULT_MAX_HOLD`], 15 minutes).
+    ///
+    /// Renewal would otherwise hold the key of an inner future that never ends for ever. Past
+    /// the maximum hold the inner future is dropped, the caller gets a [`SendError`] of code
+    /// `idempotency.max_hold` (delivery unknown) and the key is kept with that outcome, never
+    /// freed: the provider may have taken the message. Put a timeout inside the stack for
+    /// the bound you mean on a send; this one is the backstop. It also bounds how long a
+    /// settlement is retried while its lease is renewed. Needs a tokio runtime.
+    ///
+    /// [`SendError`]: crate::SendError
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = max_hold;
+        self
+    }
+
+    /// The longest the caller waits for its key to be settled once the inner service
+    /// answered (default [`DEFAULT_SETTLE_TIMEOUT`], 5 s, like the reserve timeout).
+    ///
+    /// Keeping the outcome (or freeing the key) is retried on transient store errors, with
+    /// jittered exponential backoff from 10 ms to 1 s, until it lands, the store answers that
+    /// another send holds the key, or the lease is about to end. The caller gets the inner
+    /// service's answer as soon as the settlement landed or this bound passed, whichever
+    /// comes first; the retries go on in the background, also when the caller drops the
+    /// send. Only a settlement that finally gives up emits the `IDEMPOTENCY_STORE_FAILED`
+    /// warning. Without a tokio runtime there is one attempt and no bound.
+    pub fn settle_timeout(mut self, timeout: Duration) -> Self {
+        self.settle_timeout = timeout;
+        self
+    }
+
+    /// Lets a repeat that finds its key held by an in-flight send of the same message wait up
+    /// to `bound` for that send to finish, instead of being answered `idempotency.in_flight`
+    /// at once (off by default).
+    ///
+    /// The repeat asks the store again (a reserve) with backoff, from 10 ms doubling to 1 s,
+    /// until the bound: once the first send's outcome is kept it is answered as a replay;
+    /// if the first send freed the key (its message certainly did not go) or its lease
+    /// passed, the repeat's reserve takes the key and the repeat is **sent**, exactly as it
+    /// would have been had it arrived a moment later. Still pending at the bound, it is
+    /// answered `idempotency.in_flight`. A batch waits for all its in-flight keys together,
+    /// and stops waiting (and sends) as soon as one of them is reserved. Needs a tokio
+    /// runtime; a zero bound turns waiting off.
+    pub fn wait_for_in_flight(mut self, bound: Duration) -> Self {
+        self.wait_for_in_flight = (!bound.is_zero()).then_some(bound);
         self
     }
 
@@ -212,7 +327,9 @@ impl IdempotencyLayerBuilder {
     }
 
     /// The bound on the store's answer to a reservation; past it the message fails with
-    /// `idempotency.store_failed` and is not sent. Needs a tokio runtime to take effect.
+    /// `idempotency.store_failed` and is not sent. It also bounds each attempt of a
+    /// settlement or a lease renewal (a timed-out attempt counts as a transient error). Needs
+    /// a tokio runtime to take effect.
     pub fn reserve_timeout(mut self, timeout: Duration) -> Self {
         self.reserve_timeout = timeout;
         self
@@ -293,6 +410,8 @@ impl IdempotencyLayerBuilder {
             ("lease", self.lease),
             ("ttl", self.ttl),
             ("reserve timeout", self.reserve_timeout),
+            ("settle timeout", self.settle_timeout),
+            ("max hold", self.max_hold),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::ZeroDuration(name));
@@ -306,6 +425,10 @@ impl IdempotencyLayerBuilder {
             lease: self.lease,
             ttl: self.ttl,
             reserve_timeout: self.reserve_timeout,
+            settle_timeout: self.settle_timeout,
+            renew: self.renew,
+            max_hold: self.max_hold,
+            wait_for_in_flight: self.wait_for_in_flight,
             namespace: Arc::from(self.namespace),
             keys: self.keys,
             classifier: self.classifier,

@@ -13,7 +13,8 @@ use crate::outcome::{Receipt, SendError};
 ///
 /// Dropping it is safe at any point: before the provider was called the key is freed (or
 /// never taken); after, the key is kept with an `idempotency.aborted` outcome, written by a
-/// task spawned on the current tokio runtime.
+/// task spawned on the current tokio runtime; once the provider answered, the settlement of
+/// its outcome goes on in the background. The renewal of the key's lease stops with it.
 pub struct ResponseFuture {
     inner: BoxFuture<'static, Result<Receipt, SendError>>,
 }

@@ -12,10 +12,12 @@
 //! | `request.rs` | [`IdempotentRequest`], for `Message` and `RawMessage` | nothing |
 //! | `key.rs` | key derivation: the store key `namespace:key`, `key_hash` for logs | config, request, stats |
 //! | `reserve.rs` | reservations bounded by the reserve timeout, freed in the background when abandoned; `spawn_detached` | config |
+//! | `renew.rs` | holding the reserved keys while a send runs: the lease's end by the local clock, renewal every third of the lease, the maximum hold; the backoff and bounded store call settlements share | config, key, stats |
+//! | `wait.rs` | a repeat waiting for the in-flight send of the same message (opt-in), polling with reserves | config, renew, reserve, stats |
 //! | `repeat.rs` | answering a request whose key the store holds (replay, in flight, key reused) | config, request, key, stats |
-//! | `settle.rs` | keeping or freeing the reserved keys once a send is over, also after a drop | config, key, reserve, stats |
-//! | `service.rs` | [`Idempotency`] and the single send flow | stats, future, config, request, key, reserve, repeat, settle |
-//! | `batch.rs` | the batch send flow: `Service<Batch<R>>` for [`Idempotency`] | stats, config, request, key, reserve, repeat, settle, service |
+//! | `settle.rs` | keeping or freeing the reserved keys once a send is over, also after a drop; retried on transient store errors in the background, renewing the lease meanwhile | config, key, renew, reserve, stats |
+//! | `service.rs` | [`Idempotency`] and the single send flow | stats, future, config, request, key, renew, reserve, wait, repeat, settle |
+//! | `batch.rs` | the batch send flow: `Service<Batch<R>>` for [`Idempotency`] | stats, config, request, key, renew, reserve, wait, repeat, settle, service |
 //! | `layer.rs` | [`IdempotencyLayer`] (and the builder's `build`, which makes it) | config, service, stats |
 //!
 //! The crate-level modules it uses import nothing from it: [`crate::classify`] judges
@@ -27,17 +29,19 @@ mod future;
 mod key;
 #[allow(clippy::module_inception)]
 mod layer;
+mod renew;
 mod repeat;
 mod request;
 mod reserve;
 mod service;
 mod settle;
 mod stats;
+mod wait;
 
 pub use crate::classify::default_classifier;
 pub use config::{
-    ConfigError, DEFAULT_LEASE, DEFAULT_NAMESPACE, DEFAULT_RESERVE_TIMEOUT, DEFAULT_TTL,
-    IdempotencyLayerBuilder,
+    ConfigError, DEFAULT_LEASE, DEFAULT_MAX_HOLD, DEFAULT_NAMESPACE, DEFAULT_RESERVE_TIMEOUT,
+    DEFAULT_SETTLE_TIMEOUT, DEFAULT_TTL, IdempotencyLayerBuilder,
 };
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;

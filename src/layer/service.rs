@@ -5,16 +5,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::config::Config;
 use super::future::ResponseFuture;
 use super::key::{KeyOf, key_hash, store_key};
+use super::renew::{Held, Lease, given_up};
 use super::repeat::answer_held;
 use super::request::IdempotentRequest;
 use super::reserve::reserve_one;
-use super::settle::{Finish, Held, Settle};
+use super::settle::{Finish, Settle};
 use super::stats::bump;
+use super::wait::wait_one;
 use crate::classify::into_send_error;
 use crate::outcome::{BoxError, Receipt, SendError, codes};
 use crate::store::Reservation;
@@ -119,7 +122,14 @@ where
     };
     let fingerprint = request.fingerprint();
 
-    let token = match reserve_one(&config, &store_key, fingerprint).await {
+    let asked_at = Instant::now();
+    let reservation = match reserve_one(&config, &store_key, fingerprint).await {
+        Ok(Reservation::Held { record }) => {
+            wait_one(&config, &store_key, fingerprint, record).await
+        }
+        other => other,
+    };
+    let token = match reservation {
         Ok(Reservation::Reserved { token }) => token,
         Ok(Reservation::Held { record }) => {
             return answer_held(&config, &store_key, fingerprint, record, &request);
@@ -137,20 +147,22 @@ where
         }
     };
 
+    let held = Held {
+        key: store_key,
+        token,
+        fingerprint,
+    };
     let mut settle = Settle::new(
         Arc::clone(&config),
-        vec![Held {
-            key: store_key,
-            token,
-            fingerprint,
-        }],
+        vec![held],
+        Lease::new(&config, asked_at),
     );
     bump(&counters.sent);
     let kept = request.clone();
-    let result = inner
-        .call(request)
-        .await
-        .map_err(|e| into_send_error(&config.classifier, e.into()));
+    let result = match settle.hold(inner.call(request)).await {
+        Some(result) => result.map_err(|e| into_send_error(&config.classifier, e.into())),
+        None => Err(given_up(&config, 1)),
+    };
     settle
         .run(vec![Finish::for_result(&result, &kept.recipients())])
         .await;

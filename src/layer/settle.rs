@@ -1,15 +1,25 @@
 //! Settling the keys a send reserved once it is over: kept with the outcome or freed, even
-//! when the caller drops the send first.
+//! when the caller drops the send first, and retried on transient store errors until the
+//! settlement lands or the lease is about to end.
+//!
+//! The caller waits for a settlement at most the settle timeout; past it, and whenever the
+//! caller drops the send, the settlement goes on in a task of its own. While it retries it
+//! keeps renewing the lease, so a store that flickers does not free a key whose message went.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::time::Instant;
 
 use super::config::Config;
 use super::key::key_hash;
+use super::renew::{Backoff, Held, Lease, after, has_runtime, hold, renew_once, transient, within};
 use super::reserve::spawn_detached;
-use super::stats::bump;
-use crate::fingerprint::Fingerprint;
+use super::stats::{bump, bump_by};
 use crate::outcome::{Outcome, Receipt, SendError, codes};
-use crate::store::{Completion, StoreError, Token};
+use crate::store::{Completion, StoreError};
 
 /// What to do with a reserved key once its send is over.
 pub(crate) enum Finish {
@@ -28,13 +38,13 @@ impl Finish {
             _ => Self::Complete(Outcome::kept(result, recipients)),
         }
     }
-}
 
-/// A key this send reserved.
-pub(crate) struct Held {
-    pub(crate) key: Arc<str>,
-    pub(crate) token: Token,
-    pub(crate) fingerprint: Fingerprint,
+    fn action(&self) -> &'static str {
+        match self {
+            Self::Complete(_) => "keep the outcome",
+            Self::Release => "free the key",
+        }
+    }
 }
 
 /// Keeps or frees the keys a send reserved once it is over, and, when the caller drops the
@@ -42,77 +52,170 @@ pub(crate) struct Held {
 /// the moment it exists the message may go: a drop must never free a key.
 pub(crate) struct Settle {
     config: Arc<Config>,
-    held: Vec<Held>,
-    finishes: Option<Vec<Finish>>,
-    done: bool,
+    /// The keys and their lease, until a settlement takes them.
+    holding: Option<(Vec<Held>, Lease)>,
 }
 
 impl Settle {
-    pub(crate) fn new(config: Arc<Config>, held: Vec<Held>) -> Self {
+    pub(crate) fn new(config: Arc<Config>, held: Vec<Held>, lease: Lease) -> Self {
         Self {
             config,
-            held,
-            finishes: None,
-            done: false,
+            holding: Some((held, lease)),
         }
     }
 
-    /// Settles each held key by its finish (one per key, in order).
+    /// Runs the send while holding its keys: their lease renewed, the send given up
+    /// (`None`) past the maximum hold. See [`hold`].
+    pub(crate) async fn hold<F: Future>(&self, send: F) -> Option<F::Output> {
+        match &self.holding {
+            Some((held, lease)) => hold(&self.config, held, lease, send).await,
+            None => Some(send.await),
+        }
+    }
+
+    /// Settles each held key by its finish (one per key, in order). Returns once the
+    /// settlement is over or the settle timeout passed; the settlement goes on in the
+    /// background past it, and when the caller drops this future.
     pub(crate) async fn run(&mut self, finishes: Vec<Finish>) {
-        let finishes = self.finishes.insert(finishes);
-        apply(&self.config, &self.held, finishes).await;
-        self.done = true;
+        let Some((held, lease)) = self.holding.take() else {
+            return;
+        };
+        let mut settlement = settlement(Arc::clone(&self.config), held, lease, finishes).boxed();
+        // An in-process store settles at once: no task, no timer.
+        if (&mut settlement).now_or_never().is_some() {
+            return;
+        }
+        if has_runtime() {
+            let task = tokio::spawn(settlement);
+            // A panic in the task is tokio's to report; the caller keeps the real outcome.
+            let _ = tokio::time::timeout(self.config.settle_timeout, task).await;
+        } else {
+            settlement.await;
+        }
     }
 }
 
 impl Drop for Settle {
     fn drop(&mut self) {
-        if self.done || self.held.is_empty() {
+        let Some((held, lease)) = self.holding.take() else {
+            return;
+        };
+        if held.is_empty() {
             return;
         }
-        let finishes = self.finishes.take().unwrap_or_else(|| {
-            self.held
-                .iter()
-                .map(|_| {
-                    bump(&self.config.counters.aborted);
-                    Finish::Complete(Outcome::failed(SendError::aborted()))
-                })
-                .collect()
-        });
-        let config = Arc::clone(&self.config);
-        let held = std::mem::take(&mut self.held);
-        spawn_detached(async move {
-            apply(&config, &held, &finishes).await;
-        });
+        let finishes = held
+            .iter()
+            .map(|_| {
+                bump(&self.config.counters.aborted);
+                Finish::Complete(Outcome::failed(SendError::aborted()))
+            })
+            .collect();
+        spawn_detached(settlement(Arc::clone(&self.config), held, lease, finishes));
     }
 }
 
-async fn apply(config: &Config, held: &[Held], finishes: &[Finish]) {
-    if let ([one], [finish]) = (held, finishes) {
+/// How close to the lease's end a settlement stops retrying: a tenth of the lease, at most
+/// a second.
+fn margin(lease: Duration) -> Duration {
+    (lease / 10).min(Duration::from_secs(1))
+}
+
+/// Settles `held[i]` by `finishes[i]`, retrying the keys the store failed on transiently
+/// (with jittered backoff, renewing their lease when due) until each landed, was refused,
+/// failed for good, or the lease is about to end. Without a runtime, one attempt.
+async fn settlement(config: Arc<Config>, held: Vec<Held>, lease: Lease, finishes: Vec<Finish>) {
+    let retrying = has_runtime();
+    let started = Instant::now();
+    let mut backoff = Backoff::default();
+    let mut open: Option<Vec<usize>> = None; // None: every key, on the first attempt
+    let mut attempts = 1u32;
+    loop {
+        let answers = attempt(&config, &held, &finishes, open.as_deref(), attempts > 1).await;
+        let retry = |answer: &Result<bool, Arc<StoreError>>| {
+            retrying && matches!(answer, Err(error) if transient(error))
+        };
+        if answers.iter().any(|(_, answer)| retry(answer)) {
+            // The settled keys: a renewal while the rest retry would find them lost.
+            for (i, _) in answers.iter().filter(|(_, answer)| !retry(answer)) {
+                lease.stop_renewing(*i);
+            }
+        }
+        let mut again = Vec::new();
+        for (i, answer) in answers {
+            match answer {
+                Err(error) if retrying && transient(&error) => again.push((i, error)),
+                Ok(true) => {}
+                Ok(false) => not_written(&config, &held[i], &finishes[i], attempts > 1),
+                Err(error) => gave_up(&config, &held[i], &finishes[i], &error, &lease, attempts),
+            }
+        }
+        if again.is_empty() {
+            return;
+        }
+        let delay = backoff.next_delay();
+        let resume = after(Instant::now(), delay);
+        if after(resume, margin(config.lease)) >= lease.ends()
+            || resume >= after(started, config.max_hold)
+        {
+            for (i, error) in &again {
+                gave_up(&config, &held[*i], &finishes[*i], error, &lease, attempts);
+            }
+            return;
+        }
+        tokio::time::sleep_until(resume).await;
+        if lease.renewal_due(Instant::now()) {
+            renew_once(&config, &held, &lease).await;
+        }
+        open = Some(again.into_iter().map(|(i, _)| i).collect());
+        attempts += 1;
+    }
+}
+
+/// One attempt at settling the keys at `open` (every key when `None`): the store's answer per
+/// key, by position. A `retry` counts its store calls in `settle_retries`.
+async fn attempt(
+    config: &Config,
+    held: &[Held],
+    finishes: &[Finish],
+    open: Option<&[usize]>,
+    retry: bool,
+) -> Vec<(usize, Result<bool, Arc<StoreError>>)> {
+    let counted = |calls: usize| {
+        if retry {
+            bump_by(&config.counters.settle_retries, calls);
+        }
+    };
+    let all: Vec<usize>;
+    let open = match open {
+        Some(open) => open,
+        // The single send's first attempt, without an allocation.
+        None if held.len() == 1 => &[0],
+        None => {
+            all = (0..held.len()).collect();
+            &all
+        }
+    };
+    if let [i] = *open {
+        counted(1);
         // The single send: one plain call, no batch bookkeeping on the hot path.
-        let result = match finish {
+        let h = &held[i];
+        let call = match &finishes[i] {
             Finish::Complete(outcome) => {
                 config
                     .store
-                    .complete(&one.key, one.token, one.fingerprint, outcome, config.ttl)
-                    .await
+                    .complete(&h.key, h.token, h.fingerprint, outcome, config.ttl)
             }
-            Finish::Release => config.store.release(&one.key, one.token).await,
+            Finish::Release => config.store.release(&h.key, h.token),
         };
-        report(
-            config,
-            std::iter::once(one),
-            finish_name(finish),
-            result.map(|w| vec![w]),
-        );
-        return;
+        return vec![(i, within(config, call).await.map_err(Arc::new))];
     }
     let mut completions = Vec::new();
     let mut completed = Vec::new();
     let mut releases = Vec::new();
     let mut released = Vec::new();
-    for (h, finish) in held.iter().zip(finishes) {
-        match finish {
+    for &i in open {
+        let h = &held[i];
+        match &finishes[i] {
             Finish::Complete(outcome) => {
                 completions.push(Completion {
                     key: &h.key,
@@ -120,66 +223,101 @@ async fn apply(config: &Config, held: &[Held], finishes: &[Finish]) {
                     fingerprint: h.fingerprint,
                     outcome,
                 });
-                completed.push(h);
+                completed.push(i);
             }
             Finish::Release => {
                 releases.push((h.key.as_ref(), h.token));
-                released.push(h);
+                released.push(i);
             }
         }
     }
+    counted(usize::from(!completions.is_empty()) + usize::from(!releases.is_empty()));
+    let mut answers = Vec::with_capacity(open.len());
     if !completions.is_empty() {
-        let result = config.store.complete_many(&completions, config.ttl).await;
-        report(config, completed.into_iter(), "keep the outcome", result);
+        let result = within(config, config.store.complete_many(&completions, config.ttl)).await;
+        spread(&mut answers, completed, result);
     }
     if !releases.is_empty() {
-        let result = config.store.release_many(&releases).await;
-        report(config, released.into_iter(), "free the key", result);
+        let result = within(config, config.store.release_many(&releases)).await;
+        spread(&mut answers, released, result);
     }
+    answers
 }
 
-fn finish_name(finish: &Finish) -> &'static str {
-    match finish {
-        Finish::Complete(_) => "keep the outcome",
-        Finish::Release => "free the key",
-    }
-}
-
-/// Turns the store's answers after a send into warnings and counters; the caller already has
-/// the real outcome.
-fn report<'h>(
-    config: &Config,
-    held: impl ExactSizeIterator<Item = &'h Held>,
-    action: &str,
+/// One answer per key from a batch call's answer; a missing answer counts as not written.
+fn spread(
+    answers: &mut Vec<(usize, Result<bool, Arc<StoreError>>)>,
+    keys: Vec<usize>,
     result: Result<Vec<bool>, StoreError>,
 ) {
     match result {
-        Ok(written) => {
-            for (h, written) in held.zip(written.into_iter().chain(std::iter::repeat(false))) {
-                if !written {
-                    bump(&config.counters.lease_lost);
-                    tracing::warn!(
-                        namespace = %config.namespace,
-                        key_hash = %key_hash(&h.key),
-                        code = codes::STORE_FAILED_WARNING,
-                        "the lease passed before the send finished and another send holds the \
-                         key; make the lease longer than a send with all its retries"
-                    );
-                }
-            }
-        }
+        Ok(written) => answers.extend(
+            keys.into_iter()
+                .zip(written.into_iter().chain(std::iter::repeat(false)))
+                .map(|(i, w)| (i, Ok(w))),
+        ),
         Err(error) => {
-            for h in held {
-                bump(&config.counters.store_failed_after_send);
-                tracing::warn!(
-                    namespace = %config.namespace,
-                    key_hash = %key_hash(&h.key),
-                    code = codes::STORE_FAILED_WARNING,
-                    error = %error,
-                    "idempotency store failed to {action} after the send; the caller got the \
-                     real outcome"
-                );
-            }
+            let error = Arc::new(error);
+            answers.extend(keys.into_iter().map(|i| (i, Err(Arc::clone(&error)))));
         }
+    }
+}
+
+/// The store refused to settle the key: another send holds it. A release tried again after
+/// a failed attempt may find the key already freed by that attempt, so it says nothing.
+fn not_written(config: &Config, h: &Held, finish: &Finish, retried: bool) {
+    if retried && matches!(finish, Finish::Release) {
+        tracing::debug!(
+            namespace = %config.namespace,
+            key_hash = %key_hash(&h.key),
+            "the key was already free when a release was tried again"
+        );
+        return;
+    }
+    bump(&config.counters.lease_lost);
+    tracing::warn!(
+        namespace = %config.namespace,
+        key_hash = %key_hash(&h.key),
+        code = codes::STORE_FAILED_WARNING,
+        "the lease passed before the send finished and another send holds the key; make the \
+         lease longer than the store outages you expect (or than a send with all its retries, \
+         without renewal)"
+    );
+}
+
+/// The settlement of a key gave up: counted and warned, saying when the key is free again.
+fn gave_up(
+    config: &Config,
+    h: &Held,
+    finish: &Finish,
+    error: &StoreError,
+    lease: &Lease,
+    attempts: u32,
+) {
+    bump(&config.counters.store_failed_after_send);
+    let free_in = lease.ends().saturating_duration_since(Instant::now());
+    let action = finish.action();
+    match finish {
+        Finish::Complete(_) => tracing::warn!(
+            namespace = %config.namespace,
+            key_hash = %key_hash(&h.key),
+            code = codes::STORE_FAILED_WARNING,
+            error = %error,
+            attempts,
+            free_in = ?free_in,
+            "idempotency store failed to {action} after the send; the caller got the real \
+             outcome; the key stays pending until its lease ends (free_in), and a repeat after \
+             that is sent again"
+        ),
+        Finish::Release => tracing::warn!(
+            namespace = %config.namespace,
+            key_hash = %key_hash(&h.key),
+            code = codes::STORE_FAILED_WARNING,
+            error = %error,
+            attempts,
+            free_in = ?free_in,
+            "idempotency store failed to {action} after a send that did not go; the caller got \
+             the real outcome; the key frees itself when its lease ends (free_in)"
+        ),
     }
 }

@@ -4,9 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A snapshot of what an [`IdempotencyLayer`](super::IdempotencyLayer) and its services did.
 ///
-/// Every answer of the layer is counted once. The `store_failed_after_send` counter matches
-/// the `IDEMPOTENCY_STORE_FAILED` warnings: alert on it, as each one may let a repeat send
-/// again.
+/// Every answer of the layer is counted once. Alert on `store_failed_after_send`,
+/// `lease_lost` and `renewal_lost`: each may let a repeat send again, and each has its
+/// `IDEMPOTENCY_STORE_FAILED` warning.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
@@ -24,12 +24,27 @@ pub struct Stats {
     pub invalid_key: u64,
     /// Messages not sent because the store failed to reserve (`idempotency.store_failed`).
     pub store_failed: u64,
-    /// Sends whose outcome the store failed to keep or whose key it failed to free.
+    /// Keys whose settlement gave up: the store failed to keep the outcome or free the key
+    /// through every retry until the lease was about to end (or answered an error that
+    /// retrying cannot mend). Each has its `IDEMPOTENCY_STORE_FAILED` warning.
     pub store_failed_after_send: u64,
-    /// Sends that finished after their lease passed and another owner took the key.
+    /// Sends whose settlement found another owner holding the key: their lease had passed
+    /// (renewal off or failing) and a repeat took the key.
     pub lease_lost: u64,
     /// Sends dropped by the caller after the inner service was called.
     pub aborted: u64,
+    /// Store calls of a settlement (complete or release after a send) tried again after a
+    /// transient store error.
+    pub settle_retries: u64,
+    /// Lease renewals that found the key no longer held by its send: its lease had passed, so
+    /// a repeat may have sent as well.
+    pub renewal_lost: u64,
+    /// Keyed messages whose send was given up after the maximum hold: the inner future was
+    /// dropped and the key kept as `idempotency.max_hold`.
+    pub max_hold: u64,
+    /// Repeats that waited for an in-flight send under their key
+    /// ([`wait_for_in_flight`](super::IdempotencyLayerBuilder::wait_for_in_flight)).
+    pub waited: u64,
 }
 
 #[derive(Default)]
@@ -44,6 +59,10 @@ pub(crate) struct Counters {
     pub(crate) store_failed_after_send: AtomicU64,
     pub(crate) lease_lost: AtomicU64,
     pub(crate) aborted: AtomicU64,
+    pub(crate) settle_retries: AtomicU64,
+    pub(crate) renewal_lost: AtomicU64,
+    pub(crate) max_hold: AtomicU64,
+    pub(crate) waited: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64) {
@@ -64,6 +83,10 @@ impl Counters {
             store_failed_after_send: get(&self.store_failed_after_send),
             lease_lost: get(&self.lease_lost),
             aborted: get(&self.aborted),
+            settle_retries: get(&self.settle_retries),
+            renewal_lost: get(&self.renewal_lost),
+            max_hold: get(&self.max_hold),
+            waited: get(&self.waited),
         }
     }
 }

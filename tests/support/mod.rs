@@ -23,7 +23,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::Semaphore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::Outcome;
-use tower_idempotency::store::{Reservation, Store, StoreError, Token};
+use tower_idempotency::store::{Reservation, Store, StoreError, StoreErrorKind, Token};
 use tower_idempotency::{BoxError, MemoryStore, Message, Receipt, SendError};
 use tower_resilience_circuitbreaker::CircuitBreakerError;
 
@@ -116,6 +116,17 @@ pub struct TestStore {
     pub fail_reserve: Arc<AtomicBool>,
     pub fail_complete: Arc<AtomicBool>,
     pub fail_release: Arc<AtomicBool>,
+    /// Calls of `extend`.
+    pub extends: Arc<AtomicUsize>,
+    /// When set, `extend` fails as unavailable.
+    pub fail_extend: Arc<AtomicBool>,
+    /// When set, `extend` answers `Unsupported`, as a store written before it existed.
+    pub extend_unsupported: Arc<AtomicBool>,
+    /// The next this many calls of complete, complete_many, release or release_many fail as
+    /// unavailable (a dropped connection), then the store answers again.
+    pub fail_next_settlements: Arc<AtomicUsize>,
+    /// When set, complete answers a corrupt-record error, which retrying cannot mend.
+    pub corrupt_complete: Arc<AtomicBool>,
     /// When set, reserves wait for a permit.
     pub gate: Arc<Mutex<Option<Arc<Semaphore>>>>,
     /// When set, reserve answers this record instead of asking the inner store.
@@ -123,6 +134,10 @@ pub struct TestStore {
 }
 
 impl TestStore {
+    pub fn extends(&self) -> usize {
+        self.extends.load(Ordering::SeqCst)
+    }
+
     pub fn total_calls(&self) -> usize {
         self.reserves.load(Ordering::SeqCst)
             + self.completes.load(Ordering::SeqCst)
@@ -139,6 +154,18 @@ impl TestStore {
 
 fn failure() -> StoreError {
     StoreError::unavailable(std::io::Error::other("injected store failure"))
+}
+
+impl TestStore {
+    /// Whether this settlement call fails: always while `flag` is set, or while failures
+    /// were asked for the next settlements (one is used up).
+    fn settlement_fails(&self, flag: &AtomicBool) -> bool {
+        flag.load(Ordering::SeqCst)
+            || self
+                .fail_next_settlements
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+    }
 }
 
 impl Store for TestStore {
@@ -175,7 +202,10 @@ impl Store for TestStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         async move {
             self.completes.fetch_add(1, Ordering::SeqCst);
-            if self.fail_complete.load(Ordering::SeqCst) {
+            if self.corrupt_complete.load(Ordering::SeqCst) {
+                return Err(StoreError::corrupt("injected corrupt record"));
+            }
+            if self.settlement_fails(&self.fail_complete) {
                 return Err(failure());
             }
             self.inner
@@ -207,7 +237,7 @@ impl Store for TestStore {
     ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
         async move {
             self.complete_many_calls.fetch_add(1, Ordering::SeqCst);
-            if self.fail_complete.load(Ordering::SeqCst) {
+            if self.settlement_fails(&self.fail_complete) {
                 return Err(failure());
             }
             self.inner.complete_many(completions, ttl).await
@@ -221,10 +251,32 @@ impl Store for TestStore {
     ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
         async move {
             self.release_many_calls.fetch_add(1, Ordering::SeqCst);
-            if self.fail_release.load(Ordering::SeqCst) {
+            if self.settlement_fails(&self.fail_release) {
                 return Err(failure());
             }
             self.inner.release_many(releases).await
+        }
+        .boxed()
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        async move {
+            self.extends.fetch_add(1, Ordering::SeqCst);
+            if self.extend_unsupported.load(Ordering::SeqCst) {
+                return Err(StoreError::new(
+                    StoreErrorKind::Unsupported,
+                    "this store cannot extend a lease",
+                ));
+            }
+            if self.fail_extend.load(Ordering::SeqCst) {
+                return Err(failure());
+            }
+            self.inner.extend(key, token, lease).await
         }
         .boxed()
     }
@@ -236,7 +288,7 @@ impl Store for TestStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         async move {
             self.releases.fetch_add(1, Ordering::SeqCst);
-            if self.fail_release.load(Ordering::SeqCst) {
+            if self.settlement_fails(&self.fail_release) {
                 return Err(failure());
             }
             self.inner.release(key, token).await

@@ -1,0 +1,152 @@
+//! Waiting for an in-flight send: a repeat that finds its key pending under the same
+//! fingerprint asks the store again, with backoff, until the first send is over or the bound
+//! set by [`wait_for_in_flight`](super::IdempotencyLayerBuilder::wait_for_in_flight) passes.
+//!
+//! Each poll is a reserve, never a read: if the first send freed the key (its message
+//! certainly did not go) or its lease passed, the poll takes the key, and the repeat is sent,
+//! exactly as a repeat arriving a moment later would be. A reserve that wins is therefore the
+//! end of waiting, for a batch too: what is reserved must be sent without delay.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::config::Config;
+use super::renew::{after, has_runtime};
+use super::reserve::{reserve_many, reserve_one};
+use super::stats::{bump, bump_by};
+use crate::fingerprint::Fingerprint;
+use crate::store::{Record, RecordState, Reservation, StoreError, Token};
+
+/// Whether a record is the in-flight send of the same message.
+fn in_flight(record: &Record, fingerprint: Fingerprint) -> bool {
+    record.state == RecordState::Pending && record.fingerprint == fingerprint
+}
+
+/// The first poll comes 10 ms after the repeat arrived, then the gap doubles up to 1 s,
+/// jittered so that repeats that arrived together do not poll together.
+struct Polls {
+    gap: Duration,
+    until: Instant,
+}
+
+impl Polls {
+    fn new(bound: Duration) -> Self {
+        Self {
+            gap: Duration::from_millis(10),
+            until: after(Instant::now(), bound),
+        }
+    }
+
+    /// Sleeps until the next poll; `false` once the bound has passed.
+    async fn next(&mut self) -> bool {
+        let now = Instant::now();
+        if now >= self.until {
+            return false;
+        }
+        let jittered = self.gap.mul_f64(0.5 + 0.5 * crate::retry::unit_random());
+        self.gap = (self.gap * 2).min(Duration::from_secs(1));
+        tokio::time::sleep_until(after(now, jittered).min(self.until)).await;
+        true
+    }
+}
+
+/// The bound to wait for, if this layer waits and can.
+fn bound(config: &Config) -> Option<Duration> {
+    config.wait_for_in_flight.filter(|_| has_runtime())
+}
+
+/// What the store answers a single repeat once its wait is over: `record` itself when the
+/// layer does not wait or the record is not the same message in flight; else the last
+/// answer of polling (a reservation to send under, a kept outcome, or the pending record at
+/// the bound). A store error while polling ends the wait with the last record seen.
+pub(crate) async fn wait_one(
+    config: &Arc<Config>,
+    key: &Arc<str>,
+    fingerprint: Fingerprint,
+    record: Record,
+) -> Result<Reservation, StoreError> {
+    let Some(bound) = bound(config).filter(|_| in_flight(&record, fingerprint)) else {
+        return Ok(Reservation::Held { record });
+    };
+    bump(&config.counters.waited);
+    let mut polls = Polls::new(bound);
+    let mut last = record;
+    while polls.next().await {
+        match reserve_one(config, key, fingerprint).await {
+            Ok(Reservation::Held { record }) if in_flight(&record, fingerprint) => last = record,
+            Ok(answer) => return Ok(answer),
+            Err(_) => break,
+        }
+    }
+    Ok(Reservation::Held { record: last })
+}
+
+/// [`wait_one`] for the keys of a batch, in one store call per poll: replaces in `answers`
+/// (one per entry of `requests`) each in-flight record by the answer it ends with. Polling
+/// stops at the bound, when no key is in flight any more, or as soon as one is reserved.
+pub(crate) async fn wait_many(
+    config: &Arc<Config>,
+    requests: &[(Arc<str>, Fingerprint)],
+    answers: &mut [Option<Result<Reservation, StoreError>>],
+) {
+    let Some(bound) = bound(config) else {
+        return;
+    };
+    let mut waiting: Vec<usize> = (0..requests.len())
+        .filter(|&k| {
+            matches!(&answers[k], Some(Ok(Reservation::Held { record }))
+                if in_flight(record, requests[k].1))
+        })
+        .collect();
+    if waiting.is_empty() {
+        return;
+    }
+    bump_by(&config.counters.waited, waiting.len());
+    let mut polls = Polls::new(bound);
+    while !waiting.is_empty() && polls.next().await {
+        let asked: Arc<[(Arc<str>, Fingerprint)]> = waiting
+            .iter()
+            .map(|&k| (Arc::clone(&requests[k].0), requests[k].1))
+            .collect();
+        let polled = match reserve_many(config, Arc::clone(&asked)).await {
+            Ok(polled) if polled.len() == waiting.len() => polled,
+            Ok(unmatched) => {
+                // Answers that match no key: free what they reserved (a token frees only its
+                // own key), and keep the last answers.
+                let reserved: Vec<(&str, Token)> = asked
+                    .iter()
+                    .zip(&unmatched)
+                    .filter_map(|((key, _), answer)| match answer {
+                        Ok(Reservation::Reserved { token }) => Some((key.as_ref(), *token)),
+                        _ => None,
+                    })
+                    .collect();
+                let _ = config.store.release_many(&reserved).await;
+                return;
+            }
+            // A failed poll: keep the last answers.
+            Err(_) => return,
+        };
+        let mut reserved = false;
+        let mut still = Vec::new();
+        for (k, answer) in waiting.into_iter().zip(polled) {
+            match answer {
+                Ok(Reservation::Held { record }) if in_flight(&record, requests[k].1) => {
+                    still.push(k);
+                }
+                Ok(answer) => {
+                    reserved |= matches!(answer, Reservation::Reserved { .. });
+                    answers[k] = Some(Ok(answer));
+                }
+                // That key alone failed: it keeps its last answer.
+                Err(_) => {}
+            }
+        }
+        if reserved {
+            return;
+        }
+        waiting = still;
+    }
+}

@@ -1,0 +1,222 @@
+//! Leases that hold: while a send runs its key's lease is renewed, so a send slower than its
+//! lease keeps its key; renewal stops with the send (also when the caller drops it); a send
+//! that outlives the maximum hold is given up and its key kept.
+
+mod support;
+
+use std::future::pending;
+use std::time::Duration;
+
+use support::{Provider, TestStore, capture, message};
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_idempotency::outcome::{Category, codes};
+use tower_idempotency::{IdempotencyLayer, IdempotencyLayerBuilder, Message, Receipt, SendError};
+
+const LEASE: Duration = Duration::from_secs(3);
+
+fn layer(
+    store: &TestStore,
+    options: impl FnOnce(IdempotencyLayerBuilder) -> IdempotencyLayerBuilder,
+) -> IdempotencyLayer {
+    options(
+        IdempotencyLayer::builder()
+            .store(store.clone())
+            .namespace("lease")
+            .lease(LEASE),
+    )
+    .build()
+    .unwrap()
+}
+
+/// A provider that takes `d` to accept each message.
+fn slow(d: Duration) -> Provider {
+    Provider::answering(move |n, _| async move {
+        tokio::time::sleep(d).await;
+        Ok(Receipt::new(format!("msg-{n}"), "fake"))
+    })
+}
+
+async fn send<S>(service: &mut S, m: Message) -> Result<Receipt, SendError>
+where
+    S: Service<Message, Response = Receipt, Error = SendError>,
+{
+    service.ready().await?.call(m).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_lasting_three_leases_keeps_its_key_and_concurrent_repeats_are_in_flight() {
+    let store = TestStore::default();
+    let provider = slow(LEASE * 3);
+    let l = layer(&store, |b| b);
+    let svc = ServiceBuilder::new()
+        .layer(l.clone())
+        .service(provider.clone());
+
+    let first = tokio::spawn(svc.clone().oneshot(message(Some("k"), "hi")));
+    // Repeats every half lease while the first send runs: none is sent.
+    for _ in 0..5 {
+        tokio::time::sleep(LEASE / 2).await;
+        let repeat = svc.clone().oneshot(message(Some("k"), "hi")).await;
+        assert_eq!(repeat.unwrap_err().code(), codes::IN_FLIGHT);
+    }
+    let receipt = first.await.unwrap().unwrap();
+    assert_eq!(receipt.id, "msg-1");
+    assert_eq!(provider.calls(), 1);
+    assert!(store.extends() >= 8, "{} renewals", store.extends());
+    assert_eq!(l.stats().renewal_lost, 0);
+
+    // Renewal stopped with the send; the outcome is kept.
+    let renewals = store.extends();
+    tokio::time::sleep(LEASE * 3).await;
+    assert_eq!(store.extends(), renewals);
+    assert!(
+        svc.oneshot(message(Some("k"), "hi"))
+            .await
+            .unwrap()
+            .replayed
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_that_finishes_within_a_third_of_the_lease_is_never_renewed() {
+    let store = TestStore::default();
+    let provider = slow(LEASE / 4);
+    let mut svc = ServiceBuilder::new()
+        .layer(layer(&store, |b| b))
+        .service(provider);
+    send(&mut svc, message(Some("k"), "hi")).await.unwrap();
+    send(&mut svc, message(Some("k2"), "hi")).await.unwrap();
+    tokio::time::sleep(LEASE * 2).await;
+    assert_eq!(store.extends(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewal_stops_when_the_caller_drops_the_send_and_the_key_is_kept() {
+    let store = TestStore::default();
+    let provider = Provider::answering(|_, _| pending());
+    let l = layer(&store, |b| b);
+    let svc = ServiceBuilder::new()
+        .layer(l.clone())
+        .service(provider.clone());
+
+    let dropped =
+        tokio::time::timeout(LEASE * 2, svc.clone().oneshot(message(Some("k"), "hi"))).await;
+    assert!(dropped.is_err());
+    let renewals = store.extends();
+    assert!(renewals >= 4, "{renewals} renewals");
+    tokio::time::sleep(LEASE * 3).await;
+    assert_eq!(store.extends(), renewals);
+
+    let repeat = svc.oneshot(message(Some("k"), "hi")).await.unwrap_err();
+    assert_eq!(repeat.code(), codes::ABORTED);
+    assert!(repeat.is_replayed());
+    assert_eq!(provider.calls(), 1);
+    assert_eq!(l.stats().aborted, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_longer_than_the_maximum_hold_is_given_up_and_its_key_kept() {
+    let store = TestStore::default();
+    let provider = Provider::answering(|_, _| pending());
+    let max_hold = Duration::from_secs(20);
+    let l = layer(&store, |b| b.max_hold(max_hold));
+    let svc = ServiceBuilder::new()
+        .layer(l.clone())
+        .service(provider.clone());
+
+    let started = tokio::time::Instant::now();
+    let err = svc
+        .clone()
+        .oneshot(message(Some("k"), "hi"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), codes::MAX_HOLD);
+    assert_eq!(err.category(), Category::Unknown);
+    assert!(err.delivery_unknown());
+    assert!(started.elapsed() >= max_hold && started.elapsed() < max_hold + Duration::from_secs(1));
+    assert_eq!(l.stats().max_hold, 1);
+
+    // Kept, never freed: long after the lease, a repeat is answered from the store.
+    tokio::time::sleep(LEASE * 10).await;
+    let repeat = svc.oneshot(message(Some("k"), "hi")).await.unwrap_err();
+    assert_eq!(repeat.code(), codes::MAX_HOLD);
+    assert!(repeat.is_replayed());
+    assert_eq!(provider.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_renewal_a_send_slower_than_its_lease_lets_a_repeat_send_again() {
+    // The behaviour before renewal, kept for `renew(false)`: the lease must outlast a send.
+    let store = TestStore::default();
+    let provider = slow(LEASE * 3);
+    let svc = ServiceBuilder::new()
+        .layer(layer(&store, |b| b.renew(false)))
+        .service(provider.clone());
+
+    let first = tokio::spawn(svc.clone().oneshot(message(Some("k"), "hi")));
+    tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
+    let repeat = tokio::spawn(svc.clone().oneshot(message(Some("k"), "hi")));
+    first.await.unwrap().unwrap();
+    repeat.await.unwrap().unwrap();
+    assert_eq!(provider.calls(), 2);
+    assert_eq!(store.extends(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_outage_longer_than_the_renewal_window_loses_the_key_and_says_so() {
+    // The limit of the guarantee (tests/protocol_model.rs): renewals fail for longer than
+    // the rest of the lease, the key expires, and a repeat sends again.
+    let store = TestStore::default();
+    store
+        .fail_extend
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let provider = slow(LEASE * 3);
+    let l = layer(&store, |b| b);
+    let svc = ServiceBuilder::new()
+        .layer(l.clone())
+        .service(provider.clone());
+    let (captured, _guard) = capture();
+
+    let first = tokio::spawn(svc.clone().oneshot(message(Some("k"), "hi")));
+    tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
+    store
+        .fail_extend
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let repeat = tokio::spawn(svc.clone().oneshot(message(Some("k"), "hi")));
+    first.await.unwrap().unwrap();
+    repeat.await.unwrap().unwrap();
+    assert_eq!(provider.calls(), 2);
+    assert_eq!(l.stats().renewal_lost, 1);
+    assert!(
+        captured
+            .lines()
+            .iter()
+            .any(|l| l.starts_with("WARN") && l.contains("before it could be renewed")),
+        "{:?}",
+        captured.lines()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_without_extend_is_warned_about_once_and_not_asked_again() {
+    let store = TestStore::default();
+    store
+        .extend_unsupported
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let provider = slow(LEASE / 2);
+    let svc = ServiceBuilder::new()
+        .layer(layer(&store, |b| b))
+        .service(provider.clone());
+    let (captured, _guard) = capture();
+    for key in ["a", "b", "c"] {
+        svc.clone().oneshot(message(Some(key), "hi")).await.unwrap();
+    }
+    assert_eq!(store.extends(), 1);
+    let warnings = captured
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("cannot extend"))
+        .count();
+    assert_eq!(warnings, 1);
+    assert_eq!(provider.calls(), 3);
+}
