@@ -221,6 +221,22 @@ async fn server_error_500_leaves_delivery_unknown(kind: ClientKind) {
     );
 }
 
+async fn status_999_the_transport_cannot_place_leaves_delivery_unknown(kind: ClientKind) {
+    let err = error_for(kind, Reply::new(999, "?")).await;
+    assert_eq!(err.code(), codes::UNEXPECTED_STATUS);
+    assert_eq!(err.category(), Category::Unknown);
+    assert!(err.delivery_unknown());
+    assert!(err.message().contains("999"), "{err}");
+}
+
+async fn see_other_303_is_not_followed_and_leaves_delivery_unknown(kind: ClientKind) {
+    // After a POST, a 303 says the provider acted on it and points at the result.
+    let reply = Reply::new(303, "").header("location", "/emails/msg_1");
+    let err = error_for(kind, reply).await;
+    assert_eq!(err.code(), codes::UNEXPECTED_STATUS);
+    assert_eq!(err.category(), Category::Unknown);
+}
+
 async fn request_timeout_408_is_retryable(kind: ClientKind) {
     let err = error_for(kind, Reply::new(408, "")).await;
     assert_eq!(err.code(), codes::REQUEST_TIMEOUT);
@@ -549,6 +565,14 @@ async fn server_error_500_on_a_batch_leaves_every_message_unknown(kind: ClientKi
     assert_every_error(&outcomes, 2, codes::SERVER_ERROR, Category::Unknown);
 }
 
+async fn status_999_on_a_batch_leaves_every_message_unknown(kind: ClientKind) {
+    let provider = FakeProvider::answering(Reply::new(999, "")).await;
+
+    let outcomes = send_batch(kind, &provider, welcomes(&["a", "b"])).await;
+
+    assert_every_error(&outcomes, 2, codes::UNEXPECTED_STATUS, Category::Unknown);
+}
+
 async fn more_than_100_messages_is_a_validation_error_and_nothing_is_sent(kind: ClientKind) {
     let provider = FakeProvider::answering(batch_ids(&["never"])).await;
     let keys: Vec<String> = (0..=RESEND_MAX_BATCH).map(|i| format!("k{i}")).collect();
@@ -680,6 +704,8 @@ over_both_clients!(
     rate_limited_429_ignores_a_garbage_retry_after,
     unavailable_503_is_retryable_and_not_sent,
     server_error_500_leaves_delivery_unknown,
+    status_999_the_transport_cannot_place_leaves_delivery_unknown,
+    see_other_303_is_not_followed_and_leaves_delivery_unknown,
     request_timeout_408_is_retryable,
     conflict_409_concurrent_idempotent_requests_leaves_delivery_unknown,
     conflict_409_invalid_idempotent_request_is_a_validation_error,
@@ -697,6 +723,7 @@ over_both_clients!(
     batch_answered_with_a_garbage_body_leaves_every_message_unknown,
     rate_limited_batch_makes_every_message_retryable_with_retry_after,
     server_error_500_on_a_batch_leaves_every_message_unknown,
+    status_999_on_a_batch_leaves_every_message_unknown,
     more_than_100_messages_is_a_validation_error_and_nothing_is_sent,
     exactly_100_messages_go_in_one_request,
     messages_with_attachments_or_a_schedule_are_left_out_of_the_batch_with_a_validation_error,
@@ -793,6 +820,37 @@ async fn timeout_through_the_stack_keeps_the_key_and_the_provider_sees_one_reque
     assert!(again.is_replayed());
     provider.received(1).await;
     assert_eq!(provider.requests().len(), 1);
+}
+
+/// A status the transport cannot place may hide a message the provider took: the key is
+/// kept, so a repeat is answered from the store and the provider sees one request.
+#[tokio::test]
+async fn status_999_through_the_stack_keeps_the_key_and_the_provider_sees_one_request() {
+    let provider = FakeProvider::start(vec![Reply::new(999, ""), Reply::accepted(2)]).await;
+    let codec = ResendCodec::new(API_KEY).base_url(provider.base_url());
+    let mut service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(MemoryStore::new()))
+        .timeout(Duration::from_secs(10))
+        .service(HttpTransport::new(hyper_client(), codec));
+
+    let first = ServiceExt::<Message>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(order_email())
+        .await
+        .unwrap_err();
+    assert_eq!(first.code(), codes::UNEXPECTED_STATUS);
+    assert!(first.delivery_unknown());
+    assert!(!first.is_replayed());
+    let again = ServiceExt::<Message>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(order_email())
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), codes::UNEXPECTED_STATUS);
+    assert!(again.is_replayed(), "the repeat is answered from the store");
+    assert_eq!(provider.requests().len(), 1, "the provider was called once");
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use support::stores::postgres_admin::admin;
-use support::stores::{backend_url, fp, unique};
+use support::stores::{backend_url, broken_records, fp, unique};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::conformance::Conformance;
@@ -458,6 +458,7 @@ async fn huge_leases_and_ttls_do_not_overflow() {
     else {
         panic!("a fresh key is reserved")
     };
+    assert!(store.extend(&key, token, Duration::MAX).await.unwrap());
     let outcome = Outcome::sent(Receipt::new("m", "t"));
     assert!(
         store
@@ -785,6 +786,65 @@ async fn a_row_that_does_not_decode_fails_its_own_entry_of_a_batch_only() {
         Ok(answer) => panic!("a garbage row decoded: {answer:?}"),
     }
     assert!(matches!(answers[2], Ok(Reservation::Reserved { .. })));
+    forget(&url, &prefix).await;
+}
+
+/// Point 5 of the store contract: a row that decodes but breaks the record rules (a pending
+/// row with an outcome, a failure of category delivered) is corrupt here as on every store, on
+/// a single reserve and in its own entry of a batch, and is left as it is.
+#[tokio::test]
+async fn a_row_that_breaks_the_record_rules_is_corrupt_like_on_every_store() {
+    let Some(url) = database_url() else { return };
+    let store = shared_store(&url).await;
+    let admin = admin(&url).await;
+    let prefix = unique("broken-record");
+    let insert = format!(
+        "INSERT INTO {CONFORMANCE_TABLE} (key, state, token, fingerprint, outcome, expires_at)
+         VALUES ($1, $2, $3, $4, $5::text::jsonb, now() + interval '1 hour')"
+    );
+    let fingerprint = fp(1).as_bytes().to_vec();
+    for (name, state, outcome) in broken_records::PARTS {
+        let key = format!("{prefix}:{name}");
+        admin
+            .execute(
+                &insert,
+                &[&key, &state, &Uuid::new_v4(), &fingerprint, &outcome],
+            )
+            .await
+            .unwrap();
+
+        let err = store.reserve(&key, fp(1), LEASE).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{name}: {err}");
+        let fresh = format!("{key}-fresh");
+        let answers = store
+            .reserve_many(&[(&key, fp(1)), (&fresh, fp(1))], LEASE)
+            .await
+            .expect("the batch as a whole succeeds");
+        match &answers[0] {
+            Err(err) => assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{name}: {err}"),
+            Ok(answer) => panic!("{name} was answered {answer:?}"),
+        }
+        assert!(
+            matches!(answers[1], Ok(Reservation::Reserved { .. })),
+            "{name}: the other entry is reserved: {:?}",
+            answers[1]
+        );
+        let row = admin
+            .query_one(
+                &format!("SELECT state, outcome::text FROM {CONFORMANCE_TABLE} WHERE key = $1"),
+                &[&key],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            row.get::<_, &str>(0),
+            state,
+            "{name}: the row was left as it is"
+        );
+        let kept: serde_json::Value = serde_json::from_str(row.get(1)).unwrap();
+        let planted: serde_json::Value = serde_json::from_str(outcome).unwrap();
+        assert_eq!(kept, planted, "{name}: the outcome was left as it is");
+    }
     forget(&url, &prefix).await;
 }
 

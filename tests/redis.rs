@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use support::stores::redis_admin::admin;
-use support::stores::{backend_url, fp, unique_prefix};
+use support::stores::{backend_url, broken_records, fp, unique_prefix};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::conformance::Conformance;
@@ -195,6 +195,8 @@ async fn assert_corrupt_everywhere(url: &str, test: &str, value: &[u8]) {
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "complete: {err}");
     let err = store.release("k", Token::new()).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "release: {err}");
+    let err = store.extend("k", Token::new(), LEASE).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "extend: {err}");
     assert_eq!(
         raw_get(url, &redis_key).await.as_deref(),
         Some(value),
@@ -279,6 +281,50 @@ async fn a_record_the_store_cannot_use_is_corrupt_on_reserve() {
     assert_eq!(record.outcome.unwrap().replay().unwrap().id, "repaired");
 }
 
+/// Point 5 of the store contract: a record that decodes but breaks the record rules (a
+/// pending record with an outcome, a failure of category delivered) is corrupt here as on
+/// every store, on a single reserve and in its own entry of a batch, and is left as it is.
+#[tokio::test]
+async fn a_record_that_breaks_the_record_rules_is_corrupt_like_on_every_store() {
+    let Some(url) = backend_url("REDIS_URL") else {
+        return;
+    };
+    let prefix = unique_prefix("broken-record");
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .key_prefix(prefix.clone());
+    let token = Token::new().to_string();
+    let fingerprint = fp(1).to_string();
+    for (name, state, outcome) in broken_records::PARTS {
+        let value = broken_records::whole(state, &token, &fingerprint, outcome);
+        let redis_key = format!("{prefix}{name}");
+        plant(&url, &redis_key, value.as_bytes()).await;
+
+        let err = store.reserve(name, fp(1), LEASE).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{name}: {err}");
+        let fresh = format!("{name}-fresh");
+        let answers = store
+            .reserve_many(&[(name, fp(1)), (&fresh, fp(1))], LEASE)
+            .await
+            .expect("the batch as a whole succeeds");
+        match &answers[0] {
+            Err(err) => assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{name}: {err}"),
+            Ok(answer) => panic!("{name} was answered {answer:?}"),
+        }
+        assert!(
+            matches!(answers[1], Ok(Reservation::Reserved { .. })),
+            "{name}: the other entry is reserved: {:?}",
+            answers[1]
+        );
+        assert_eq!(
+            raw_get(&url, &redis_key).await.as_deref(),
+            Some(value.as_bytes()),
+            "{name}: the value was left as it is"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_key_of_another_redis_type_is_corrupt() {
     let Some(url) = backend_url("REDIS_URL") else {
@@ -314,6 +360,8 @@ async fn a_key_of_another_redis_type_is_corrupt() {
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "complete: {err}");
     let err = store.release("k", Token::new()).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "release: {err}");
+    let err = store.extend("k", Token::new(), LEASE).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "extend: {err}");
     let len: i64 = redis::cmd("LLEN")
         .arg(&redis_key)
         .query_async(&mut admin)
@@ -339,6 +387,10 @@ async fn zero_and_huge_leases_and_ttls_are_clamped_not_refused() {
         let Reservation::Reserved { token } = store.reserve(&key, fp(1), d).await.unwrap() else {
             panic!("fresh key held")
         };
+        // A zero lease is 1 ms, which may already have passed: either answer is fine, an
+        // error is not.
+        let extended = store.extend(&key, token, d).await.unwrap();
+        assert!(extended || d == Duration::ZERO, "{key} extended");
         let done = format!("ttl-{name}");
         assert!(
             store
@@ -383,6 +435,45 @@ async fn scripts_are_loaded_again_after_script_flush() {
         .query_async(&mut admin(&url).await)
         .await
         .unwrap();
+    assert!(store.extend("k", token, LEASE).await.unwrap());
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut admin(&url).await)
+        .await
+        .unwrap();
+    assert!(store.release("k", token).await.unwrap());
+}
+
+#[tokio::test]
+async fn extend_moves_the_expiry_and_leaves_the_record_as_it_is() {
+    let Some(url) = backend_url("REDIS_URL") else {
+        return;
+    };
+    let prefix = unique_prefix("extend-pttl");
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .key_prefix(prefix.clone());
+    let redis_key = format!("{prefix}k");
+    let Reservation::Reserved { token } = store.reserve("k", fp(1), LEASE).await.unwrap() else {
+        panic!("fresh key held")
+    };
+    let before = raw_get(&url, &redis_key).await.expect("the pending record");
+    let mut admin = admin(&url).await;
+    let pttl = redis::cmd("PTTL").arg(&redis_key).clone();
+    let first: i64 = pttl.query_async(&mut admin).await.unwrap();
+    assert!(first <= LEASE.as_millis() as i64);
+    assert!(store.extend("k", token, LEASE * 10).await.unwrap());
+    let moved: i64 = pttl.query_async(&mut admin).await.unwrap();
+    assert!(
+        moved > LEASE.as_millis() as i64 * 9,
+        "the lease now ends about ten leases from now, {moved} ms"
+    );
+    assert_eq!(
+        raw_get(&url, &redis_key).await,
+        Some(before),
+        "the record was not rewritten"
+    );
     assert!(store.release("k", token).await.unwrap());
 }
 

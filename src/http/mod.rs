@@ -63,7 +63,7 @@
 //! | other 4xx | error, with the provider's error text | permanent | `provider.rejected` |
 //! | 502, 503, 504 | error, with `Retry-After` when given | retryable | `provider.unavailable` |
 //! | 500 and other 5xx | error | unknown | `provider.server_error` |
-//! | 1xx, 3xx (redirects are not followed) | error | permanent | `provider.unexpected_status` |
+//! | any other status: 1xx as the final answer, 3xx (redirects are not followed), 600 to 999 | error | unknown (the key is kept) | `provider.unexpected_status` |
 //! | client error that certainly did not send (default: connection refused) | error | retryable | `provider.connect` |
 //! | client error: `tower` or `tokio` timeout `Elapsed` | error | unknown | `provider.timeout` |
 //! | any other client error (the request may have been written) | error | unknown | `provider.unknown` |
@@ -84,6 +84,13 @@
 //! - **500** is of unknown delivery, while 502/503/504 are retryable: a gateway or an
 //!   overloaded front refuses before the application runs, but a 500 may come after the
 //!   provider queued the message.
+//! - **A status the transport cannot place** is of unknown delivery, never permanent: a
+//!   permanent error frees the key, which is only safe when the message certainly did not
+//!   go, and no such status says that. A 3xx may come after the provider acted on the
+//!   request (a 303 See Other after a POST says exactly that), a 1xx is no final answer at
+//!   all, and a status of 600 or more is outside HTTP's classes. The key is kept, repeats are
+//!   replayed this error, and the provider is not called again under it; fix the base URL or
+//!   the proxy that answered and send under a new key once you know the first did not go.
 //! - **`Retry-After`** is read as delta-seconds or an HTTP-date ([`parse_retry_after`]); a
 //!   date in the past is zero, anything else is ignored.
 //! - **Connect errors.** Only errors the [`not_sent_if`](HttpTransport::not_sent_if) judge
@@ -211,7 +218,8 @@ pub mod codes {
     pub const CONFLICT: &str = "provider.conflict";
     /// 4xx other than 408, 409 and 429. Permanent.
     pub const REJECTED: &str = "provider.rejected";
-    /// 1xx or 3xx. Permanent.
+    /// A status the transport cannot place: 1xx as the final answer, 3xx, or 600 to 999.
+    /// Unknown delivery: the key is kept, since the provider may have taken the message.
     pub const UNEXPECTED_STATUS: &str = "provider.unexpected_status";
     /// The message cannot be expressed as the provider's request
     /// ([`Codec::encode`](super::Codec::encode)) or carry its key in the `Idempotency-Key`

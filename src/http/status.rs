@@ -168,14 +168,17 @@ fn from_status<C: Codec + ?Sized>(codec: &C, response: &http::Response<Bytes>) -
             codes::REJECTED,
             describe(codec, response, "the provider rejected the message"),
         ),
-        // 1xx and 3xx: the request was not handled at this URL (a redirect is not followed:
-        // following it with a POST is the client's business, and most turn it into a GET).
-        _ => SendError::permanent(
+        // Everything else the transport cannot place: a 1xx as the final answer, a 3xx (a
+        // redirect is not followed: re-sending a POST elsewhere is the client's business),
+        // 600 to 999. None says the message did not go (a 303 after a POST even says the
+        // provider acted on it), so the key is kept: delivery unknown.
+        _ => SendError::unknown_delivery(
             codes::UNEXPECTED_STATUS,
             describe(
                 codec,
                 response,
-                "the provider answered an unexpected status",
+                "the provider answered a status the transport cannot place; the message may \
+                 have gone",
             ),
         ),
     }
@@ -237,4 +240,55 @@ pub(crate) fn from_inner_error(error: BoxError, classifier: &Classifier) -> Send
         ),
     };
     send_error.with_source(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::codec::resend::ResendCodec;
+
+    fn error_for(status: u16) -> SendError {
+        let status = StatusCode::from_u16(status).expect("a status http can hold");
+        let response = http::Response::builder()
+            .status(status)
+            .body(Bytes::new())
+            .expect("a response");
+        from_status(&ResendCodec::new("re_test"), &response)
+    }
+
+    #[test]
+    fn a_status_the_transport_cannot_place_keeps_the_key_as_unknown_delivery() {
+        for status in [
+            100, 101, 103, 199, 300, 301, 302, 303, 304, 307, 308, 399, 600, 799, 999,
+        ] {
+            let error = error_for(status);
+            assert_eq!(error.code(), codes::UNEXPECTED_STATUS, "{status}");
+            assert_eq!(error.category(), Category::Unknown, "{status}");
+            assert!(error.delivery_unknown(), "{status}");
+            assert!(
+                error.message().contains(&status.to_string()),
+                "{status}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_documented_statuses_keep_their_categories() {
+        for (status, code, category) in [
+            (400, codes::REJECTED, Category::Permanent),
+            (408, codes::REQUEST_TIMEOUT, Category::Retryable),
+            (409, codes::CONFLICT, Category::Permanent),
+            (429, codes::RATE_LIMITED, Category::Retryable),
+            (499, codes::REJECTED, Category::Permanent),
+            (500, codes::SERVER_ERROR, Category::Unknown),
+            (502, codes::UNAVAILABLE, Category::Retryable),
+            (503, codes::UNAVAILABLE, Category::Retryable),
+            (504, codes::UNAVAILABLE, Category::Retryable),
+            (599, codes::SERVER_ERROR, Category::Unknown),
+        ] {
+            let error = error_for(status);
+            assert_eq!(error.code(), code, "{status}");
+            assert_eq!(error.category(), category, "{status}");
+        }
+    }
 }

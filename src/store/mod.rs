@@ -1,16 +1,18 @@
 //! Where keys are reserved: the [`Store`] trait, its records and errors, and the stores.
 //!
-//! A store has three operations, each one atomic step in its backend:
+//! A store has four operations, each one atomic step in its backend:
 //!
 //! | operation | does |
 //! |---|---|
 //! | [`reserve`](Store::reserve) | when no live record holds the key, holds it pending for `lease` under a new token and answers [`Reservation::Reserved`]; otherwise answers [`Reservation::Held`] with the record |
 //! | [`complete`](Store::complete) | keeps the key done with the outcome for `ttl`, when the token holds it or nothing does |
 //! | [`release`](Store::release) | frees the key, when the token holds it pending |
+//! | [`extend`](Store::extend) | makes the lease end `lease` from now, when the token holds the key pending and its lease has not passed |
 //!
 //! The token fences a reservation: once the lease of a pending key has passed, another reserve
-//! may take it under a new token, and the first owner's late `complete` or `release` must leave
-//! the new owner's record alone. Expiry is decided by the store's own clock, never the caller's.
+//! may take it under a new token, and the first owner's late `complete`, `release` or `extend`
+//! must leave the new owner's record alone. Expiry is decided by the store's own clock, never
+//! the caller's.
 //!
 //! Stores:
 //!
@@ -123,7 +125,8 @@ pub struct Record {
     pub state: RecordState,
     /// The fingerprint of the message that holds the key.
     pub fingerprint: Fingerprint,
-    /// The kept outcome: present when done. A done record without one is corrupt.
+    /// The kept outcome: present when done, absent when pending. A record that breaks this
+    /// is corrupt (see [the record rules](record#the-record-rules)).
     pub outcome: Option<Outcome>,
 }
 

@@ -35,8 +35,9 @@
 //!   (empty when the layer kept them as positions), `replayed`, and `accepted_at`: the
 //!   accepted recipients as positions in the message's recipient list, so no address is
 //!   stored (left out when empty). `accepted`, `replayed` and `accepted_at` may be absent.
-//! - `failed`: the error's stable `code`, its `category` (`delivered`, `retryable`,
-//!   `permanent`, `validation` or `unknown`), `retryable`, the `message`, and, when set,
+//! - `failed`: the error's stable `code`, its `category` (`retryable`, `permanent`,
+//!   `validation` or `unknown`; `delivered` is a name of the form but contradicts a failure,
+//!   see [the rules](#the-record-rules)), `retryable`, the `message`, and, when set,
 //!   `retry_after_ms` and `source`, the text of the source error (its type does not survive
 //!   the store).
 //!
@@ -48,8 +49,23 @@
 //! ```
 //!
 //! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
-//! fingerprint in lowercase hex, `outcome` the outcome as above (done records only). A done
-//! record without an outcome does not decode; a pending record's outcome is ignored.
+//! fingerprint in lowercase hex, `outcome` the outcome as above (done records only).
+//!
+//! # The record rules
+//!
+//! What decodes must also make sense, or it is [`Corrupt`](super::StoreErrorKind::Corrupt):
+//!
+//! - a pending record carries no outcome: a send holds the key and has not finished, so an
+//!   outcome beside it says the record was damaged or written by something else;
+//! - a done record carries an outcome: there must be something to replay;
+//! - a kept failure is not of category `delivered`: a failure is no delivery, and no
+//!   [`SendError`] of this crate can be of that category.
+//!
+//! Every networked store reads through this module ([`decode_record`], and, for a store that
+//! keeps state and outcome in fields of their own, [`decode_outcome`] and the same rules), so
+//! every store answers the same for the same damage: `RedisStore` and `PostgresStore` both
+//! report a pending record with an outcome as corrupt. [`encode_record`] refuses to write a
+//! record that breaks the first two rules.
 //!
 //! # For a third-party store
 //!
@@ -91,17 +107,23 @@ pub fn encode_outcome(outcome: &Outcome) -> Result<Vec<u8>, StoreError> {
 /// Decodes an outcome [`encode_outcome`] wrote, in this release or an earlier one.
 ///
 /// Fails with a [`Corrupt`](super::StoreErrorKind::Corrupt) error when `bytes` are not an
-/// outcome, or are of a later version than this release reads.
+/// outcome, break [the record rules](self#the-record-rules) (a failure of category
+/// `delivered`), or are of a later version than this release reads.
 pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, StoreError> {
     let stored: OutcomeIn = read(bytes, "the stored outcome is not an outcome")?;
-    Ok(stored.into())
+    stored.try_into()
 }
 
 /// Encodes `record`, held under `token`, in the stored form this release writes (version 1).
 ///
 /// The token fences the reservation: a store that keeps each key as one value compares it
 /// before it overwrites or deletes the value (as `RedisStore`'s scripts do).
+///
+/// Fails with a [`Corrupt`](super::StoreErrorKind::Corrupt) error, writing nothing, when the
+/// record breaks [the record rules](self#the-record-rules): a pending record with an outcome,
+/// or a done one without.
 pub fn encode_record(token: Token, record: &Record) -> Result<Vec<u8>, StoreError> {
+    check_shape(record.state, record.outcome.is_some())?;
     record_json(
         record.state,
         token,
@@ -115,20 +137,46 @@ pub fn encode_record(token: Token, record: &Record) -> Result<Vec<u8>, StoreErro
 /// token that holds it.
 ///
 /// Fails with a [`Corrupt`](super::StoreErrorKind::Corrupt) error when `bytes` are not a
-/// record (a done record without an outcome included), or are of a later version than this
-/// release reads.
+/// record, break [the record rules](self#the-record-rules) (a pending record with an outcome,
+/// a done one without, a failure of category `delivered`), or are of a later version than
+/// this release reads.
 pub fn decode_record(bytes: &[u8]) -> Result<(Token, Record), StoreError> {
     let stored: RecordIn = read(bytes, "the value under the key is not a record")?;
-    let record = match (stored.state, stored.outcome) {
-        (StateV1::Pending, _) => Record::pending(stored.fingerprint),
-        (StateV1::Done, Some(outcome)) => Record::done(stored.fingerprint, outcome.into()),
-        (StateV1::Done, None) => {
-            return Err(StoreError::corrupt(
-                "the value under the key is a done record without an outcome",
-            ));
-        }
-    };
+    let outcome = stored.outcome.map(Outcome::try_from).transpose()?;
+    let record = checked_record(stored.state.into(), stored.fingerprint, outcome).map_err(|e| {
+        StoreError::corrupt("the value under the key is not a usable record").with_source(e)
+    })?;
     Ok((stored.token, record))
+}
+
+/// The record a store read, once it passes [the record rules](self#the-record-rules) on its
+/// shape: the one check behind [`decode_record`] and `PostgresStore`'s rows, so every store
+/// answers the same for the same damage. `outcome` is already decoded, by [`decode_outcome`]
+/// or as part of a record, and so has passed the rule on outcomes.
+pub(crate) fn checked_record(
+    state: RecordState,
+    fingerprint: Fingerprint,
+    outcome: Option<Outcome>,
+) -> Result<Record, StoreError> {
+    check_shape(state, outcome.is_some())?;
+    Ok(Record {
+        state,
+        fingerprint,
+        outcome,
+    })
+}
+
+/// A pending record carries no outcome, a done record carries one.
+fn check_shape(state: RecordState, has_outcome: bool) -> Result<(), StoreError> {
+    match (state, has_outcome) {
+        (RecordState::Pending, true) => Err(StoreError::corrupt(
+            "a pending record carries an outcome: a send that has not finished has none",
+        )),
+        (RecordState::Done, false) => Err(StoreError::corrupt(
+            "a done record carries no outcome: there is nothing to replay",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The outcome as version-1 JSON, for a store that keeps it as text (`PostgresStore`'s
@@ -237,6 +285,15 @@ enum StateV1 {
     Done,
 }
 
+impl From<StateV1> for RecordState {
+    fn from(state: StateV1) -> Self {
+        match state {
+            StateV1::Pending => Self::Pending,
+            StateV1::Done => Self::Done,
+        }
+    }
+}
+
 impl From<RecordState> for StateV1 {
     fn from(state: RecordState) -> Self {
         match state {
@@ -343,9 +400,13 @@ impl<'a> From<&'a Outcome> for OutcomeOut<'a> {
     }
 }
 
-impl From<OutcomeIn> for Outcome {
-    fn from(stored: OutcomeIn) -> Self {
-        match stored {
+/// The rule on outcomes lives here, where every stored outcome becomes an [`Outcome`]: a
+/// failure of category `delivered` contradicts itself.
+impl TryFrom<OutcomeIn> for Outcome {
+    type Error = StoreError;
+
+    fn try_from(stored: OutcomeIn) -> Result<Self, StoreError> {
+        Ok(match stored {
             OutcomeIn::Sent(r) => Self(Kept::Sent {
                 receipt: Receipt {
                     id: r.id,
@@ -355,6 +416,15 @@ impl From<OutcomeIn> for Outcome {
                 },
                 accepted_at: r.accepted_at,
             }),
+            OutcomeIn::Failed(ErrorIn {
+                category: CategoryV1::Delivered,
+                ..
+            }) => {
+                return Err(StoreError::corrupt(
+                    "the stored outcome is a failure of category delivered: a failure is no \
+                     delivery",
+                ));
+            }
             OutcomeIn::Failed(e) => {
                 let mut error = SendError::new(e.code, e.category.into(), e.retryable, e.message);
                 if let Some(ms) = e.retry_after_ms {
@@ -365,7 +435,7 @@ impl From<OutcomeIn> for Outcome {
                 }
                 Self::failed(error)
             }
-        }
+        })
     }
 }
 
@@ -562,6 +632,68 @@ mod tests {
             let err = decode_outcome(value).unwrap_err();
             assert_eq!(err.kind(), StoreErrorKind::Corrupt);
         }
+    }
+
+    fn failure_of(category: &str) -> String {
+        format!(
+            r#"{{"failed":{{"code":"provider.x","category":"{category}","retryable":false,"message":"m"}}}}"#
+        )
+    }
+
+    #[test]
+    fn a_pending_record_that_carries_an_outcome_is_corrupt() {
+        let sent = r#"{"sent":{"id":"m","transport":"t","accepted":[],"replayed":false}}"#;
+        for outcome in [sent.to_owned(), failure_of("unknown")] {
+            let value = format!(
+                r#"{{"state":"pending","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{outcome}}}"#
+            );
+            let err = decode_record(value.as_bytes()).unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+            assert!(
+                err.to_string()
+                    .contains("pending record carries an outcome"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_kept_failure_of_category_delivered_is_corrupt_alone_or_in_a_record() {
+        let failure = failure_of("delivered");
+        let err = decode_outcome(failure.as_bytes()).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        assert!(err.to_string().contains("category delivered"), "{err}");
+        let done = format!(
+            r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{failure}}}"#
+        );
+        let err = decode_record(done.as_bytes()).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        assert!(err.to_string().contains("category delivered"), "{err}");
+    }
+
+    #[test]
+    fn a_kept_failure_of_any_other_category_reads_back() {
+        for (name, category) in [
+            ("retryable", Category::Retryable),
+            ("permanent", Category::Permanent),
+            ("validation", Category::Validation),
+            ("unknown", Category::Unknown),
+        ] {
+            let kept = decode_outcome(failure_of(name).as_bytes()).unwrap();
+            assert_eq!(kept.category(), category, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_record_that_breaks_the_rules_is_not_written() {
+        let mut pending = Record::pending(fingerprint());
+        pending.outcome = Some(kept_sent());
+        let err = encode_record(token(), &pending).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        let mut done = Record::done(fingerprint(), kept_sent());
+        done.outcome = None;
+        let err = encode_record(token(), &done).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
     }
 
     #[test]

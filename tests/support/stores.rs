@@ -92,3 +92,36 @@ pub mod postgres_admin {
         client
     }
 }
+
+/// Records that decode but break the record rules of `store::record` (a pending record with an
+/// outcome, a kept failure of category delivered): every store must answer them as corrupt.
+/// A backend test writes them around the store, as something else would.
+pub mod broken_records {
+    /// A receipt: a valid outcome on its own.
+    pub const RECEIPT: &str =
+        r#"{"sent":{"id":"msg_1","transport":"fake","accepted":[],"replayed":false}}"#;
+    /// A failure of unknown delivery: a valid outcome on its own.
+    pub const UNKNOWN_FAILURE: &str = r#"{"failed":{"code":"provider.timeout","category":"unknown","retryable":false,"message":"timed out"}}"#;
+    /// A failure of category delivered: a failure is no delivery.
+    pub const DELIVERED_FAILURE: &str = r#"{"failed":{"code":"provider.accepted","category":"delivered","retryable":false,"message":"accepted"}}"#;
+
+    /// Each broken record as (name, state, outcome), for a store that keeps the state and the
+    /// outcome apart (PostgreSQL's columns).
+    pub const PARTS: [(&str, &str, &str); 4] = [
+        ("pending-with-receipt", "pending", RECEIPT),
+        ("pending-with-failure", "pending", UNKNOWN_FAILURE),
+        ("done-with-delivered-failure", "done", DELIVERED_FAILURE),
+        (
+            "pending-with-delivered-failure",
+            "pending",
+            DELIVERED_FAILURE,
+        ),
+    ];
+
+    /// The same record whole, for a store that keeps each key as one value (Redis).
+    pub fn whole(state: &str, token: &str, fingerprint: &str, outcome: &str) -> String {
+        format!(
+            r#"{{"state":"{state}","token":"{token}","fingerprint":"{fingerprint}","outcome":{outcome}}}"#
+        )
+    }
+}

@@ -18,6 +18,10 @@
 //! Time: a store whose clock is tokio's (like [`MemoryStore`](super::MemoryStore)) runs with
 //! [`paused_clock`](Conformance::paused_clock) and time is advanced instantly; a store on a
 //! server runs with the default real clock, short leases, and waits for them to pass.
+//!
+//! The cases on [`Store::extend`] fail for a store that keeps the trait's default (an
+//! [`Unsupported`](super::StoreErrorKind::Unsupported) error): without it the layer cannot
+//! renew the lease of a send that outlives it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +32,7 @@ use crate::outcome::{Outcome, Receipt, SendError};
 
 mod batch;
 mod expiry;
+mod extend;
 
 #[derive(Debug, Clone, Copy)]
 enum Clock {
@@ -169,6 +174,14 @@ impl Conformance {
         self.batch_calls_with_nothing_in_them_answer_nothing().await;
         self.concurrent_overlapping_batches_reserve_each_key_once()
             .await;
+        self.extend_by_the_holder_keeps_the_key_past_its_first_lease()
+            .await;
+        self.an_extended_lease_ends().await;
+        self.extend_sets_the_end_from_now_even_when_sooner().await;
+        self.extend_by_another_token_changes_nothing().await;
+        self.extend_of_a_done_key_changes_nothing().await;
+        self.extend_of_a_released_key_changes_nothing().await;
+        self.extend_after_the_lease_passed_revives_nothing().await;
     }
 
     /// Reserve on an empty key answers reserved.
@@ -333,7 +346,14 @@ macro_rules! store_conformance_tests {
             reserve_many_reserves_free_keys_and_reports_held_ones,
             complete_many_and_release_many_are_fenced_by_token,
             batch_calls_with_nothing_in_them_answer_nothing,
-            concurrent_overlapping_batches_reserve_each_key_once
+            concurrent_overlapping_batches_reserve_each_key_once,
+            extend_by_the_holder_keeps_the_key_past_its_first_lease,
+            an_extended_lease_ends,
+            extend_sets_the_end_from_now_even_when_sooner,
+            extend_by_another_token_changes_nothing,
+            extend_of_a_done_key_changes_nothing,
+            extend_of_a_released_key_changes_nothing,
+            extend_after_the_lease_passed_revives_nothing
         );
     };
 }

@@ -39,6 +39,9 @@
 //! - `complete` is an upsert whose `DO UPDATE` applies only `WHERE token = $token OR
 //!   expires_at <= now()`, so a stale owner never overwrites a new owner's record.
 //! - `release` is `DELETE … WHERE key = $1 AND token = $2 AND state = 'pending'`.
+//! - `extend` is `UPDATE … SET expires_at = now() + lease WHERE key = $1 AND token = $2 AND
+//!   state = 'pending' AND expires_at > now()`: only the holder moves its lease, and a row
+//!   whose lease passed (dead, though still on disk until purged) is never revived.
 //!
 //! The batch operations are one statement each too, whatever the number of keys: the keys,
 //! tokens, fingerprints (and outcomes) travel as arrays and `unnest` turns them back into
@@ -64,8 +67,10 @@
 //! operation, including the wait for a pooled connection, is bounded by a timeout
 //! ([`DEFAULT_TIMEOUT`]) and fails with a [`Timeout`](super::StoreErrorKind::Timeout) error.
 //! A row that does not decode (unknown state, an outcome that is not a kept [`Outcome`], a
-//! done row without an outcome, a fingerprint that is not 32 bytes) is reported as a
-//! [`Corrupt`](super::StoreErrorKind::Corrupt) error, never a panic.
+//! fingerprint that is not 32 bytes) or breaks the
+//! [record rules](super::record#the-record-rules) (a pending row with an outcome, a done row
+//! without, a failure of category `delivered`: the same damage every store reports) is
+//! reported as a [`Corrupt`](super::StoreErrorKind::Corrupt) error, never a panic.
 //!
 //! Keys are stored as given. The layer's key rules (at most 256 bytes, no control characters)
 //! keep them well inside what PostgreSQL accepts; called directly, a key with a NUL byte or
@@ -487,6 +492,24 @@ impl PostgresStore {
             .map_err(|e| self.db_error(e))?;
         Ok(deleted > 0)
     }
+
+    async fn try_extend(
+        &self,
+        key: &str,
+        token: Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.extend)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let row = client
+            .query_opt(&statement, &[&key, token.as_uuid(), &millis(lease)])
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(row.is_some())
+    }
 }
 
 /// A duration as whole milliseconds for an interval, rounded up so a short lease never
@@ -523,6 +546,15 @@ impl Store for PostgresStore {
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(self.bounded(self.try_release(key, token)))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.bounded(self.try_extend(key, token, lease)))
     }
 
     fn reserve_many<'a>(

@@ -29,22 +29,18 @@ impl PostgresStore {
         let outcome: Option<&str> = row
             .try_get(3)
             .map_err(|e| self.corrupt("has no readable outcome").with_source(e))?;
-        let (state, outcome) = match (state, outcome) {
-            ("pending", None) => (RecordState::Pending, None),
-            ("pending", Some(_)) => return Err(self.corrupt("is pending with an outcome")),
-            ("done", Some(json)) => {
-                let outcome = record::decode_outcome(json.as_bytes())
-                    .map_err(|e| self.corrupt("holds an unreadable outcome").with_source(e))?;
-                (RecordState::Done, Some(outcome))
-            }
-            ("done", None) => return Err(self.corrupt("is done without an outcome")),
-            (_, _) => return Err(self.corrupt("has an unknown state")),
+        let state = match state {
+            "pending" => RecordState::Pending,
+            "done" => RecordState::Done,
+            _ => return Err(self.corrupt("has an unknown state")),
         };
-        Ok(Record {
-            state,
-            fingerprint,
-            outcome,
-        })
+        let outcome = outcome
+            .map(|json| record::decode_outcome(json.as_bytes()))
+            .transpose()
+            .map_err(|e| self.corrupt("holds an unreadable outcome").with_source(e))?;
+        // The record rules are the stored form's, so this store answers as every other does.
+        record::checked_record(state, fingerprint, outcome)
+            .map_err(|e| self.corrupt("breaks the record rules").with_source(e))
     }
 
     /// What a reserve found, from the row it returned: ours when it holds our `token`.

@@ -18,6 +18,7 @@ pub(super) struct Sql {
     pub(super) reserve: String,
     pub(super) complete: String,
     pub(super) release: String,
+    pub(super) extend: String,
     pub(super) reserve_many: String,
     pub(super) complete_many: String,
     pub(super) release_many: String,
@@ -93,6 +94,13 @@ impl Table {
             ),
             release: format!(
                 "DELETE FROM {quoted} WHERE key = $1 AND token = $2 AND state = 'pending'"
+            ),
+            // `expires_at > now()`: a row whose lease passed is dead even while it lingers on
+            // disk, and is never revived.
+            extend: format!(
+                "UPDATE {quoted} SET expires_at = now() + $3::bigint * interval '1 millisecond'
+                 WHERE key = $1 AND token = $2 AND state = 'pending' AND expires_at > now()
+                 RETURNING key"
             ),
             // The batch statements feed the single statements' logic from arrays, one row per
             // key. `ORDER BY key` makes every batch lock its rows in one global order, so

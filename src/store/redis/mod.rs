@@ -10,6 +10,7 @@
 //! | [`reserve`](Store::reserve) | `SET key pending NX GET PX lease`: sets the pending record only when no key exists, and answers the value that holds it otherwise |
 //! | [`complete`](Store::complete) | the Lua script [`COMPLETE_SCRIPT`] (`EVALSHA`): writes the done record with `PX ttl` when the token holds the key or nothing does |
 //! | [`release`](Store::release) | the Lua script [`RELEASE_SCRIPT`] (`EVALSHA`): deletes the key when the token holds it pending |
+//! | [`extend`](Store::extend) | the Lua script [`EXTEND_SCRIPT`] (`EVALSHA`): `PEXPIRE key lease` when the token holds it pending |
 //!
 //! Scripts run with `EVALSHA` and are loaded again by themselves when the server answers
 //! `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
@@ -48,8 +49,9 @@
 //!
 //! # Expiry
 //!
-//! Every record is written with `PX`, so the server's clock decides expiry and an expired
-//! record is simply absent: nothing lingers and no purge is needed. A lease or ttl is sent in
+//! Every record is written with `PX` (an extended lease is moved with `PEXPIRE`), so the
+//! server's clock decides expiry and an expired record is simply absent: nothing lingers, no
+//! purge is needed, and an extend that comes too late finds nothing to revive. A lease or ttl is sent in
 //! whole milliseconds, at least 1 ms and at most [`MAX_EXPIRY`] (about 100 years; Redis refuses
 //! expiry times that overflow its clock).
 //!
@@ -66,8 +68,10 @@
 //!
 //! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
 //! fingerprint in hex, `outcome` the kept [`Outcome`] (done records only). No message content
-//! is stored. The scripts read `state` and `token` of that JSON. A value that is not such JSON, a done record without an outcome, or a key of
-//! another Redis type makes the operation fail with a
+//! is stored. The scripts read `state` and `token` of that JSON. A value that is not such
+//! JSON, a record that breaks the [record rules](super::record#the-record-rules) (a pending
+//! record with an outcome, a done one without, a failure of category `delivered`: the same
+//! damage every store reports), or a key of another Redis type makes the operation fail with a
 //! [`Corrupt`](super::StoreErrorKind::Corrupt) error; the scripts never overwrite or delete a
 //! value they cannot read.
 //!
@@ -112,7 +116,7 @@ use crate::outcome::Outcome;
 mod pipeline;
 mod scripts;
 
-pub use scripts::{COMPLETE_SCRIPT, RELEASE_SCRIPT};
+pub use scripts::{COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT};
 
 use scripts::{millis, reservation, script_answer};
 
@@ -156,6 +160,7 @@ pub struct RedisStore {
     timeout: Duration,
     complete: Arc<Script>,
     release: Arc<Script>,
+    extend: Arc<Script>,
 }
 
 /// The connection kinds a store runs on.
@@ -263,6 +268,7 @@ impl RedisStore {
             timeout: DEFAULT_TIMEOUT,
             complete: Arc::new(Script::new(COMPLETE_SCRIPT)),
             release: Arc::new(Script::new(RELEASE_SCRIPT)),
+            extend: Arc::new(Script::new(EXTEND_SCRIPT)),
         }
     }
 
@@ -349,6 +355,24 @@ impl RedisStore {
             .map_err(server_error)?;
         script_answer(answer, "release")
     }
+
+    async fn extend_once(
+        &self,
+        key: &str,
+        token: Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut connection = self.connection.clone();
+        let answer: i64 = self
+            .extend
+            .key(self.redis_key(key))
+            .arg(token.to_string())
+            .arg(millis(lease))
+            .invoke_async(&mut connection)
+            .await
+            .map_err(server_error)?;
+        script_answer(answer, "extend")
+    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -395,6 +419,15 @@ impl Store for RedisStore {
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         self.bounded(self.release_once(key, token)).boxed()
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.bounded(self.extend_once(key, token, lease)).boxed()
     }
 
     fn reserve_many<'a>(

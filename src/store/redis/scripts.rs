@@ -41,6 +41,23 @@ if record.token ~= ARGV[1] or record.state ~= 'pending' then return 0 end
 return redis.call('DEL', KEYS[1])
 ";
 
+/// The Lua script behind [`extend`](crate::store::Store::extend).
+///
+/// `KEYS[1]` the key, `ARGV[1]` the token, `ARGV[2]` the new lease in ms. Answers 1 when it
+/// set the key to expire `ARGV[2]` ms from now, 0 when the token does not hold it pending (a
+/// key whose lease passed is gone, so it answers 0 and stays gone), -1 when the value under
+/// the key cannot be read (it is then left as it is). The record itself is not rewritten:
+/// `PEXPIRE` moves its expiry only.
+pub const EXTEND_SCRIPT: &str = r"
+local current = redis.pcall('GET', KEYS[1])
+if not current then return 0 end
+if type(current) ~= 'string' then return -1 end
+local ok, record = pcall(cjson.decode, current)
+if not ok or type(record) ~= 'table' or type(record.token) ~= 'string' then return -1 end
+if record.token ~= ARGV[1] or record.state ~= 'pending' then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+";
+
 impl RedisStore {
     /// `SET key pending NX GET PX lease`, and the token it reserves under.
     pub(super) fn reserve_cmd(
