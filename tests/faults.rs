@@ -12,7 +12,7 @@ mod support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,10 @@ use tower_idempotency::{IdempotencyLayer, Message, Receipt, SendError, Store};
 
 /// The lease of the tests where a repeat comes after it.
 const LEASE: Duration = Duration::from_secs(1);
+/// The bound on each store operation: well within the lease, as it must be for the layer's
+/// settlement retries and renewals to fit in it (the stores' default, 2 s, suits the
+/// default lease of minutes, not these).
+const STORE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Past a lease, for the server's clock to have passed it too.
 const MARGIN: Duration = Duration::from_millis(300);
 
@@ -116,7 +120,8 @@ async fn one_dropped_redis_connection_while_keeping_the_outcome_does_not_send_tw
     let store = RedisStore::connect(&server.url)
         .await
         .expect("connect to the private redis-server")
-        .key_prefix(unique_prefix("dropped"));
+        .key_prefix(unique_prefix("dropped"))
+        .timeout(STORE_TIMEOUT);
     let admin = redis_admin::admin(&server.url).await;
     let killed = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&killed);
@@ -142,7 +147,8 @@ async fn one_dropped_cluster_connection_while_keeping_the_outcome_does_not_send_
     let store = RedisStore::connect_cluster(user.urls.iter().map(String::as_str))
         .await
         .expect("connect to the private cluster")
-        .key_prefix(unique_prefix("cluster-dropped"));
+        .key_prefix(unique_prefix("cluster-dropped"))
+        .timeout(STORE_TIMEOUT);
     let user = Arc::new(tokio::sync::Mutex::new(user));
     let killed = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&killed);
@@ -169,7 +175,8 @@ async fn postgres_store(cluster: &PostgresCluster) -> (PostgresStore, String) {
         .await
         .expect("connect to the private cluster")
         .table(&unique("faults"))
-        .expect("valid table name");
+        .expect("valid table name")
+        .timeout(STORE_TIMEOUT);
     store.migrate().await.expect("migrate");
     (store, url)
 }
@@ -312,7 +319,8 @@ async fn redis_send_lasting_three_leases_lets_no_repeat_through() {
             RedisStore::connect(&server.url)
                 .await
                 .expect("connect")
-                .key_prefix(prefix.clone()),
+                .key_prefix(prefix.clone())
+                .timeout(STORE_TIMEOUT),
         );
     }
     let stores: [RedisStore; 2] = stores.try_into().expect("two stores");
@@ -331,7 +339,8 @@ async fn cluster_send_lasting_three_leases_lets_no_repeat_through() {
             RedisStore::connect_cluster(cluster.urls())
                 .await
                 .expect("connect")
-                .key_prefix(prefix.clone()),
+                .key_prefix(prefix.clone())
+                .timeout(STORE_TIMEOUT),
         );
     }
     let stores: [RedisStore; 2] = stores.try_into().expect("two stores");
@@ -348,7 +357,8 @@ async fn postgres_send_lasting_three_leases_lets_no_repeat_through() {
         .await
         .expect("connect")
         .table(a.table_name())
-        .expect("valid table name");
+        .expect("valid table name")
+        .timeout(STORE_TIMEOUT);
     send_outlasting_its_lease([a, b]).await;
 }
 
@@ -357,13 +367,25 @@ async fn postgres_send_lasting_three_leases_lets_no_repeat_through() {
 
 const KEYS: usize = 8;
 const DUPLICATES: usize = 50;
-/// Bounds on the killer: it stops when the senders are done, or at these.
-const MAX_KILL_ROUNDS: usize = 2_000;
-const MAX_KILL_TIME: Duration = Duration::from_secs(10);
+/// The killer kills for this long, a little past the last arrival, in at most
+/// [`MAX_KILL_ROUNDS`] rounds. Faults, not an outage: settlements that began under the kills
+/// land once the store is back, well within the lease, which is the promise under test (a
+/// store down for a whole lease is outside it).
+const STORM: Duration = Duration::from_millis(300);
+const MAX_KILL_ROUNDS: usize = 1_000;
 /// The duplicates of a key arrive this far apart (50 of them over 200 ms).
 const ARRIVALS_EVERY: Duration = Duration::from_millis(4);
 /// How long a store may take to answer again once the kills stop.
 const RECOVERY: Duration = Duration::from_secs(5);
+
+/// PostgreSQL's storm runs with a longer store timeout, and a lease to match. A pooled store's
+/// timeout bounds the wait for a connection, which after the kills includes opening one: the
+/// pool (deadpool) opens it in the waiting caller's future, so a timeout shorter than a
+/// connection takes to open under the crowd abandons every attempt, and the pool stays empty
+/// for most of a second (seen with 200 ms). The settlements must then have a lease long
+/// enough to outlast that.
+const POSTGRES_STORM_TIMEOUT: Duration = Duration::from_secs(1);
+const POSTGRES_STORM_LEASE: Duration = Duration::from_secs(3);
 
 /// Kills the stores' connections once; answers how many it killed.
 type Kill = Box<dyn FnMut() -> BoxFuture<'static, usize> + Send>;
@@ -373,8 +395,12 @@ type Kill = Box<dyn FnMut() -> BoxFuture<'static, usize> + Send>;
 /// call per key, and every receipt a caller got is the one the provider gave for its key.
 /// After the lease, a last repeat of every key through each layer must be answered with that
 /// receipt (or, for a key no send reached, send it once).
-async fn duplicates_under_connection_kills<S, C, Fut>(connect: C, mut kill: Kill, every: Duration)
-where
+async fn duplicates_under_connection_kills<S, C, Fut>(
+    connect: C,
+    mut kill: Kill,
+    every: Duration,
+    lease: Duration,
+) where
     S: Store,
     C: Fn() -> Fut,
     Fut: Future<Output = S>,
@@ -395,7 +421,7 @@ where
             Ok(Receipt::new(id, "fake"))
         }
     });
-    let layers = [layer(connect().await, LEASE), layer(connect().await, LEASE)];
+    let layers = [layer(connect().await, lease), layer(connect().await, lease)];
     let services: Vec<_> = layers
         .iter()
         .map(|l| {
@@ -408,15 +434,10 @@ where
         .map(|k| format!("order.created:ord_{k}:email"))
         .collect();
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopped = Arc::clone(&stop);
     let killer = tokio::spawn(async move {
         let start = Instant::now();
         let (mut rounds, mut killed) = (0, 0);
-        while !stopped.load(Ordering::SeqCst)
-            && rounds < MAX_KILL_ROUNDS
-            && start.elapsed() < MAX_KILL_TIME
-        {
+        while rounds < MAX_KILL_ROUNDS && start.elapsed() < STORM {
             killed += kill().await;
             rounds += 1;
             // The fault's period, not a synchronisation.
@@ -447,7 +468,6 @@ where
     for (key, send) in sends {
         answers.push((key, send.await.expect("no panic")));
     }
-    stop.store(true, Ordering::SeqCst);
     let (rounds, killed) = killer.await.expect("no panic");
 
     let mut tally: BTreeMap<String, usize> = BTreeMap::new();
@@ -483,12 +503,12 @@ where
     // retry is over: each key is kept with the one receipt, or (no send reached it) free.
     // Two more processes, on new connections, ask: what the store holds is the question
     // here, not how soon the killed clients recover.
-    tokio::time::sleep(LEASE + MARGIN).await;
+    tokio::time::sleep(lease + MARGIN).await;
     let later: Vec<_> = [connect().await, connect().await]
         .into_iter()
         .map(|store| {
             ServiceBuilder::new()
-                .layer(layer(store, LEASE))
+                .layer(layer(store, lease))
                 .service(provider.clone())
         })
         .collect();
@@ -571,6 +591,7 @@ async fn redis_duplicates_from_two_layers_under_connection_kills_reach_the_provi
             .await
             .expect("connect")
             .key_prefix(prefix.clone())
+            .timeout(STORE_TIMEOUT)
     };
     let admin = redis_admin::admin(&server.url).await;
     let kill: Kill = Box::new(move || {
@@ -583,7 +604,7 @@ async fn redis_duplicates_from_two_layers_under_connection_kills_reach_the_provi
         }
         .boxed()
     });
-    duplicates_under_connection_kills(connect, kill, Duration::from_millis(3)).await;
+    duplicates_under_connection_kills(connect, kill, Duration::from_millis(3), LEASE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -599,6 +620,7 @@ async fn cluster_duplicates_from_two_layers_under_connection_kills_reach_the_pro
             .await
             .expect("connect")
             .key_prefix(prefix.clone())
+            .timeout(STORE_TIMEOUT)
     };
     let user = Arc::new(tokio::sync::Mutex::new(user));
     let kill: Kill = Box::new(move || {
@@ -614,7 +636,7 @@ async fn cluster_duplicates_from_two_layers_under_connection_kills_reach_the_pro
         }
         .boxed()
     });
-    duplicates_under_connection_kills(connect, kill, Duration::from_millis(5)).await;
+    duplicates_under_connection_kills(connect, kill, Duration::from_millis(5), LEASE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -630,6 +652,7 @@ async fn postgres_duplicates_from_two_layers_under_connection_kills_reach_the_pr
             .expect("connect")
             .table(&table)
             .expect("valid table name")
+            .timeout(POSTGRES_STORM_TIMEOUT)
     };
     let admin = Arc::new(postgres_admin::admin(&url).await);
     let kill: Kill = Box::new(move || {
@@ -641,5 +664,11 @@ async fn postgres_duplicates_from_two_layers_under_connection_kills_reach_the_pr
         }
         .boxed()
     });
-    duplicates_under_connection_kills(connect, kill, Duration::from_millis(5)).await;
+    duplicates_under_connection_kills(
+        connect,
+        kill,
+        Duration::from_millis(5),
+        POSTGRES_STORM_LEASE,
+    )
+    .await;
 }
