@@ -24,8 +24,12 @@ use support::servers::{
 use support::stores::{postgres_admin, redis_admin, unique, unique_prefix};
 use support::{Provider, message, wait_until};
 use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::outcome::Outcome;
 use tower_idempotency::outcome::codes;
-use tower_idempotency::store::{PostgresStore, RedisStore};
+use tower_idempotency::store::{
+    Completion, PostgresStore, RedisStore, Reservation, StoreError, Token,
+};
 use tower_idempotency::{IdempotencyLayer, Message, Receipt, SendError, Store};
 
 /// The lease of the tests where a repeat comes after it.
@@ -246,9 +250,10 @@ async fn one_killed_postgres_session_while_keeping_the_outcome_does_not_send_twi
 // A send that outlasts its lease.
 
 /// The first send holds the provider for three leases while repeats come through two
-/// layers (two processes) on `stores`: each must be answered `in_flight`, none sent; after
-/// the send, a repeat replays it.
-async fn send_outlasting_its_lease(stores: [impl Store; 2]) {
+/// layers (two processes) on `stores`: each must be answered `in_flight`, none sent; a
+/// repeat through a layer that waits for in-flight sends gets the first send's receipt once
+/// it is kept; after the send, a repeat replays it.
+async fn send_outlasting_its_lease<S: Store + Clone>(stores: [S; 2]) {
     let lease = Duration::from_millis(400);
     let hold = Arc::new(tokio::sync::Notify::new());
     let held = Arc::clone(&hold);
@@ -262,6 +267,13 @@ async fn send_outlasting_its_lease(stores: [impl Store; 2]) {
         }
     });
     let [a, b] = stores;
+    let waiting = IdempotencyLayer::builder()
+        .store(b.clone())
+        .namespace("faults")
+        .lease(lease)
+        .wait_for_in_flight(10 * lease)
+        .build()
+        .expect("valid layer");
     let layers = [layer(a, lease), layer(b, lease)];
     let services: Vec<_> = layers
         .iter()
@@ -275,16 +287,22 @@ async fn send_outlasting_its_lease(stores: [impl Store; 2]) {
     let key = "order.created:ord_2:email";
     let first = tokio::spawn(services[0].clone().oneshot(alert(key)));
     wait_until(|| provider.calls() == 1).await;
-    let until = Instant::now() + 3 * lease;
+    let waiter = tokio::spawn(
+        ServiceBuilder::new()
+            .layer(waiting)
+            .service(provider.clone())
+            .oneshot(alert(key)),
+    );
+    let start = Instant::now();
     let mut repeats = 0;
-    while Instant::now() < until {
+    while start.elapsed() < 3 * lease {
         for service in &services {
             let answer = service.clone().oneshot(alert(key)).await;
             match answer {
                 Err(e) if e.code() == codes::IN_FLIGHT => repeats += 1,
                 other => panic!(
                     "a repeat {:?} into the send got {other:?}; provider calls {}",
-                    until.saturating_duration_since(Instant::now()),
+                    start.elapsed(),
                     provider.calls()
                 ),
             }
@@ -297,6 +315,11 @@ async fn send_outlasting_its_lease(stores: [impl Store; 2]) {
         .await
         .expect("no panic")
         .expect("the provider accepted");
+    let waited = waiter
+        .await
+        .expect("no panic")
+        .expect("the waiting repeat gets the first send's receipt");
+    assert!(waited.replayed && waited.id == first.id, "{waited:?}");
     let again = services[1]
         .clone()
         .oneshot(alert(key))
@@ -360,6 +383,202 @@ async fn postgres_send_lasting_three_leases_lets_no_repeat_through() {
         .expect("valid table name")
         .timeout(STORE_TIMEOUT);
     send_outlasting_its_lease([a, b]).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Renewal ends with its send.
+
+/// A store that counts the lease extensions it is asked for, and those it refused.
+#[derive(Clone)]
+struct CountingExtends<S> {
+    inner: S,
+    extends: Arc<AtomicUsize>,
+    refused: Arc<AtomicUsize>,
+}
+
+impl<S> CountingExtends<S> {
+    fn new(inner: S) -> Self {
+        Self {
+            inner,
+            extends: Arc::default(),
+            refused: Arc::default(),
+        }
+    }
+
+    fn extends(&self) -> usize {
+        self.extends.load(Ordering::SeqCst)
+    }
+}
+
+impl<S: Store> Store for CountingExtends<S> {
+    fn reserve<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
+        self.inner.reserve(key, fingerprint, lease)
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &'a Outcome,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.complete(key, token, fingerprint, outcome, ttl)
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.release(key, token)
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.extends.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let answer = self.inner.extend(key, token, lease).await;
+            if matches!(answer, Ok(false)) {
+                self.refused.fetch_add(1, Ordering::SeqCst);
+            }
+            answer
+        }
+        .boxed()
+    }
+
+    fn reserve_many<'a>(
+        &'a self,
+        requests: &'a [(&'a str, Fingerprint)],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
+        self.inner.reserve_many(requests, lease)
+    }
+
+    fn complete_many<'a>(
+        &'a self,
+        completions: &'a [Completion<'a>],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        self.inner.complete_many(completions, ttl)
+    }
+
+    fn release_many<'a>(
+        &'a self,
+        releases: &'a [(&'a str, Token)],
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        self.inner.release_many(releases)
+    }
+}
+
+/// Checks `condition` every few milliseconds until it holds; fails the test after `bound`.
+async fn eventually(what: &str, bound: Duration, mut condition: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !condition() {
+        assert!(start.elapsed() < bound, "{what}: not within {bound:?}");
+        // Polls what real servers and their clocks do; bounded above.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A send is held until the real store renewed its lease twice; once it ends, and once a
+/// caller drops another send, no renewal follows (two more leases pass), and the dropped
+/// send's key is kept as aborted, not sent again.
+async fn renewal_stops_after_the_send_and_after_a_drop<S: Store + Clone>(store: S) {
+    let lease = Duration::from_millis(300);
+    let store = CountingExtends::new(store);
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held = Arc::clone(&release);
+    let provider = Provider::answering(move |n, _| {
+        let held = Arc::clone(&held);
+        async move {
+            held.notified().await;
+            Ok(Receipt::new(format!("msg-{n}"), "fake"))
+        }
+    });
+    let layer = layer(store.clone(), lease);
+    let service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(provider.clone());
+
+    let first = tokio::spawn(service.clone().oneshot(alert("order.created:ord_3:email")));
+    eventually("the first send is renewed", 3 * lease, || {
+        store.extends() >= 2
+    })
+    .await;
+    release.notify_one();
+    first
+        .await
+        .expect("no panic")
+        .expect("the provider accepted");
+    let after_send = store.extends();
+    // Long enough for two renewals, had they gone on.
+    tokio::time::sleep(2 * lease).await;
+    assert_eq!(store.extends(), after_send, "renewed after the send ended");
+
+    let dropped = tokio::spawn(service.clone().oneshot(alert("order.created:ord_4:email")));
+    eventually("the second send is renewed", 3 * lease, || {
+        store.extends() > after_send
+    })
+    .await;
+    dropped.abort();
+    assert!(dropped.await.is_err_and(|e| e.is_cancelled()));
+    // The key is kept as aborted from the background; a repeat sees it once it landed.
+    let start = Instant::now();
+    loop {
+        let answer = service
+            .clone()
+            .oneshot(alert("order.created:ord_4:email"))
+            .await;
+        match answer {
+            Err(e) if e.code() == codes::ABORTED => break,
+            Err(e) if e.code() == codes::IN_FLIGHT && start.elapsed() < lease => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            other => panic!("a repeat of the dropped send got {other:?}"),
+        }
+    }
+    let after_drop = store.extends();
+    tokio::time::sleep(2 * lease).await;
+    assert_eq!(store.extends(), after_drop, "renewed after the drop");
+    assert_eq!(
+        store.refused.load(Ordering::SeqCst),
+        0,
+        "a renewal found its key lost"
+    );
+    assert_eq!(provider.calls(), 2);
+    assert_eq!(layer.stats().renewal_lost, 0);
+}
+
+#[tokio::test]
+async fn redis_renewal_stops_after_the_send_and_after_a_drop() {
+    let Some(server) = RedisServer::start().await else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url)
+        .await
+        .expect("connect")
+        .key_prefix(unique_prefix("renewal"))
+        .timeout(STORE_TIMEOUT);
+    renewal_stops_after_the_send_and_after_a_drop(store).await;
+}
+
+#[tokio::test]
+async fn postgres_renewal_stops_after_the_send_and_after_a_drop() {
+    let Some(cluster) = PostgresCluster::shared() else {
+        return;
+    };
+    let (store, _) = postgres_store(cluster).await;
+    renewal_stops_after_the_send_and_after_a_drop(store).await;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -218,6 +218,8 @@ impl Watchdog {
 /// connections of its own ACL user ([`RedisCluster::user`]).
 pub struct RedisCluster {
     ports: Vec<u16>,
+    /// The node processes, never waited for: the watchdog kills them when this process exits.
+    _nodes: Vec<Child>,
 }
 
 impl RedisCluster {
@@ -238,6 +240,7 @@ impl RedisCluster {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         Watchdog::at_exit(&format!("rm -rf '{}'", dir.display()));
         let mut ports = Vec::new();
+        let mut nodes = Vec::new();
         for _ in 0..3 {
             let port = free_port(10_000);
             let conf = dir.join(format!("nodes-{port}.conf"));
@@ -255,14 +258,15 @@ impl RedisCluster {
                 ],
             );
             Watchdog::at_exit(&format!("kill -9 {}", child.id()));
+            nodes.push(child);
             ports.push(port);
             wait_ready("a private cluster node", || pong(port));
         }
-        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let created = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
-            .args(&nodes)
+            .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
@@ -278,7 +282,10 @@ impl RedisCluster {
                 })
             })
         });
-        Ok(Self { ports })
+        Ok(Self {
+            ports,
+            _nodes: nodes,
+        })
     }
 
     /// `redis://127.0.0.1:<port>` of every node.
