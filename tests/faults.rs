@@ -1,11 +1,14 @@
 //! The promise under faults, against real servers of the tests' own (see
-//! `support::servers`): a key reaches the provider twice only after a crash. Store
-//! connections are killed while an outcome is kept and while duplicates race, and a send
-//! outlasts its lease; at the end the provider's calls are counted per key.
+//! `support::servers`): a key reaches the provider twice only after a crash. Through the
+//! README's production stack, store connections are killed while an outcome is kept
+//! (Redis, Redis Cluster, PostgreSQL) and while duplicates from two layers race; a send
+//! outlasts its lease three times over; renewal stops with its send and with a drop. At the
+//! end the provider's calls are counted per key.
 //!
 //! Every server here is private to this binary (Redis per test, one Redis Cluster and one
 //! PostgreSQL cluster shared by its tests, each test in its own database or ACL user), so the
-//! kills never reach the shared servers other tests use.
+//! kills never reach the shared servers other tests use. Leases are short (under a second
+//! where the store recovers fast) and every wait is bounded: the binary runs in seconds.
 #![cfg(all(feature = "redis", feature = "redis-cluster", feature = "postgres"))]
 
 mod support;
@@ -23,6 +26,7 @@ use support::servers::{
 };
 use support::stores::{postgres_admin, redis_admin, unique, unique_prefix};
 use support::{Provider, message, wait_until};
+use tower::retry::RetryLayer;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::Outcome;
@@ -30,7 +34,7 @@ use tower_idempotency::outcome::codes;
 use tower_idempotency::store::{
     Completion, PostgresStore, RedisStore, Reservation, StoreError, Token,
 };
-use tower_idempotency::{IdempotencyLayer, Message, Receipt, SendError, Store};
+use tower_idempotency::{IdempotencyLayer, Message, Receipt, RetryPolicy, SendError, Store};
 
 /// The lease of the tests where a repeat comes after it.
 const LEASE: Duration = Duration::from_secs(1);
@@ -48,6 +52,27 @@ fn layer(store: impl Store, lease: Duration) -> IdempotencyLayer {
         .lease(lease)
         .build()
         .expect("valid layer")
+}
+
+/// The README's production stack over `provider`, outermost first: the layer, a retry
+/// judged by the layer's classifier, a concurrency limit, a per-attempt timeout.
+fn production_stack(
+    layer: &IdempotencyLayer,
+    provider: Provider,
+) -> impl tower::Service<Message, Response = Receipt, Error = SendError, Future: Send>
++ Clone
++ Send
++ use<> {
+    let retry = RetryPolicy::new()
+        .max_attempts(3)
+        .base_delay(Duration::from_millis(20))
+        .classifier(layer.classifier());
+    ServiceBuilder::new()
+        .layer(layer.clone())
+        .layer(RetryLayer::new(retry))
+        .concurrency_limit(16)
+        .timeout(Duration::from_secs(1))
+        .service(provider)
 }
 
 fn alert(key: &str) -> Message {
@@ -71,6 +96,7 @@ async fn dropped_connection_while_keeping_the_outcome<F, Fut>(
     store: impl Store,
     fault: F,
     killed: Arc<AtomicUsize>,
+    settlement: Settlement,
 ) where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
@@ -86,16 +112,17 @@ async fn dropped_connection_while_keeping_the_outcome<F, Fut>(
         }
     });
     let layer = layer(store, LEASE);
-    let service = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(provider.clone());
+    let service = production_stack(&layer, provider.clone());
 
     let first = service
         .clone()
         .oneshot(alert("order.created:ord_1:email"))
         .await
         .expect("the provider accepted");
-    wait_until(|| killed.load(Ordering::SeqCst) > 0).await;
+    eventually("the fault killed a connection", LEASE, || {
+        killed.load(Ordering::SeqCst) > 0
+    })
+    .await;
     // The server's clock decides when the lease passes: wait it out.
     tokio::time::sleep(LEASE + MARGIN).await;
     let again = service.oneshot(alert("order.created:ord_1:email")).await;
@@ -109,11 +136,24 @@ async fn dropped_connection_while_keeping_the_outcome<F, Fut>(
     let again = again.expect("the repeat is answered from the store");
     assert!(again.replayed, "{again:?}");
     assert_eq!(again.id, first.id);
+    let stats = layer.stats();
     assert_eq!(
-        layer.stats().store_failed_after_send,
-        0,
+        stats.store_failed_after_send, 0,
         "the outcome was kept in the end"
     );
+    match settlement {
+        Settlement::RetriedByTheLayer => assert!(stats.settle_retries >= 1, "{stats:?}"),
+        Settlement::RetriedByTheClient => {}
+    }
+}
+
+/// Who retries a `complete` whose connection was killed under it.
+enum Settlement {
+    /// The store answers the error; the layer's settlement retries.
+    RetriedByTheLayer,
+    /// The Redis Cluster client resends the command on a new connection by itself, so the
+    /// store may answer without error.
+    RetriedByTheClient,
 }
 
 #[tokio::test]
@@ -139,7 +179,13 @@ async fn one_dropped_redis_connection_while_keeping_the_outcome_does_not_send_tw
             count.fetch_add(usize::try_from(n).unwrap_or(0), Ordering::SeqCst);
         }
     };
-    dropped_connection_while_keeping_the_outcome(store, fault, killed).await;
+    dropped_connection_while_keeping_the_outcome(
+        store,
+        fault,
+        killed,
+        Settlement::RetriedByTheLayer,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -169,7 +215,13 @@ async fn one_dropped_cluster_connection_while_keeping_the_outcome_does_not_send_
             count.fetch_add(usize::try_from(n).unwrap_or(0), Ordering::SeqCst);
         }
     };
-    dropped_connection_while_keeping_the_outcome(store, fault, killed).await;
+    dropped_connection_while_keeping_the_outcome(
+        store,
+        fault,
+        killed,
+        Settlement::RetriedByTheClient,
+    )
+    .await;
 }
 
 /// A store on a new database of the private PostgreSQL cluster, and that database's URL.
@@ -243,7 +295,13 @@ async fn one_killed_postgres_session_while_keeping_the_outcome_does_not_send_twi
             });
         }
     };
-    dropped_connection_while_keeping_the_outcome(store, fault, killed).await;
+    dropped_connection_while_keeping_the_outcome(
+        store,
+        fault,
+        killed,
+        Settlement::RetriedByTheLayer,
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -644,11 +702,7 @@ async fn duplicates_under_connection_kills<S, C, Fut>(
     let layers = [layer(connect().await, lease), layer(connect().await, lease)];
     let services: Vec<_> = layers
         .iter()
-        .map(|l| {
-            ServiceBuilder::new()
-                .layer(l.clone())
-                .service(provider.clone())
-        })
+        .map(|l| production_stack(l, provider.clone()))
         .collect();
     let keys: Vec<String> = (0..KEYS)
         .map(|k| format!("order.created:ord_{k}:email"))
@@ -726,11 +780,7 @@ async fn duplicates_under_connection_kills<S, C, Fut>(
     tokio::time::sleep(lease + MARGIN).await;
     let later: Vec<_> = [connect().await, connect().await]
         .into_iter()
-        .map(|store| {
-            ServiceBuilder::new()
-                .layer(layer(store, lease))
-                .service(provider.clone())
-        })
+        .map(|store| production_stack(&layer(store, lease), provider.clone()))
         .collect();
     let mut last = Vec::new();
     let recovered_by = Instant::now() + RECOVERY;
