@@ -263,16 +263,23 @@ impl RedisCluster {
             wait_ready("a private cluster node", || pong(port));
         }
         let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let created = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdin(Stdio::null())
-            .output()
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
             .map_err(|e| format!("redis-cli: {e}"))?;
-        if !created.status.success() {
-            return Err(String::from_utf8_lossy(&created.stdout).into_owned());
+        let mut status = None;
+        wait_ready("redis-cli --cluster create", || {
+            status = create.try_wait().ok().flatten();
+            status.is_some()
+        });
+        if !status.is_some_and(|s| s.success()) {
+            return Err(format!("redis-cli --cluster create failed: {status:?}"));
         }
         // Every node must see every slot served before a client can rely on it.
         wait_ready("the private Redis Cluster", || {
