@@ -759,6 +759,16 @@ fn builder_refuses_invalid_options_with_typed_errors() {
             .ttl(Duration::from_secs(5))),
         ConfigError::TtlShorterThanLease
     );
+    assert_eq!(
+        err(builder().settle_timeout(Duration::ZERO)),
+        ConfigError::ZeroDuration("settle timeout")
+    );
+    assert_eq!(
+        err(builder().max_hold(Duration::ZERO)),
+        ConfigError::ZeroDuration("max hold")
+    );
+    // A zero wait is no wait, not an error.
+    assert!(builder().wait_for_in_flight(Duration::ZERO).build().is_ok());
     let layer = IdempotencyLayer::in_memory();
     assert_eq!(layer.namespace(), "default");
     assert!(format!("{layer:?}").contains("lease"));

@@ -220,3 +220,43 @@ async fn a_store_without_extend_is_warned_about_once_and_not_asked_again() {
     assert_eq!(warnings, 1);
     assert_eq!(provider.calls(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_concurrency_a_send_slower_than_its_lease_reaches_the_provider_once() {
+    // Real time, short: a 600 ms lease, a send of 1.5 s, 50 repeats spread over 1.8 s on
+    // two threads. Without renewal most of them would send again.
+    let store = TestStore::default();
+    let provider = slow(Duration::from_millis(1500));
+    let svc = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::builder()
+                .store(store.clone())
+                .namespace("lease")
+                .lease(Duration::from_millis(600))
+                .build()
+                .unwrap(),
+        )
+        .service(provider.clone());
+    let first = tokio::spawn(svc.clone().oneshot(message(Some("k"), "hi")));
+    let repeats: Vec<_> = (0..50u64)
+        .map(|i| {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(i * 36)).await;
+                svc.oneshot(message(Some("k"), "hi")).await
+            })
+        })
+        .collect();
+    let sent = first.await.unwrap().unwrap();
+    for repeat in repeats {
+        match repeat.await.unwrap() {
+            Ok(receipt) => {
+                assert!(receipt.replayed);
+                assert_eq!(receipt.id, sent.id);
+            }
+            Err(error) => assert_eq!(error.code(), codes::IN_FLIGHT),
+        }
+    }
+    assert_eq!(provider.calls(), 1);
+    assert!(store.extends() >= 5, "{} renewals", store.extends());
+}

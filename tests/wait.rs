@@ -122,3 +122,49 @@ async fn another_message_under_a_pending_key_does_not_wait() {
     assert_eq!(started.elapsed(), Duration::ZERO);
     first.await.unwrap().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_repeat_that_reserves_after_waiting_longer_than_the_lease_holds_a_fresh_lease() {
+    // The first send runs for two leases and frees its key; the waiting repeat takes it
+    // and is sent. Its settlement then fails for a while: it must retry on its own lease,
+    // which started when it won the key, not when it arrived.
+    let lease = Duration::from_secs(4);
+    let store = TestStore::default();
+    store
+        .fail_complete
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let provider = Provider::answering(move |n, _| async move {
+        if n == 1 {
+            tokio::time::sleep(lease * 2).await;
+            Err(SendError::retryable("p.503", "try later").into())
+        } else {
+            Ok(Receipt::new(format!("msg-{n}"), "fake"))
+        }
+    });
+    let l = IdempotencyLayer::builder()
+        .store(store.clone())
+        .namespace("wait")
+        .lease(lease)
+        .wait_for_in_flight(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(l.clone())
+        .service(provider.clone());
+
+    let first = tokio::spawn(svc.clone().oneshot(message(Some("k"), "hi")));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let repeat = tokio::spawn(svc.clone().oneshot(message(Some("k"), "hi")));
+    tokio::time::sleep(lease * 2 + Duration::from_millis(1500)).await;
+    store
+        .fail_complete
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(first.await.unwrap().unwrap_err().code(), "p.503");
+    assert_eq!(repeat.await.unwrap().unwrap().id, "msg-2");
+    tokio::time::sleep(lease).await;
+    assert_eq!(l.stats().store_failed_after_send, 0);
+    assert!(l.stats().settle_retries >= 1);
+    let again = svc.oneshot(message(Some("k"), "hi")).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(provider.calls(), 2);
+}

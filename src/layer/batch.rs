@@ -104,8 +104,16 @@ where
         });
     }
 
-    let asked_at = Instant::now();
-    let held = reserve_keyed(&config, keyed, &items, &mut plans, &mut answers).await;
+    let mut asked_at = Instant::now();
+    let held = reserve_keyed(
+        &config,
+        keyed,
+        &items,
+        &mut plans,
+        &mut answers,
+        &mut asked_at,
+    )
+    .await;
 
     // The messages that go, in input order, as one inner batch.
     let mut outbound = Vec::new();
@@ -186,14 +194,16 @@ where
         .collect())
 }
 
-/// Reserves the first occurrence of every key in one store call and plans each by the
-/// answer; answers those found in the store in place. Returns the keys now held.
+/// Reserves the first occurrence of every key in one store call (waiting for those in flight,
+/// when the layer waits) and plans each by the answer; answers those found in the store in
+/// place. Returns the keys now held; `asked_at` is when their lease started.
 async fn reserve_keyed<R: IdempotentRequest>(
     config: &Arc<Config>,
     keyed: Vec<(Arc<str>, Fingerprint)>,
     items: &[R],
     plans: &mut [Plan],
     answers: &mut [Option<Result<Receipt, SendError>>],
+    asked_at: &mut Instant,
 ) -> Vec<Held> {
     let mut held = Vec::new();
     if keyed.is_empty() {
@@ -230,7 +240,7 @@ async fn reserve_keyed<R: IdempotentRequest>(
     .into_iter()
     .map(Some)
     .collect::<Vec<_>>();
-    wait_many(config, &requests, &mut reservations).await;
+    wait_many(config, &requests, &mut reservations, asked_at).await;
     // What the store answered each key, for the other messages under it (`Plan::Differs`).
     let mut judged: Vec<Option<Judged>> = (0..requests.len()).map(|_| None).collect();
     for (i, plan) in plans.iter_mut().enumerate() {

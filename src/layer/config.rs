@@ -313,7 +313,9 @@ impl IdempotencyLayerBuilder {
     /// passed, the repeat's reserve takes the key and the repeat is **sent**, exactly as it
     /// would have been had it arrived a moment later. Still pending at the bound, it is
     /// answered `idempotency.in_flight`. A batch waits for all its in-flight keys together,
-    /// and stops waiting (and sends) as soon as one of them is reserved. Needs a tokio
+    /// and stops waiting (and sends) as soon as one of them is reserved; a batch that already
+    /// reserved other keys waits at most a third of the lease, as nothing renews those while
+    /// it waits. A key taken after waiting holds a lease from that moment. Needs a tokio
     /// runtime; a zero bound turns waiting off.
     pub fn wait_for_in_flight(mut self, bound: Duration) -> Self {
         self.wait_for_in_flight = (!bound.is_zero()).then_some(bound);

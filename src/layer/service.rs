@@ -122,10 +122,10 @@ where
     };
     let fingerprint = request.fingerprint();
 
-    let asked_at = Instant::now();
+    let mut asked_at = Instant::now();
     let reservation = match reserve_one(&config, &store_key, fingerprint).await {
         Ok(Reservation::Held { record }) => {
-            wait_one(&config, &store_key, fingerprint, record).await
+            wait_one(&config, &store_key, fingerprint, record, &mut asked_at).await
         }
         other => other,
     };

@@ -124,15 +124,16 @@ fn margin(lease: Duration) -> Duration {
 /// (with jittered backoff, renewing their lease when due) until each landed, was refused,
 /// failed for good, or the lease is about to end. Without a runtime, one attempt.
 async fn settlement(config: Arc<Config>, held: Vec<Held>, lease: Lease, finishes: Vec<Finish>) {
-    let retrying = has_runtime();
-    let started = Instant::now();
+    // Set at the first failure: a settlement that lands at once reads no clock. Retries
+    // need a runtime to sleep on, asked only once something failed.
+    let mut started = None;
     let mut backoff = Backoff::default();
     let mut open: Option<Vec<usize>> = None; // None: every key, on the first attempt
     let mut attempts = 1u32;
     loop {
         let answers = attempt(&config, &held, &finishes, open.as_deref(), attempts > 1).await;
         let retry = |answer: &Result<bool, Arc<StoreError>>| {
-            retrying && matches!(answer, Err(error) if transient(error))
+            matches!(answer, Err(error) if transient(error)) && has_runtime()
         };
         if answers.iter().any(|(_, answer)| retry(answer)) {
             // The settled keys: a renewal while the rest retry would find them lost.
@@ -143,7 +144,7 @@ async fn settlement(config: Arc<Config>, held: Vec<Held>, lease: Lease, finishes
         let mut again = Vec::new();
         for (i, answer) in answers {
             match answer {
-                Err(error) if retrying && transient(&error) => again.push((i, error)),
+                Err(error) if transient(&error) && has_runtime() => again.push((i, error)),
                 Ok(true) => {}
                 Ok(false) => not_written(&config, &held[i], &finishes[i], attempts > 1),
                 Err(error) => gave_up(&config, &held[i], &finishes[i], &error, &lease, attempts),
@@ -152,8 +153,9 @@ async fn settlement(config: Arc<Config>, held: Vec<Held>, lease: Lease, finishes
         if again.is_empty() {
             return;
         }
-        let delay = backoff.next_delay();
-        let resume = after(Instant::now(), delay);
+        let now = Instant::now();
+        let started = *started.get_or_insert(now);
+        let resume = after(now, backoff.next_delay());
         if after(resume, margin(config.lease)) >= lease.ends()
             || resume >= after(started, config.max_hold)
         {

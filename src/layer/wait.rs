@@ -61,11 +61,14 @@ fn bound(config: &Config) -> Option<Duration> {
 /// layer does not wait or the record is not the same message in flight; else the last
 /// answer of polling (a reservation to send under, a kept outcome, or the pending record at
 /// the bound). A store error while polling ends the wait with the last record seen.
+///
+/// `asked_at` becomes the moment the winning reserve was asked, where the key's lease starts.
 pub(crate) async fn wait_one(
     config: &Arc<Config>,
     key: &Arc<str>,
     fingerprint: Fingerprint,
     record: Record,
+    asked_at: &mut Instant,
 ) -> Result<Reservation, StoreError> {
     let Some(bound) = bound(config).filter(|_| in_flight(&record, fingerprint)) else {
         return Ok(Reservation::Held { record });
@@ -74,6 +77,7 @@ pub(crate) async fn wait_one(
     let mut polls = Polls::new(bound);
     let mut last = record;
     while polls.next().await {
+        *asked_at = Instant::now();
         match reserve_one(config, key, fingerprint).await {
             Ok(Reservation::Held { record }) if in_flight(&record, fingerprint) => last = record,
             Ok(answer) => return Ok(answer),
@@ -86,14 +90,25 @@ pub(crate) async fn wait_one(
 /// [`wait_one`] for the keys of a batch, in one store call per poll: replaces in `answers`
 /// (one per entry of `requests`) each in-flight record by the answer it ends with. Polling
 /// stops at the bound, when no key is in flight any more, or as soon as one is reserved.
+///
+/// A batch that already holds keys waits at most a third of the lease: nothing renews them
+/// while it waits. `asked_at` becomes the moment of the winning poll when the batch held no
+/// key before it.
 pub(crate) async fn wait_many(
     config: &Arc<Config>,
     requests: &[(Arc<str>, Fingerprint)],
     answers: &mut [Option<Result<Reservation, StoreError>>],
+    asked_at: &mut Instant,
 ) {
-    let Some(bound) = bound(config) else {
+    let Some(mut bound) = bound(config) else {
         return;
     };
+    let holding = answers
+        .iter()
+        .any(|a| matches!(a, Some(Ok(Reservation::Reserved { .. }))));
+    if holding {
+        bound = bound.min(config.lease / 3);
+    }
     let mut waiting: Vec<usize> = (0..requests.len())
         .filter(|&k| {
             matches!(&answers[k], Some(Ok(Reservation::Held { record }))
@@ -110,6 +125,7 @@ pub(crate) async fn wait_many(
             .iter()
             .map(|&k| (Arc::clone(&requests[k].0), requests[k].1))
             .collect();
+        let polled_at = Instant::now();
         let polled = match reserve_many(config, Arc::clone(&asked)).await {
             Ok(polled) if polled.len() == waiting.len() => polled,
             Ok(unmatched) => {
@@ -145,6 +161,9 @@ pub(crate) async fn wait_many(
             }
         }
         if reserved {
+            if !holding {
+                *asked_at = polled_at;
+            }
             return;
         }
         waiting = still;
