@@ -1,6 +1,7 @@
 //! What the integration tests share, one module per area. Here: messages, a counting
 //! provider, a store wrapper that counts calls and fails on command, a tracing capture and a
 //! bounded wait. [`stores`]: the backend tests' servers, skip policy and admin connections.
+//! [`servers`]: servers of the tests' own, for the tests that kill connections.
 //! [`http`]: the one fake HTTP provider and the real clients.
 //!
 //! Every test binary declares `mod support;` and uses the part it needs.
@@ -9,6 +10,7 @@
 
 #[cfg(feature = "http")]
 pub mod http;
+pub mod servers;
 pub mod stores;
 
 use std::future::Future;
