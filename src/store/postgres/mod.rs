@@ -236,6 +236,11 @@ impl PostgresStore {
     /// [`DEFAULT_TIMEOUT`]). An operation that takes longer fails with a
     /// [`Timeout`](StoreErrorKind::Timeout) error; the statement may still finish on the
     /// server, which the protocol allows (a reserve nobody heard of expires with its lease).
+    ///
+    /// The bound includes opening a connection when the pool has none ready: deadpool opens
+    /// it inside the waiting call. After a failover or `pg_terminate_backend` every call may
+    /// have to open one, so keep the timeout well above connection setup under load (the
+    /// default 2 s is); with a shorter one, calls can keep timing out while the pool refills.
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
