@@ -115,7 +115,16 @@
 //!   constant `"default"`, not a name derived from the wrapped service's type: Rust type
 //!   names are not stable across compiler releases or refactors, and a namespace that changes
 //!   on deploy would let every live key send again. Set one per provider or tenant.
-//! - **Logs.** Events carry the namespace and a 12-hex-digit hash of the key, never the key
+//! - **Keys that hold no personal data, by choice.** Keys often embed an address;
+//!   [`KeyForm::Hashed`](layer::KeyForm::Hashed) stores `namespace:h1:<hex of
+//!   SHA-256(namespace:key)>` instead of the key, in every store operation. It is opt-in:
+//!   processes storing one namespace in different forms do not see each other's records, so
+//!   a default that changed between releases would send duplicates during a rolling deploy.
+//!   Switch a namespace with every process at once (see [`KeyForm`](layer::KeyForm)). An
+//!   operator finds the record of a key with [`StoredKeys`](layer::StoredKeys) or
+//!   [`IdempotencyLayer::stored_key_for`]. The key rules (1 to 256 bytes, no control
+//!   characters) are the same in both forms.
+//! - **Logs.** Events carry the namespace and a 12-hex-digit hash of the stored key, never the key
 //!   (keys often embed an address) and never message content. Stores keep the key,
 //!   fingerprint, state, token and outcome only, and a kept receipt's accepted recipients are
 //!   their positions in the message's recipient list: no address reaches a store. A replay

@@ -38,6 +38,45 @@ pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(15 * 60);
 /// The default namespace.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
+/// How a key is written into the store: as it is, or as a digest that holds no personal data.
+///
+/// | form | stored key | example (namespace `alerts`, key `order.created:ord_1:email:seller@example.com`) |
+/// |---|---|---|
+/// | [`Raw`](Self::Raw) (default) | `namespace:key` | `alerts:order.created:ord_1:email:seller@example.com` |
+/// | [`Hashed`](Self::Hashed) | `namespace:h1:` and the 64 lowercase hex digits of SHA-256 over the bytes of `namespace:key` | `alerts:h1:` and 64 hex digits |
+///
+/// Keys often embed an address or a customer id; with [`Hashed`](Self::Hashed) none of it
+/// reaches Redis or PostgreSQL, and every stored key of a namespace has the same length,
+/// whatever the key's. The namespace stays readable, so a store can still be grouped or
+/// listed by namespace. `h1` marks version 1 of the form: the form is stored data, pinned by
+/// a golden test, and a later form would get another marker.
+///
+/// The key rules are the same in both forms (1 to [`MAX_KEY_LEN`](crate::message::MAX_KEY_LEN)
+/// bytes, no control characters), so switching forms never turns a valid key invalid or back.
+///
+/// **Choosing the form is choosing where keys live.** Every process that sends under a
+/// namespace must use the same form: a process storing raw keys and one storing hashed keys
+/// do not see each other's records, and both send the same message. So switch a namespace's
+/// form only with every process at once (stop the old ones before the new ones send), and
+/// expect a repeat of a message sent before the switch, within its ttl, to be sent again
+/// unless the provider deduplicates on the forwarded `Idempotency-Key`. `Raw` stays the
+/// default for that reason: changing it in a release would send such duplicates during a
+/// rolling deploy.
+///
+/// With `Hashed`, an operator can no longer read keys in the store; to find the record of a
+/// key, compute its stored form with [`StoredKeys`](super::StoredKeys) (or
+/// [`IdempotencyLayer::stored_key_for`](super::IdempotencyLayer::stored_key_for)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyForm {
+    /// `namespace:key`: readable in the store, and holding whatever the key holds.
+    #[default]
+    Raw,
+    /// `namespace:h1:<hex of SHA-256(namespace:key)>`: 68 bytes after the namespace, no
+    /// personal data.
+    Hashed,
+}
+
 /// Derives the idempotency key of a request; `None` sends it without one.
 pub(crate) type KeyFn<R> = Arc<dyn Fn(&R) -> Option<String> + Send + Sync>;
 
@@ -80,6 +119,7 @@ pub(crate) struct Config {
     pub(crate) max_hold: Duration,
     pub(crate) wait_for_in_flight: Option<Duration>,
     pub(crate) namespace: Arc<str>,
+    pub(crate) key_form: KeyForm,
     pub(crate) keys: KeyFns,
     pub(crate) classifier: Classifier,
     pub(crate) counters: Counters,
@@ -101,6 +141,7 @@ impl Config {
             max_hold: DEFAULT_MAX_HOLD,
             wait_for_in_flight: None,
             namespace: Arc::from(DEFAULT_NAMESPACE),
+            key_form: KeyForm::Raw,
             keys: KeyFns::default(),
             classifier: Classifier::default(),
             counters: Counters::default(),
@@ -113,6 +154,7 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("namespace", &self.namespace)
+            .field("key_form", &self.key_form)
             .field("lease", &self.lease)
             .field("ttl", &self.ttl)
             .field("reserve_timeout", &self.reserve_timeout)
@@ -175,6 +217,7 @@ impl Error for ConfigError {}
 /// | [`settle_timeout`](Self::settle_timeout) | [`DEFAULT_SETTLE_TIMEOUT`] (5 s) |
 /// | [`wait_for_in_flight`](Self::wait_for_in_flight) | off: a repeat of an in-flight send is answered `idempotency.in_flight` at once |
 /// | [`namespace`](Self::namespace) | [`DEFAULT_NAMESPACE`] (`"default"`) |
+/// | [`key_form`](Self::key_form) | [`KeyForm::Raw`]: keys stored as `namespace:key` |
 /// | [`key`](Self::key), [`raw_key`](Self::raw_key), [`key_for`](Self::key_for) | the request's own [`idempotency_key`](super::IdempotentRequest::idempotency_key) (a [`RawMessage`] has none) |
 /// | [`classify`](Self::classify) | [`default_classifier`](crate::classify::default_classifier) |
 ///
@@ -191,6 +234,7 @@ pub struct IdempotencyLayerBuilder {
     max_hold: Duration,
     wait_for_in_flight: Option<Duration>,
     namespace: String,
+    key_form: KeyForm,
     keys: KeyFns,
     classifier: Classifier,
 }
@@ -207,6 +251,7 @@ impl Default for IdempotencyLayerBuilder {
             max_hold: DEFAULT_MAX_HOLD,
             wait_for_in_flight: None,
             namespace: DEFAULT_NAMESPACE.to_owned(),
+            key_form: KeyForm::Raw,
             keys: KeyFns::default(),
             classifier: Classifier::default(),
         }
@@ -218,6 +263,7 @@ impl fmt::Debug for IdempotencyLayerBuilder {
         f.debug_struct("IdempotencyLayerBuilder")
             .field("store", &self.store.is_some())
             .field("namespace", &self.namespace)
+            .field("key_form", &self.key_form)
             .field("lease", &self.lease)
             .field("ttl", &self.ttl)
             .field("reserve_timeout", &self.reserve_timeout)
@@ -344,6 +390,33 @@ impl IdempotencyLayerBuilder {
         self
     }
 
+    /// How keys are written into the store (default [`KeyForm::Raw`], `namespace:key`).
+    ///
+    /// [`KeyForm::Hashed`] stores `namespace:h1:<hex of SHA-256(namespace:key)>`, so no
+    /// address or id embedded in a key reaches the store; every store operation of the layer
+    /// (sends, batches, claims, waiting repeats, renewals, settlements) uses that form. Every
+    /// process sending under the namespace must use the same form: see [`KeyForm`] before
+    /// switching a namespace that is already in use.
+    ///
+    /// ```
+    /// use tower_idempotency::layer::KeyForm;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore, Message};
+    ///
+    /// let layer = IdempotencyLayer::builder()
+    ///     .store(MemoryStore::new())
+    ///     .namespace("alerts")
+    ///     .key_form(KeyForm::Hashed)
+    ///     .build()?;
+    /// let stored = layer.stored_key_for("order.created:ord_1:email:seller@example.com")?;
+    /// assert!(stored.starts_with("alerts:h1:"));
+    /// assert!(!stored.contains("seller"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn key_form(mut self, form: KeyForm) -> Self {
+        self.key_form = form;
+        self
+    }
+
     /// Derives the key of a [`Message`] instead of reading its own: shorthand for
     /// [`key_for::<Message>`](Self::key_for).
     pub fn key<F>(self, key: F) -> Self
@@ -432,6 +505,7 @@ impl IdempotencyLayerBuilder {
             max_hold: self.max_hold,
             wait_for_in_flight: self.wait_for_in_flight,
             namespace: Arc::from(self.namespace),
+            key_form: self.key_form,
             keys: self.keys,
             classifier: self.classifier,
             ..Config::new(store)
@@ -439,7 +513,9 @@ impl IdempotencyLayerBuilder {
     }
 }
 
-fn validate_namespace(ns: &str) -> Result<(), ConfigError> {
+/// Checks a namespace: 1 to 64 bytes, no `:` (it ends the namespace in a stored key) and no
+/// control characters.
+pub(crate) fn validate_namespace(ns: &str) -> Result<(), ConfigError> {
     let ok = !ns.is_empty() && ns.len() <= 64 && !ns.chars().any(|c| c == ':' || c.is_control());
     if ok {
         Ok(())

@@ -1,15 +1,133 @@
-//! Key derivation: which key a request is stored under, and the hash that stands for it in
-//! logs.
+//! Key derivation: which key a request is stored under ([`StoredKeys`], in the layer's
+//! [`KeyForm`]), and the hash that stands for it in logs.
 
+use std::fmt::{self, Write as _};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::config::Config;
+use super::config::{Config, ConfigError, KeyForm, validate_namespace};
 use super::request::IdempotentRequest;
 use super::stats::bump;
 use crate::message::{KeyError, validate_key};
 use crate::outcome::{SendError, codes};
+
+/// The marker of version 1 of the hashed form, after the namespace.
+const HASHED_V1: &str = "h1";
+
+/// The stored form of the keys of one namespace: what an operator tool computes to find the
+/// record of a key it was given (from a provider's dashboard, a customer's ticket, a log).
+///
+/// It needs no store and no layer: the namespace and the [`KeyForm`] the layer was built
+/// with are all it takes. [`IdempotencyLayer::stored_keys`](super::IdempotencyLayer::stored_keys)
+/// gives the one of a layer.
+///
+/// ```
+/// use tower_idempotency::layer::{KeyForm, StoredKeys};
+///
+/// let raw = StoredKeys::new("alerts", KeyForm::Raw)?;
+/// assert_eq!(raw.of("order.created:ord_1:email")?, "alerts:order.created:ord_1:email");
+///
+/// // The same digest `printf '%s' 'alerts:order.created:ord_1:email' | sha256sum` prints.
+/// let hashed = StoredKeys::new("alerts", KeyForm::Hashed)?;
+/// assert_eq!(
+///     hashed.of("order.created:ord_1:email")?,
+///     "alerts:h1:f1d874af6b5ff0dfe4b936c669e1b037c210e374c68b519d7236f61ae3815b54",
+/// );
+/// assert_eq!(hashed.prefix(), "alerts:h1:");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct StoredKeys {
+    namespace: Arc<str>,
+    form: KeyForm,
+}
+
+impl StoredKeys {
+    /// The stored keys of `namespace` in `form`.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidNamespace`] for a namespace no layer accepts (empty, longer than
+    /// 64 bytes, holding `:` or a control character).
+    pub fn new(namespace: &str, form: KeyForm) -> Result<Self, ConfigError> {
+        validate_namespace(namespace)?;
+        Ok(Self::checked(Arc::from(namespace), form))
+    }
+
+    /// From a namespace the layer's builder already checked.
+    pub(crate) fn checked(namespace: Arc<str>, form: KeyForm) -> Self {
+        Self { namespace, form }
+    }
+
+    /// The key `key` is stored under: `namespace:key`, or `namespace:h1:<64 hex digits>`.
+    ///
+    /// # Errors
+    /// [`KeyError`] for a key the layer refuses (empty, longer than
+    /// [`MAX_KEY_LEN`](crate::message::MAX_KEY_LEN) bytes, a control character): the layer
+    /// never stores such a key, in either form.
+    pub fn of(&self, key: &str) -> Result<String, KeyError> {
+        validate_key(key)?;
+        Ok(stored_form(&self.namespace, self.form, key))
+    }
+
+    /// What every stored key of this namespace and form begins with: `namespace:` for raw
+    /// keys, `namespace:h1:` for hashed ones. A raw key that itself begins with `h1:` also
+    /// matches the hashed prefix; tell them apart by length if a namespace ever held both.
+    pub fn prefix(&self) -> String {
+        match self.form {
+            KeyForm::Raw => format!("{}:", self.namespace),
+            KeyForm::Hashed => format!("{}:{HASHED_V1}:", self.namespace),
+        }
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The form.
+    pub fn form(&self) -> KeyForm {
+        self.form
+    }
+}
+
+impl fmt::Debug for StoredKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoredKeys")
+            .field("namespace", &self.namespace)
+            .field("form", &self.form)
+            .finish()
+    }
+}
+
+/// The stored form of a key already checked, under a namespace already checked.
+fn stored_form(namespace: &str, form: KeyForm, key: &str) -> String {
+    match form {
+        KeyForm::Raw => format!("{namespace}:{key}"),
+        KeyForm::Hashed => {
+            // The namespace holds no `:`, so the first `:` ends it: `namespace:key` names one
+            // (namespace, key) pair only.
+            let mut digest = Sha256::new();
+            digest.update(namespace.as_bytes());
+            digest.update(b":");
+            digest.update(key.as_bytes());
+            let mut stored = String::with_capacity(namespace.len() + 4 + 64);
+            stored.push_str(namespace);
+            stored.push(':');
+            stored.push_str(HASHED_V1);
+            stored.push(':');
+            push_hex(&mut stored, &digest.finalize());
+            stored
+        }
+    }
+}
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    for b in bytes {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{b:02x}");
+    }
+}
 
 /// What the layer makes of a request's key.
 pub(crate) enum KeyOf {
@@ -17,12 +135,12 @@ pub(crate) enum KeyOf {
     Unkeyed,
     /// A key the rules refuse: answered `idempotency.invalid_key`, not sent.
     Invalid(SendError),
-    /// The key as stored: `namespace:key`.
+    /// The key as stored, in the layer's [`KeyForm`].
     Keyed(Arc<str>),
 }
 
-/// The request's key in the store, `namespace:key`, without counting or logging: `None`
-/// for no key, an error for a key the rules refuse.
+/// The request's key in the store, in the layer's [`KeyForm`], without counting or logging:
+/// `None` for no key, an error for a key the rules refuse.
 ///
 /// The layer's key function for the request's type, when one was set, overrides the
 /// request's own key.
@@ -32,7 +150,11 @@ pub(crate) fn derive_key<R: IdempotentRequest>(
 ) -> Option<Result<Arc<str>, KeyError>> {
     let stored = |key: &str| -> Result<Arc<str>, KeyError> {
         validate_key(key)?;
-        Ok(Arc::from(format!("{}:{key}", config.namespace)))
+        Ok(Arc::from(stored_form(
+            &config.namespace,
+            config.key_form,
+            key,
+        )))
     };
     match config.keys.get::<R>() {
         Some(key_fn) => key_fn(request).map(|key| stored(&key)),
@@ -66,5 +188,7 @@ pub(crate) fn store_key<R: IdempotentRequest>(config: &Config, request: &R) -> K
 /// never logged.
 pub(crate) fn key_hash(key: &str) -> String {
     let digest = Sha256::digest(key.as_bytes());
-    digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+    let mut hash = String::with_capacity(12);
+    push_hex(&mut hash, &digest[..6]);
+    hash
 }

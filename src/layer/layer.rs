@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::config::{Config, ConfigError, IdempotencyLayerBuilder};
-use super::key::derive_key;
+use super::config::{Config, ConfigError, IdempotencyLayerBuilder, KeyForm};
+use super::key::{StoredKeys, derive_key};
 use super::request::IdempotentRequest;
 use super::service::Idempotency;
 use super::stats::Stats;
 use crate::classify::Classifier;
+use crate::message::KeyError;
 use crate::outcome::SendError;
 use crate::store::{Claim, MemoryStore, Store};
 
@@ -87,6 +88,48 @@ impl IdempotencyLayer {
         &self.config.namespace
     }
 
+    /// How the layer writes keys into the store ([`key_form`](IdempotencyLayerBuilder::key_form)).
+    pub fn key_form(&self) -> KeyForm {
+        self.config.key_form
+    }
+
+    /// The stored form of this layer's keys (its namespace and [`KeyForm`]), for tools that
+    /// find records by key without a request.
+    pub fn stored_keys(&self) -> StoredKeys {
+        StoredKeys::checked(self.config.namespace.clone(), self.config.key_form)
+    }
+
+    /// The key `key` is stored under by this layer: `namespace:key`, or
+    /// `namespace:h1:<hex digest>` with [`KeyForm::Hashed`]. An operator who has a key (from
+    /// a provider's dashboard, say) finds its record under this key in the store.
+    ///
+    /// `key` is the key as the layer sees it: the message's own, or what the layer's
+    /// [key function](IdempotencyLayerBuilder::key_for) derives.
+    ///
+    /// # Errors
+    /// [`KeyError`] for a key the layer refuses; the layer never stores one.
+    pub fn stored_key_for(&self, key: &str) -> Result<String, KeyError> {
+        self.stored_keys().of(key)
+    }
+
+    /// The key this layer stores `request` under, after the key function and in the layer's
+    /// [`KeyForm`]. `Ok(None)` for a request without a key, which the layer sends without
+    /// touching the store.
+    ///
+    /// # Errors
+    /// The layer's `idempotency.invalid_key` error for a key the rules refuse, as a send
+    /// would answer.
+    pub fn store_key<R: IdempotentRequest>(
+        &self,
+        request: &R,
+    ) -> Result<Option<String>, SendError> {
+        match derive_key(&self.config, request) {
+            None => Ok(None),
+            Some(Err(error)) => Err(SendError::invalid_key(error)),
+            Some(Ok(key)) => Ok(Some(key.as_ref().to_owned())),
+        }
+    }
+
     /// The classifier the layer judges inner errors with
     /// ([`classify`](IdempotencyLayerBuilder::classify)): give it to
     /// [`RetryPolicy::classifier`](crate::RetryPolicy::classifier) so the retry policy retries
@@ -127,8 +170,9 @@ impl fmt::Debug for IdempotencyLayer {
 // Claims: what a store writes in the caller's own transaction (claim-then-send), so the
 // message's key is held from the moment the business rows commit.
 impl IdempotencyLayer {
-    /// The claim this layer would hold for `request`: its key as stored (`namespace:key`,
-    /// after the key function), its fingerprint and the layer's ttl. `Ok(None)` for a
+    /// The claim this layer would hold for `request`: its key as stored (after the key
+    /// function, in the layer's [`KeyForm`]: see [`store_key`](Self::store_key)), its
+    /// fingerprint and the layer's ttl. `Ok(None)` for a
     /// request without a key.
     ///
     /// Write it in your own transaction with a store that can, such as

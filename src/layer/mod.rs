@@ -8,9 +8,9 @@
 //! |---|---|---|
 //! | `stats.rs` | [`Stats`] and the counters behind it | nothing |
 //! | `future.rs` | [`ResponseFuture`] | nothing |
-//! | `config.rs` | [`IdempotencyLayerBuilder`], [`ConfigError`], the defaults, the shared `Config` | stats |
+//! | `config.rs` | [`IdempotencyLayerBuilder`], [`ConfigError`], [`KeyForm`], the defaults, the shared `Config` | stats |
 //! | `request.rs` | [`IdempotentRequest`], for `Message` and `RawMessage` | nothing |
-//! | `key.rs` | key derivation: the store key `namespace:key`, `key_hash` for logs | config, request, stats |
+//! | `key.rs` | key derivation: the store key in the layer's [`KeyForm`] ([`StoredKeys`]), `key_hash` for logs | config, request, stats |
 //! | `reserve.rs` | reservations bounded by the reserve timeout, freed in the background when abandoned; `spawn_detached` | config |
 //! | `renew.rs` | holding the reserved keys while a send runs: the lease's end by the local clock, renewal every third of the lease, the maximum hold; the backoff and bounded store call settlements share | config, key, stats |
 //! | `wait.rs` | a repeat waiting for the in-flight send of the same message (opt-in), polling with reserves | config, renew, reserve, stats |
@@ -41,9 +41,10 @@ mod wait;
 pub use crate::classify::default_classifier;
 pub use config::{
     ConfigError, DEFAULT_LEASE, DEFAULT_MAX_HOLD, DEFAULT_NAMESPACE, DEFAULT_RESERVE_TIMEOUT,
-    DEFAULT_SETTLE_TIMEOUT, DEFAULT_TTL, IdempotencyLayerBuilder,
+    DEFAULT_SETTLE_TIMEOUT, DEFAULT_TTL, IdempotencyLayerBuilder, KeyForm,
 };
 pub use future::ResponseFuture;
+pub use key::StoredKeys;
 pub use layer::IdempotencyLayer;
 pub use request::IdempotentRequest;
 pub use service::Idempotency;
