@@ -672,7 +672,10 @@ mod postgres {
         let tx = client.transaction().await.unwrap();
         assert!(store.claim_in(&tx, &claim).await.unwrap());
         tx.commit().await.unwrap();
-        assert_eq!(store.claims(10).await.unwrap(), std::slice::from_ref(&claim.key));
+        assert_eq!(
+            store.claims(10).await.unwrap(),
+            std::slice::from_ref(&claim.key)
+        );
 
         let provider = Provider::ok();
         let svc = layer.clone().layer(provider.clone());

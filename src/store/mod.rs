@@ -379,7 +379,8 @@ pub trait Store: Send + Sync + 'static {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Claim {
-    /// The key as the layer stores it (`namespace:key`).
+    /// The key as the layer stores it (`namespace:key`, or `namespace:h1:<digest>` with
+    /// hashed keys).
     pub key: String,
     /// The fingerprint of the message claimed.
     pub fingerprint: Fingerprint,

@@ -65,7 +65,8 @@ impl PostgresStore {
         Ok(!rows.is_empty())
     }
 
-    /// Up to `limit` keys (as stored, `namespace:key`) claimed and not yet taken by a send,
+    /// Up to `limit` keys (as stored: `namespace:key`, or `namespace:h1:<digest>` with hashed
+    /// keys) claimed and not yet taken by a send,
     /// oldest first: after a crash, the messages the next run must send.
     pub async fn claims(&self, limit: u32) -> Result<Vec<String>, StoreError> {
         let rows = self
