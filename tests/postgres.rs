@@ -110,7 +110,7 @@ mod postgres_conformance {
         let url = database_url()?;
         let store = shared_store(&url).await;
         store.purge_expired().await.expect("purge");
-        Some(Conformance::new(store))
+        Some(Conformance::with_admin(store))
     }
 
     tower_idempotency::store_conformance_tests!(

@@ -52,7 +52,7 @@ mod single_node_conformance {
             .await
             .expect("connect to REDIS_URL")
             .key_prefix(unique_prefix("conformance"));
-        Some(Conformance::new(store))
+        Some(Conformance::with_admin(store))
     }
 
     tower_idempotency::store_conformance_tests!(
@@ -71,7 +71,7 @@ mod cluster_conformance {
             .await
             .expect("connect to REDIS_CLUSTER_URLS")
             .key_prefix(unique_prefix("cluster-conformance"));
-        Some(Conformance::new(store))
+        Some(Conformance::with_admin(store))
     }
 
     tower_idempotency::store_conformance_tests!(

@@ -37,6 +37,7 @@ use uuid::Uuid;
 use crate::fingerprint::Fingerprint;
 use crate::outcome::{BoxError, Outcome};
 
+pub mod admin;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;

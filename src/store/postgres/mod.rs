@@ -114,6 +114,7 @@ use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, r
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
+mod admin;
 mod claim;
 mod purge;
 mod row;

@@ -113,9 +113,14 @@ use super::{Completion, Reservation, Store, StoreError, Token, record};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
+mod admin;
 mod pipeline;
 mod scripts;
 
+pub use admin::{
+    INDEX_ADD_SCRIPT, INDEX_DROP_SCRIPT, INDEX_PAGE_SCRIPT, INSPECT_SCRIPT, SETTLE_SCRIPT,
+    UNKNOWN_INDEX_SUFFIX,
+};
 pub use scripts::{COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT};
 
 use scripts::{millis, reservation, script_answer};
@@ -161,6 +166,7 @@ pub struct RedisStore {
     complete: Arc<Script>,
     release: Arc<Script>,
     extend: Arc<Script>,
+    admin: Arc<admin::Scripts>,
 }
 
 /// The connection kinds a store runs on.
@@ -269,6 +275,7 @@ impl RedisStore {
             complete: Arc::new(Script::new(COMPLETE_SCRIPT)),
             release: Arc::new(Script::new(RELEASE_SCRIPT)),
             extend: Arc::new(Script::new(EXTEND_SCRIPT)),
+            admin: Arc::new(admin::Scripts::new()),
         }
     }
 
@@ -341,7 +348,13 @@ impl RedisStore {
             .invoke_async(&mut connection)
             .await
             .map_err(server_error)?;
-        script_answer(answer, "complete")
+        let written = script_answer(answer, "complete")?;
+        if written && admin::is_indexed(outcome) {
+            // After the record, so a listing never drops the entry of a record it read
+            // before this complete wrote it.
+            self.index_unknown(&[key], ttl).await?;
+        }
+        Ok(written)
     }
 
     async fn release_once(&self, key: &str, token: Token) -> Result<bool, StoreError> {

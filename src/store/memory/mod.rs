@@ -14,6 +14,8 @@ use super::{Record, RecordState, Reservation, Store, StoreError, Token};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
+mod admin;
+
 /// The default bound on the records a [`MemoryStore`] keeps.
 pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
@@ -69,6 +71,8 @@ struct Inner {
     hasher: RandomState,
     max_entries: usize,
     len: AtomicUsize,
+    /// When the store was made: listing cursors count from it.
+    epoch: Instant,
 }
 
 /// One lock's worth of records with two indexes: by expiry (to drop expired records first) and,
@@ -196,6 +200,7 @@ impl MemoryStore {
                 hasher: RandomState::new(),
                 max_entries,
                 len: AtomicUsize::new(0),
+                epoch: Instant::now(),
             }),
         }
     }
