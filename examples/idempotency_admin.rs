@@ -247,7 +247,7 @@ fn describe(record: &Inspected) -> String {
     let _ = writeln!(text, "state:       {}", record.state);
     let _ = writeln!(text, "fingerprint: {}", record.fingerprint);
     let _ = writeln!(text, "outcome:     {}", describe_outcome(record));
-    let _ = writeln!(text, "expires:     {}", describe_expiry(record.expires));
+    let _ = writeln!(text, "expiry:      {}", describe_expiry(record.expires));
     text
 }
 

@@ -115,10 +115,11 @@ impl Inner {
                     continue;
                 }
                 let at = self.position(entry.expires_at);
-                if let Some((after_at, after_key)) = &after {
-                    if (at, key.as_ref()) <= (*after_at, after_key.as_str()) {
-                        continue;
-                    }
+                let listed_before = after.as_ref().is_some_and(|(after_at, after_key)| {
+                    (at, key.as_ref()) <= (*after_at, after_key.as_str())
+                });
+                if listed_before {
+                    continue;
                 }
                 found.push((at, record));
             }
