@@ -9,7 +9,7 @@ use crate::outcome::{Category, Outcome, Receipt, SendError};
 use crate::store::admin::{
     AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Resolution, StoreAdmin,
 };
-use crate::store::{RecordState, Reservation, Token};
+use crate::store::{RecordState, Reservation, StoreErrorKind, Token};
 
 /// More pages than any listing in these cases needs: a store whose cursor never ends fails.
 const MAX_PAGES: usize = 10_000;
@@ -337,6 +337,13 @@ impl Conformance {
             .map(|e| e.key)
             .collect();
         assert_eq!(keys, expected[1..]);
+
+        // A cursor the store did not make is refused, not misread.
+        let error = admin
+            .list(Some(&Cursor::new("not a cursor")), 10)
+            .await
+            .expect_err("a made-up cursor was accepted");
+        assert_eq!(error.kind(), StoreErrorKind::InvalidInput);
     }
 
     /// A pending key whose lease passed is listed (as pending, lease passed) by a store that

@@ -412,7 +412,16 @@ impl RedisStore {
     async fn try_list(&self, after: Option<&Cursor>, limit: usize) -> Result<Page, StoreError> {
         let (score, after_key) = match after {
             None => ("", ""),
-            Some(cursor) => split_cursor(cursor)?,
+            Some(cursor) => {
+                let (score, key) = split_cursor(cursor)?;
+                if score.parse::<u64>().is_err() {
+                    return Err(StoreError::new(
+                        StoreErrorKind::InvalidInput,
+                        format!("{cursor:?} is not a cursor of this store"),
+                    ));
+                }
+                (score, key)
+            }
         };
         if limit == 0 {
             return Ok(Page::new(Vec::new(), after.cloned()));
