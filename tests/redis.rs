@@ -706,6 +706,39 @@ mod cluster {
         }
     }
 
+    /// On a cluster, records spread over every node while the index lives on one: a batch
+    /// of unknown completions is indexed, the listing reads each record on its own node, and
+    /// a key settled by hand leaves it.
+    #[tokio::test]
+    async fn cluster_lists_unknown_keys_from_every_node() {
+        let Some(urls) = urls() else {
+            return;
+        };
+        let store = RedisStore::connect_cluster(urls.iter().map(String::as_str))
+            .await
+            .unwrap()
+            .key_prefix(unique_prefix("cluster-list"));
+        // 64 keys land on every node of a 3-node cluster with overwhelming likelihood.
+        let keys: Vec<String> = (0..64).map(|i| format!("ns:k{i:02}")).collect();
+        keep_unknown(&store, &keys).await;
+        let (listed, pages) = list_all(&store, 10).await;
+        assert!(pages >= 7, "{pages} pages of 10 for 64 keys");
+        let mut sorted = listed.clone();
+        sorted.sort();
+        assert_eq!(sorted, keys);
+        let resolution = Resolution::delivered(Receipt::new("m", "test"), TTL);
+        assert_eq!(
+            store
+                .resolve(&keys[0], &resolution, Force::No)
+                .await
+                .unwrap(),
+            AdminOutcome::Done
+        );
+        let (listed, _) = list_all(&store, 100).await;
+        assert_eq!(listed.len(), 63);
+        assert!(!listed.contains(&keys[0]));
+    }
+
     #[tokio::test]
     async fn cluster_garbage_is_corrupt() {
         let Some(urls) = urls() else {
