@@ -18,13 +18,14 @@ use support::stores::postgres_admin::admin;
 use support::stores::{backend_url, broken_records, fp, unique};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
+use tower_idempotency::store::admin::{AdminOutcome, Force, KeyState, Resolution, StoreAdmin};
 use tower_idempotency::store::conformance::Conformance;
 use tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::{self, NoTls};
 use tower_idempotency::store::postgres::deadpool_postgres::{
     Manager, ManagerConfig, Pool, RecyclingMethod,
 };
 use tower_idempotency::store::{
-    Completion, PostgresStore, RecordState, Reservation, Store, StoreErrorKind, Token,
+    Claim, Completion, PostgresStore, RecordState, Reservation, Store, StoreErrorKind, Token,
 };
 use uuid::Uuid;
 
@@ -110,7 +111,7 @@ mod postgres_conformance {
         let url = database_url()?;
         let store = shared_store(&url).await;
         store.purge_expired().await.expect("purge");
-        Some(Conformance::new(store))
+        Some(Conformance::with_admin(store))
     }
 
     tower_idempotency::store_conformance_tests!(
@@ -1121,4 +1122,65 @@ async fn overlapping_releases_and_reserves_never_deadlock() {
         );
     }
     forget(&url, &prefix).await;
+}
+
+/// A claim waiting for its send is a live holder to the admin operations: shown as claimed,
+/// left alone by forget and resolve unless forced. Once its ttl passed it is not listed (its
+/// message never went), while a pending row whose lease passed is; and `migrate` made the
+/// partial index the listing reads.
+#[tokio::test]
+async fn admin_sees_claims_as_live_holders_and_lists_only_lost_sends() {
+    let Some(url) = database_url() else {
+        return;
+    };
+    let table = TempTable::new(&url).await;
+    let store = &table.store;
+    let mut client = admin(&url).await;
+    let tx = client.transaction().await.unwrap();
+    let claim = Claim::new("ns:claimed", fp(1), Duration::from_millis(300));
+    assert!(store.claim_in(&tx, &claim).await.unwrap());
+    tx.commit().await.unwrap();
+
+    let record = store.inspect("ns:claimed").await.unwrap().expect("claimed");
+    assert_eq!(record.state, KeyState::Claimed);
+    assert!(record.is_held_live());
+    assert_eq!(
+        store.forget("ns:claimed", Force::No).await.unwrap(),
+        AdminOutcome::HeldByLiveSend
+    );
+    let delivered = Resolution::delivered(Receipt::new("m", "test"), LEASE);
+    assert_eq!(
+        store
+            .resolve("ns:claimed", &delivered, Force::No)
+            .await
+            .unwrap(),
+        AdminOutcome::HeldByLiveSend
+    );
+
+    let Reservation::Reserved { .. } = store
+        .reserve("ns:lost", fp(1), Duration::from_millis(300))
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key")
+    };
+    // Waits for the server's clock to pass both leases.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let page = store.list(None, 10).await.unwrap();
+    let keys: Vec<&str> = page.entries.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["ns:lost"]);
+    assert!(page.entries[0].is_stale());
+    assert!(page.next.is_none());
+
+    let indexes: i64 = table
+        .admin
+        .query_one(
+            "SELECT count(*) FROM pg_indexes WHERE tablename = $1 AND indexdef LIKE '%WHERE%unknown%'",
+            &[&store.table_name()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(indexes, 1, "the partial index on unknown outcomes");
+    table.drop().await;
 }

@@ -12,7 +12,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnecti
 use support::stores::redis_admin::admin;
 use support::stores::{backend_url, broken_records, fp, unique_prefix};
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::outcome::{Outcome, Receipt};
+use tower_idempotency::outcome::{Outcome, Receipt, SendError};
+use tower_idempotency::store::admin::{AdminOutcome, Cursor, Force, Resolution, StoreAdmin};
 use tower_idempotency::store::conformance::Conformance;
 use tower_idempotency::store::{
     Completion, RecordState, RedisStore, Reservation, Store, StoreError, StoreErrorKind, Token,
@@ -52,7 +53,7 @@ mod single_node_conformance {
             .await
             .expect("connect to REDIS_URL")
             .key_prefix(unique_prefix("conformance"));
-        Some(Conformance::new(store))
+        Some(Conformance::with_admin(store))
     }
 
     tower_idempotency::store_conformance_tests!(
@@ -71,7 +72,7 @@ mod cluster_conformance {
             .await
             .expect("connect to REDIS_CLUSTER_URLS")
             .key_prefix(unique_prefix("cluster-conformance"));
-        Some(Conformance::new(store))
+        Some(Conformance::with_admin(store))
     }
 
     tower_idempotency::store_conformance_tests!(
@@ -705,6 +706,39 @@ mod cluster {
         }
     }
 
+    /// On a cluster, records spread over every node while the index lives on one: a batch
+    /// of unknown completions is indexed, the listing reads each record on its own node, and
+    /// a key settled by hand leaves it.
+    #[tokio::test]
+    async fn cluster_lists_unknown_keys_from_every_node() {
+        let Some(urls) = urls() else {
+            return;
+        };
+        let store = RedisStore::connect_cluster(urls.iter().map(String::as_str))
+            .await
+            .unwrap()
+            .key_prefix(unique_prefix("cluster-list"));
+        // 64 keys land on every node of a 3-node cluster with overwhelming likelihood.
+        let keys: Vec<String> = (0..64).map(|i| format!("ns:k{i:02}")).collect();
+        keep_unknown(&store, &keys).await;
+        let (listed, pages) = list_all(&store, 10).await;
+        assert!(pages >= 7, "{pages} pages of 10 for 64 keys");
+        let mut sorted = listed.clone();
+        sorted.sort();
+        assert_eq!(sorted, keys);
+        let resolution = Resolution::delivered(Receipt::new("m", "test"), TTL);
+        assert_eq!(
+            store
+                .resolve(&keys[0], &resolution, Force::No)
+                .await
+                .unwrap(),
+            AdminOutcome::Done
+        );
+        let (listed, _) = list_all(&store, 100).await;
+        assert_eq!(listed.len(), 63);
+        assert!(!listed.contains(&keys[0]));
+    }
+
     #[tokio::test]
     async fn cluster_garbage_is_corrupt() {
         let Some(urls) = urls() else {
@@ -1271,4 +1305,173 @@ async fn a_batch_on_a_server_that_never_answers_times_out_as_a_whole() {
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err}");
     server.abort();
+}
+
+/// Keeps `keys` as unknown delivery through `reserve_many` and `complete_many`, as the
+/// layer's batches keep them.
+async fn keep_unknown(store: &RedisStore, keys: &[String]) {
+    let requests: Vec<(&str, Fingerprint)> = keys.iter().map(|k| (k.as_str(), fp(1))).collect();
+    let tokens: Vec<Token> = store
+        .reserve_many(&requests, LEASE)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| match r {
+            Ok(Reservation::Reserved { token }) => token,
+            other => panic!("fresh key: {other:?}"),
+        })
+        .collect();
+    let outcome = Outcome::failed(SendError::unknown_delivery("provider.timeout", "timed out"));
+    let completions: Vec<Completion<'_>> = keys
+        .iter()
+        .zip(&tokens)
+        .map(|(key, token)| Completion {
+            key,
+            token: *token,
+            fingerprint: fp(1),
+            outcome: &outcome,
+        })
+        .collect();
+    let written = store.complete_many(&completions, TTL).await.unwrap();
+    assert!(written.iter().all(|w| *w));
+}
+
+/// Pages through the whole listing, `page` keys at a time; answers the keys and the pages.
+async fn list_all(store: &RedisStore, page: usize) -> (Vec<String>, usize) {
+    let mut keys = Vec::new();
+    let mut cursor: Option<Cursor> = None;
+    for pages in 1..=100_000 {
+        let answer = store.list(cursor.as_ref(), page).await.unwrap();
+        keys.extend(answer.entries.into_iter().map(|e| e.key));
+        match answer.next {
+            Some(next) => cursor = Some(next),
+            None => return (keys, pages),
+        }
+    }
+    panic!("the listing did not end");
+}
+
+/// The listing pages through 10,000 keys of unknown delivery from the index: no `KEYS`, no
+/// `SCAN` of any kind, one `ZRANGE` per page, each key once. Counted by a private server's
+/// `INFO commandstats`, which no other test touches.
+#[tokio::test]
+async fn listing_10_000_unknown_keys_reads_the_index_never_the_keyspace() {
+    if backend_url("REDIS_URL").is_none() {
+        return;
+    }
+    let server = PrivateServer::start().await;
+    let store = RedisStore::connect(&server.url)
+        .await
+        .unwrap()
+        .key_prefix(unique_prefix("list-10k"))
+        .timeout(Duration::from_secs(30));
+    let mut admin = admin(&server.url).await;
+    let keys: Vec<String> = (0..10_000).map(|i| format!("ns:k{i:05}")).collect();
+    for chunk in keys.chunks(2_500) {
+        keep_unknown(&store, chunk).await;
+    }
+    // Noise the listing must not walk: 1,000 keys pending.
+    let pending: Vec<String> = (0..1_000).map(|i| format!("ns:pending{i}")).collect();
+    let requests: Vec<(&str, Fingerprint)> = pending.iter().map(|k| (k.as_str(), fp(1))).collect();
+    for r in store.reserve_many(&requests, LEASE).await.unwrap() {
+        assert!(matches!(r, Ok(Reservation::Reserved { .. })), "{r:?}");
+    }
+
+    reset_stats(&mut admin).await;
+    let (listed, pages) = list_all(&store, 500).await;
+    let calls = command_calls(&mut admin).await;
+    for scan in ["keys", "scan", "zscan", "sscan", "hscan"] {
+        assert_eq!(calls.get(scan), None, "{scan} was called: {calls:?}");
+    }
+    assert_eq!(
+        calls.get("zrange").copied(),
+        Some(pages as u64),
+        "{calls:?}"
+    );
+    assert_eq!(listed.len(), 10_000);
+    let distinct: std::collections::HashSet<&String> = listed.iter().collect();
+    assert_eq!(distinct.len(), 10_000, "a key was listed twice");
+    let mut expected = keys.clone();
+    expected.sort();
+    let mut sorted = listed.clone();
+    sorted.sort();
+    assert_eq!(sorted, expected);
+}
+
+/// The index heals itself: an entry whose record went around the store (deleted by hand, or
+/// expired) is skipped by the listing and dropped from the index; a key settled by hand
+/// leaves it at once; a key kept as delivered never enters it.
+#[tokio::test]
+async fn the_unknown_index_drops_entries_whose_record_is_gone() {
+    let Some(url) = backend_url("REDIS_URL") else {
+        return;
+    };
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .key_prefix(unique_prefix("index-heal"));
+    let mut admin = admin(&url).await;
+    let keys: Vec<String> = (0..4).map(|i| format!("ns:k{i}")).collect();
+    keep_unknown(&store, &keys).await;
+    let index = store.unknown_index_key();
+    let card = |mut admin: MultiplexedConnection, index: String| async move {
+        let n: u64 = redis::cmd("ZCARD")
+            .arg(&index)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        n
+    };
+    assert_eq!(card(admin.clone(), index.clone()).await, 4);
+
+    let () = redis::cmd("DEL")
+        .arg(format!("{}{}", store_prefix(&store), keys[0]))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .resolve(&keys[1], &Resolution::not_sent(), Force::No)
+            .await
+            .unwrap(),
+        AdminOutcome::Done
+    );
+    assert_eq!(
+        card(admin.clone(), index.clone()).await,
+        3,
+        "resolve unindexes"
+    );
+    let (listed, _) = list_all(&store, 10).await;
+    assert_eq!(listed, keys[2..]);
+    assert_eq!(
+        card(admin.clone(), index.clone()).await,
+        2,
+        "the listing drops what it skipped"
+    );
+
+    let sent = "ns:sent".to_owned();
+    let Reservation::Reserved { token } = store.reserve(&sent, fp(1), LEASE).await.unwrap() else {
+        panic!("fresh key")
+    };
+    let outcome = Outcome::sent(Receipt::new("m", "test"));
+    assert!(
+        store
+            .complete(&sent, token, fp(1), &outcome, TTL)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        card(admin, index).await,
+        2,
+        "a delivered key is not indexed"
+    );
+}
+
+/// The prefix a store was given, read back from its index's name.
+fn store_prefix(store: &RedisStore) -> String {
+    let index = store.unknown_index_key();
+    index
+        .strip_suffix(tower_idempotency::store::redis::UNKNOWN_INDEX_SUFFIX)
+        .unwrap()
+        .to_owned()
 }

@@ -14,7 +14,7 @@ mod memory_conformance {
     use super::*;
 
     async fn suite() -> Option<Conformance> {
-        Some(Conformance::new(MemoryStore::new()).paused_clock())
+        Some(Conformance::with_admin(MemoryStore::new()).paused_clock())
     }
 
     tower_idempotency::store_conformance_tests!(

@@ -22,6 +22,10 @@
 //! | `RedisStore` | `redis` (`redis-cluster` for Redis Cluster) | several processes; `SET NX GET PX` reserves, Lua scripts fence complete and release |
 //! | `PostgresStore` | `postgres` | several processes; one statement per operation, expiry by the server's `now()` |
 //!
+//! Operators settle keys by hand (read a record, forget a key, resolve it as delivered or as
+//! not sent, list the keys of unknown delivery) through [`admin::StoreAdmin`], a trait of its
+//! own that every store of this crate implements.
+//!
 //! Every store passes the conformance suite in `store::conformance` (feature `test-util`),
 //! which third-party stores can run as well. Networked stores write records and outcomes in
 //! the versioned stored form of [`record`], open to third-party stores too.
@@ -37,6 +41,7 @@ use uuid::Uuid;
 use crate::fingerprint::Fingerprint;
 use crate::outcome::{BoxError, Outcome};
 
+pub mod admin;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;

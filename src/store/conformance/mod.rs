@@ -19,6 +19,11 @@
 //! [`paused_clock`](Conformance::paused_clock) and time is advanced instantly; a store on a
 //! server runs with the default real clock, short leases, and waits for them to pass.
 //!
+//! The cases on [`StoreAdmin`] (reading, forgetting, resolving and listing keys) run when the
+//! suite is built with [`with_admin`](Conformance::with_admin); built with
+//! [`new`](Conformance::new), for a store that does not implement it, they say so on stderr
+//! and check nothing.
+//!
 //! The cases on [`Store::extend`] fail for a store that keeps the trait's default (an
 //! [`Unsupported`](super::StoreErrorKind::Unsupported) error): without it the layer cannot
 //! renew the lease of a send that outlives it.
@@ -26,10 +31,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::admin::StoreAdmin;
 use super::{RecordState, Reservation, Store, Token};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::{Outcome, Receipt, SendError};
 
+mod admin;
 mod batch;
 mod expiry;
 mod extend;
@@ -43,6 +50,7 @@ enum Clock {
 /// A store under test, with the key prefix and clock its cases use.
 pub struct Conformance {
     store: Arc<dyn Store>,
+    admin: Option<Arc<dyn StoreAdmin>>,
     prefix: String,
     clock: Clock,
     lease: Duration,
@@ -54,6 +62,7 @@ impl std::fmt::Debug for Conformance {
             .field("prefix", &self.prefix)
             .field("clock", &self.clock)
             .field("lease", &self.lease)
+            .field("admin", &self.admin.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -71,10 +80,19 @@ impl Conformance {
     pub fn from_arc(store: Arc<dyn Store>) -> Self {
         Self {
             store,
+            admin: None,
             prefix: format!("conformance:{}:", Token::new()),
             clock: Clock::Real,
             lease: Duration::from_millis(300),
         }
+    }
+
+    /// The suite over a store that also implements [`StoreAdmin`]: the admin cases run too.
+    pub fn with_admin(store: impl StoreAdmin) -> Self {
+        let store: Arc<dyn StoreAdmin> = Arc::new(store);
+        let mut suite = Self::from_arc(Arc::clone(&store) as Arc<dyn Store>);
+        suite.admin = Some(store);
+        suite
     }
 
     /// Advances tokio's paused clock instead of waiting; for stores whose clock is tokio's,
@@ -182,6 +200,19 @@ impl Conformance {
         self.extend_of_a_done_key_changes_nothing().await;
         self.extend_of_a_released_key_changes_nothing().await;
         self.extend_after_the_lease_passed_revives_nothing().await;
+        self.admin_inspect_reads_state_fingerprint_outcome_and_time_left()
+            .await;
+        self.admin_forget_and_resolve_leave_a_live_send_alone_unless_forced()
+            .await;
+        self.admin_resolve_as_delivered_answers_repeats_with_the_receipt()
+            .await;
+        self.admin_resolve_as_not_sent_frees_the_key().await;
+        self.admin_forget_deletes_any_record_and_nothing_answers_nothing_there()
+            .await;
+        self.admin_list_pages_through_unknown_keys_oldest_first()
+            .await;
+        self.admin_list_shows_a_pending_key_past_its_lease_only_where_kept()
+            .await;
     }
 
     /// Reserve on an empty key answers reserved.
@@ -353,7 +384,14 @@ macro_rules! store_conformance_tests {
             extend_by_another_token_changes_nothing,
             extend_of_a_done_key_changes_nothing,
             extend_of_a_released_key_changes_nothing,
-            extend_after_the_lease_passed_revives_nothing
+            extend_after_the_lease_passed_revives_nothing,
+            admin_inspect_reads_state_fingerprint_outcome_and_time_left,
+            admin_forget_and_resolve_leave_a_live_send_alone_unless_forced,
+            admin_resolve_as_delivered_answers_repeats_with_the_receipt,
+            admin_resolve_as_not_sent_frees_the_key,
+            admin_forget_deletes_any_record_and_nothing_answers_nothing_there,
+            admin_list_pages_through_unknown_keys_oldest_first,
+            admin_list_shows_a_pending_key_past_its_lease_only_where_kept
         );
     };
 }

@@ -17,7 +17,16 @@
 //! );
 //! CREATE INDEX IF NOT EXISTS "idempotency_keys_expires_at_idx"
 //!     ON "idempotency_keys" (expires_at);
+//! CREATE INDEX IF NOT EXISTS "idempotency_keys_unknown_idx"
+//!     ON "idempotency_keys" (expires_at, key)
+//!     WHERE state = 'done' AND (outcome -> 'failed' ->> 'category') = 'unknown';
 //! ```
+//!
+//! The second index (a partial one: rows of unknown delivery only, so it stays small) serves
+//! the listing of [`StoreAdmin`](super::admin::StoreAdmin). A table made by an earlier
+//! release gets it from the next `migrate`; on a large table, build it first with
+//! `CREATE INDEX CONCURRENTLY` (same name and definition), since a plain `CREATE INDEX`
+//! blocks writes while it builds. Without it the listing still works, by scanning the table.
 //!
 //! The table holds the key, state, token, fingerprint and outcome only: no message content.
 //! A `claimed` row is a key claimed in the caller's own transaction
@@ -83,6 +92,17 @@
 //! were using them with an [`Unavailable`](super::StoreErrorKind::Unavailable) error; the pool
 //! drops them and later operations open new ones, with nothing to do on your side.
 //!
+//! # Settling a key by hand
+//!
+//! [`StoreAdmin`](super::admin::StoreAdmin): `inspect` reads the row (with the time left by
+//! `now()`); `forget` and `resolve` are one statement each that locks the row (`FOR
+//! UPDATE`), decides on the locked version whether a live send holds it (pending or claimed,
+//! within its lease) and deletes or updates it; a resolved row keeps its fingerprint and
+//! gets a new token. `list` merges two ordered, limited scans: done rows of unknown delivery
+//! (the partial index) and pending rows whose lease passed (the index on `expires_at`; they
+//! linger until purged), by `(expires_at, key)` after the cursor. An expired claim is not
+//! listed: its message was never sent.
+//!
 //! # Expired rows
 //!
 //! An expired row is dead to the protocol at once (every statement compares `expires_at` with
@@ -114,6 +134,7 @@ use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, r
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
+mod admin;
 mod claim;
 mod purge;
 mod row;

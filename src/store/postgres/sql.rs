@@ -25,6 +25,10 @@ pub(super) struct Sql {
     pub(super) purge: String,
     pub(super) claim: String,
     pub(super) claims: String,
+    pub(super) inspect: String,
+    pub(super) forget: String,
+    pub(super) resolve: String,
+    pub(super) list: String,
 }
 
 impl Table {
@@ -44,6 +48,7 @@ impl Table {
         // An index lives in its table's schema, so its name is never qualified. PostgreSQL
         // truncates names over 63 bytes, the same way every time.
         let index = format!("\"{table}_expires_at_idx\"");
+        let unknown_index = format!("\"{table}_unknown_idx\"");
         // A reserve takes the row when it expired, or when it is a claim of the same message
         // (claim-then-send: the claim was written in the caller's transaction).
         let takes = "(r.expires_at <= now() \
@@ -59,7 +64,9 @@ impl Table {
                      outcome jsonb,
                      expires_at timestamptz NOT NULL
                  );
-                 CREATE INDEX IF NOT EXISTS {index} ON {quoted} (expires_at);"
+                 CREATE INDEX IF NOT EXISTS {index} ON {quoted} (expires_at);
+                 CREATE INDEX IF NOT EXISTS {unknown_index} ON {quoted} (expires_at, key)
+                     WHERE {UNKNOWN};"
             ),
             // Every SET expression sees the row as it was before this statement, so the live
             // row is written back unchanged and an expired one becomes the new reservation.
@@ -171,6 +178,47 @@ impl Table {
                 "SELECT key FROM {quoted} WHERE state = 'claimed' AND expires_at > now()
                  ORDER BY expires_at, key LIMIT $1"
             ),
+            inspect: format!("SELECT {ADMIN_COLUMNS} FROM {quoted} WHERE key = $1"),
+            // The row is locked first, so whether a live send holds it is decided on the
+            // version the change then applies to (READ COMMITTED re-reads a row changed
+            // meanwhile). No row back: nothing there; `live` and `changed` otherwise.
+            forget: format!(
+                "WITH cur AS (
+                     SELECT key, {LIVE} AS live FROM {quoted} WHERE key = $1 FOR UPDATE
+                 ), gone AS (
+                     DELETE FROM {quoted} AS r USING cur
+                     WHERE r.key = cur.key AND ($2::boolean OR NOT cur.live)
+                     RETURNING r.key
+                 )
+                 SELECT cur.live, EXISTS (SELECT 1 FROM gone) FROM cur"
+            ),
+            resolve: format!(
+                "WITH cur AS (
+                     SELECT key, {LIVE} AS live FROM {quoted} WHERE key = $1 FOR UPDATE
+                 ), done AS (
+                     UPDATE {quoted} AS r SET state = 'done', token = $3,
+                         outcome = $4::text::jsonb,
+                         expires_at = now() + $5::bigint * interval '1 millisecond'
+                     FROM cur
+                     WHERE r.key = cur.key AND ($2::boolean OR NOT cur.live)
+                     RETURNING r.key
+                 )
+                 SELECT cur.live, EXISTS (SELECT 1 FROM done) FROM cur"
+            ),
+            // Two ordered, limited scans (the partial index on unknown outcomes, the index on
+            // expires_at for pending rows whose lease passed) merged: never the whole table.
+            list: format!(
+                "SELECT {ADMIN_COLUMNS} FROM (
+                     (SELECT * FROM {quoted}
+                      WHERE {UNKNOWN} AND expires_at > now() AND {AFTER}
+                      ORDER BY expires_at, key LIMIT $3)
+                     UNION ALL
+                     (SELECT * FROM {quoted}
+                      WHERE state = 'pending' AND expires_at <= now() AND {AFTER}
+                      ORDER BY expires_at, key LIMIT $3)
+                 ) AS r
+                 ORDER BY expires_at, key LIMIT $3"
+            ),
         };
         Self {
             name: name.to_owned(),
@@ -178,6 +226,25 @@ impl Table {
         }
     }
 }
+
+/// A done row whose kept outcome is of unknown delivery; the partial index's predicate, which
+/// the listing repeats word for word so the planner uses the index.
+const UNKNOWN: &str = "state = 'done' AND (outcome -> 'failed' ->> 'category') = 'unknown'";
+
+/// A row held by a live send: pending or claimed, within its lease.
+const LIVE: &str = "(state IN ('pending', 'claimed') AND expires_at > now())";
+
+/// After the cursor: `$1` its position (microseconds since the UNIX epoch), `$2` its key.
+const AFTER: &str =
+    "(expires_at, key) > (timestamptz 'epoch' + $1::bigint * interval '1 microsecond', $2)";
+
+/// What the admin operations read of a row: key, state, fingerprint, outcome, the time left
+/// in ms (negative once passed), and the position in the listing's order (`expires_at` in
+/// whole microseconds since the UNIX epoch, exact on every server version).
+const ADMIN_COLUMNS: &str = "key, state, fingerprint, outcome::text,
+    (extract(epoch from (expires_at - now())) * 1000)::bigint,
+    (extract(epoch from date_trunc('second', expires_at)))::bigint * 1000000
+        + extract(microseconds from expires_at)::bigint % 1000000";
 
 /// Splits `table` or `schema.table` into its parts, each checked by [`check_identifier`]:
 /// names that need no escaping and cannot carry SQL. Also used by the outbox's table.

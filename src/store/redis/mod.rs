@@ -15,6 +15,12 @@
 //! Scripts run with `EVALSHA` and are loaded again by themselves when the server answers
 //! `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 //!
+//! A `complete` whose outcome is of unknown delivery also adds the key to the store's index
+//! (see [Settling a key by hand](#settling-a-key-by-hand)): one more round trip, for those
+//! completions only (one pipeline for all of a `complete_many`). When that fails the call
+//! fails, though the record was written; completing again, as the layer's settlement retry
+//! does, writes the same record and indexes it.
+//!
 //! # Batches
 //!
 //! [`reserve_many`](Store::reserve_many), [`complete_many`](Store::complete_many) and
@@ -75,6 +81,41 @@
 //! [`Corrupt`](super::StoreErrorKind::Corrupt) error; the scripts never overwrite or delete a
 //! value they cannot read.
 //!
+//! # Settling a key by hand
+//!
+//! [`StoreAdmin`](super::admin::StoreAdmin) reads, forgets and resolves keys, and lists the
+//! keys of unknown delivery:
+//!
+//! - `inspect` is the script [`INSPECT_SCRIPT`]: the value and its `PTTL`, read at once.
+//! - `forget` and `resolve` read the record, decide (a pending record is a live send: it
+//!   expires with its lease), and write with the compare-and-set script [`SETTLE_SCRIPT`],
+//!   which changes the key only if it still holds the value read, and reads again if not. A
+//!   resolved record is written in the stored form above, under a new token, with the
+//!   record's fingerprint.
+//! - `list` reads an index, never the keyspace: no `KEYS`, no `SCAN`.
+//!
+//! The index is a sorted set of its own, `<prefix>unknown-index`
+//! ([`UNKNOWN_INDEX_SUFFIX`]; a key of the layer, `namespace:key`, cannot take that name).
+//! Its members are keys (without the prefix), scored by when their record expires, in
+//! milliseconds of the index's server clock:
+//!
+//! - `complete` (single or batch) adds a key, after writing its record, when the outcome is
+//!   of unknown delivery ([`INDEX_ADD_SCRIPT`], which also trims entries whose record has
+//!   surely expired, so the index stays as small as the live records of unknown delivery);
+//! - `forget` and `resolve` remove the key once they changed its record;
+//! - `list` reads a page by rank after its cursor ([`INDEX_PAGE_SCRIPT`], `O(log N + page)`),
+//!   reads each record where it lives, lists those still of unknown delivery, and drops the
+//!   others from the index ([`INDEX_DROP_SCRIPT`], each only while it has the score read).
+//!
+//! The index is best effort and heals itself: records and index are separate keys (in
+//! different slots on a cluster, since record keys carry no common hash tag), so they are
+//! written by separate commands, never one script. An entry whose record expired, was taken
+//! by a new reserve, or was changed around the store is skipped by the next listing and
+//! dropped; a record that a failed index write left out is indexed again when its
+//! settlement is retried. A pending record whose lease passed is gone from Redis, so the
+//! listing holds keys of unknown delivery only. On a cluster, the index is one key on one
+//! node, which every listing and every unknown `complete` reaches.
+//!
 //! # Guarantee
 //!
 //! On one server, or one primary per slot, reservations are atomic: of concurrent reserves of
@@ -113,9 +154,14 @@ use super::{Completion, Reservation, Store, StoreError, Token, record};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
+mod admin;
 mod pipeline;
 mod scripts;
 
+pub use admin::{
+    INDEX_ADD_SCRIPT, INDEX_DROP_SCRIPT, INDEX_PAGE_SCRIPT, INSPECT_SCRIPT, SETTLE_SCRIPT,
+    UNKNOWN_INDEX_SUFFIX,
+};
 pub use scripts::{COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT};
 
 use scripts::{millis, reservation, script_answer};
@@ -161,6 +207,7 @@ pub struct RedisStore {
     complete: Arc<Script>,
     release: Arc<Script>,
     extend: Arc<Script>,
+    admin: Arc<admin::Scripts>,
 }
 
 /// The connection kinds a store runs on.
@@ -269,6 +316,7 @@ impl RedisStore {
             complete: Arc::new(Script::new(COMPLETE_SCRIPT)),
             release: Arc::new(Script::new(RELEASE_SCRIPT)),
             extend: Arc::new(Script::new(EXTEND_SCRIPT)),
+            admin: Arc::new(admin::Scripts::new()),
         }
     }
 
@@ -341,7 +389,13 @@ impl RedisStore {
             .invoke_async(&mut connection)
             .await
             .map_err(server_error)?;
-        script_answer(answer, "complete")
+        let written = script_answer(answer, "complete")?;
+        if written && admin::is_indexed(outcome) {
+            // After the record, so a listing never drops the entry of a record it read
+            // before this complete wrote it.
+            self.index_unknown(&[key], ttl).await?;
+        }
+        Ok(written)
     }
 
     async fn release_once(&self, key: &str, token: Token) -> Result<bool, StoreError> {

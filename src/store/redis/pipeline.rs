@@ -42,10 +42,18 @@ impl RedisStore {
             commands.push((self.redis_key(c.key), self.complete_cmd(c, ttl)?));
         }
         let replies = self.send_scripts(&self.complete, &commands).await?;
-        replies
+        let written = replies
             .into_iter()
             .map(|reply| script_reply(reply?, "complete"))
-            .collect()
+            .collect::<Result<Vec<bool>, StoreError>>()?;
+        let unknown: Vec<&str> = completions
+            .iter()
+            .zip(&written)
+            .filter(|(c, written)| **written && super::admin::is_indexed(c.outcome))
+            .map(|(c, _)| c.key)
+            .collect();
+        self.index_unknown(&unknown, ttl).await?;
+        Ok(written)
     }
 
     pub(super) async fn release_batch(
@@ -66,7 +74,7 @@ impl RedisStore {
     /// [`send_batch`](Self::send_batch) for `EVALSHA` commands of `script`: the entries the
     /// server answered `NOSCRIPT` (after a restart or `SCRIPT FLUSH`) did not run, so the
     /// script is loaded and those entries alone are sent once more. At most three round trips.
-    async fn send_scripts(
+    pub(super) async fn send_scripts(
         &self,
         script: &Script,
         commands: &[(String, Cmd)],

@@ -14,6 +14,8 @@ use super::{Record, RecordState, Reservation, Store, StoreError, Token};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
+mod admin;
+
 /// The default bound on the records a [`MemoryStore`] keeps.
 pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
@@ -41,6 +43,11 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 ///   needs no store-wide scan per insert, and threads on distinct keys do not serialise on
 ///   eviction.
 /// - **Sharded.** Keys are spread over independent locks, so unrelated keys do not contend.
+/// - **Settled by hand.** It implements [`StoreAdmin`](super::admin::StoreAdmin); each
+///   operation is one step under the key's shard lock. The listing walks every shard (one
+///   lock at a time) and sorts what it finds, so a page costs time in proportion to the
+///   records held. A pending record whose lease passed stays until room is made, and is
+///   listed until then.
 /// - **Its own clock.** Expiry uses [`tokio::time::Instant`], so tests control it with tokio's
 ///   paused clock (`#[tokio::test(start_paused = true)]` and `tokio::time::advance`).
 ///
@@ -69,6 +76,8 @@ struct Inner {
     hasher: RandomState,
     max_entries: usize,
     len: AtomicUsize,
+    /// When the store was made: listing cursors count from it.
+    epoch: Instant,
 }
 
 /// One lock's worth of records with two indexes: by expiry (to drop expired records first) and,
@@ -196,6 +205,7 @@ impl MemoryStore {
                 hasher: RandomState::new(),
                 max_entries,
                 len: AtomicUsize::new(0),
+                epoch: Instant::now(),
             }),
         }
     }

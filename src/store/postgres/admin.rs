@@ -1,0 +1,235 @@
+//! [`StoreAdmin`] for [`PostgresStore`]: each operation one statement on the table; the
+//! listing reads the partial index on unknown outcomes and the index on `expires_at`.
+
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio_postgres::Row;
+
+use super::{PostgresStore, millis};
+use crate::fingerprint::Fingerprint;
+use crate::outcome::Outcome;
+use crate::store::admin::{
+    AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, StoreAdmin,
+    split_cursor,
+};
+use crate::store::{StoreError, StoreErrorKind, Token, record};
+
+/// The cursor of the first page: before any row (the year 1).
+const START: (i64, &str) = (-62_135_596_800_000_000, "");
+
+impl PostgresStore {
+    /// Decodes a row of [`ADMIN_COLUMNS`](super::sql): key, state, fingerprint, outcome, ms
+    /// left, position; with the position.
+    fn inspected(&self, row: &Row) -> Result<(Inspected, i64), StoreError> {
+        let key: String = row
+            .try_get(0)
+            .map_err(|e| self.corrupt("has no readable key").with_source(e))?;
+        let state: &str = row
+            .try_get(1)
+            .map_err(|e| self.corrupt("has no readable state").with_source(e))?;
+        let state = match state {
+            "pending" => KeyState::Pending,
+            "claimed" => KeyState::Claimed,
+            "done" => KeyState::Done,
+            _ => return Err(self.corrupt("has an unknown state")),
+        };
+        let fingerprint: &[u8] = row
+            .try_get(2)
+            .map_err(|e| self.corrupt("has no readable fingerprint").with_source(e))?;
+        let fingerprint = <[u8; 32]>::try_from(fingerprint)
+            .map(Fingerprint::from_bytes)
+            .map_err(|_| self.corrupt("has a fingerprint that is not 32 bytes"))?;
+        let outcome: Option<&str> = row
+            .try_get(3)
+            .map_err(|e| self.corrupt("has no readable outcome").with_source(e))?;
+        let outcome: Option<Outcome> = outcome
+            .map(|json| record::decode_outcome(json.as_bytes()))
+            .transpose()
+            .map_err(|e| self.corrupt("holds an unreadable outcome").with_source(e))?;
+        // The same record rules as every other read (a pending row with an outcome, a done
+        // one without, is corrupt).
+        let shape = if state == KeyState::Done {
+            crate::store::RecordState::Done
+        } else {
+            crate::store::RecordState::Pending
+        };
+        let checked = record::checked_record(shape, fingerprint, outcome)
+            .map_err(|e| self.corrupt("breaks the record rules").with_source(e))?;
+        let left: i64 = row
+            .try_get(4)
+            .map_err(|e| self.corrupt("has no readable expiry").with_source(e))?;
+        let expires = match u64::try_from(left) {
+            Ok(ms) if ms > 0 => Expiry::In(Duration::from_millis(ms)),
+            _ => Expiry::Passed,
+        };
+        let position: i64 = row
+            .try_get(5)
+            .map_err(|e| self.corrupt("has no readable expiry").with_source(e))?;
+        Ok((
+            Inspected::new(key, state, fingerprint, checked.outcome, expires),
+            position,
+        ))
+    }
+
+    async fn try_inspect(&self, key: &str) -> Result<Option<Inspected>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.inspect)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let row = client
+            .query_opt(&statement, &[&key])
+            .await
+            .map_err(|e| self.db_error(e))?;
+        row.map(|row| self.inspected(&row).map(|(record, _)| record))
+            .transpose()
+    }
+
+    /// Reads the answer of the forget and resolve statements: no row, or (live, changed).
+    fn admin_outcome(&self, row: Option<Row>) -> Result<AdminOutcome, StoreError> {
+        let Some(row) = row else {
+            return Ok(AdminOutcome::NothingThere);
+        };
+        let read = |i| {
+            row.try_get::<_, bool>(i).map_err(|e| {
+                StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "an admin statement answered garbage",
+                )
+                .with_source(e)
+            })
+        };
+        let (live, changed) = (read(0)?, read(1)?);
+        Ok(match (changed, live) {
+            (true, _) => AdminOutcome::Done,
+            (false, true) => AdminOutcome::HeldByLiveSend,
+            (false, false) => {
+                return Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "an admin statement changed nothing on a row no live send holds",
+                ));
+            }
+        })
+    }
+
+    async fn try_forget(&self, key: &str, force: Force) -> Result<AdminOutcome, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.forget)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let row = client
+            .query_opt(&statement, &[&key, &force.is_forced()])
+            .await
+            .map_err(|e| self.db_error(e))?;
+        self.admin_outcome(row)
+    }
+
+    async fn try_resolve(
+        &self,
+        key: &str,
+        resolution: &Resolution,
+        force: Force,
+    ) -> Result<AdminOutcome, StoreError> {
+        let (receipt, ttl) = match resolution {
+            Resolution::Delivered { receipt, ttl } => (receipt, *ttl),
+            Resolution::NotSent => return self.try_forget(key, force).await,
+        };
+        let outcome = record::outcome_json(&Outcome::sent(receipt.clone()))?;
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.resolve)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        // A new token fences out a forced-out holder's late settlement.
+        let token = Token::new();
+        let row = client
+            .query_opt(
+                &statement,
+                &[
+                    &key,
+                    &force.is_forced(),
+                    token.as_uuid(),
+                    &outcome,
+                    &millis(ttl),
+                ],
+            )
+            .await
+            .map_err(|e| self.db_error(e))?;
+        self.admin_outcome(row)
+    }
+
+    async fn try_list(&self, after: Option<&Cursor>, limit: usize) -> Result<Page, StoreError> {
+        let (at, after_key) = match after {
+            None => (START.0, START.1),
+            Some(cursor) => {
+                let (at, key) = split_cursor(cursor)?;
+                let at = at.parse::<i64>().map_err(|_| {
+                    StoreError::new(
+                        StoreErrorKind::InvalidInput,
+                        format!("{cursor:?} is not a cursor of this store"),
+                    )
+                })?;
+                (at, key)
+            }
+        };
+        if limit == 0 {
+            return Ok(Page::new(Vec::new(), after.cloned()));
+        }
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.list)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let rows = client
+            .query(
+                &statement,
+                &[&at, &after_key, &i64::try_from(limit).unwrap_or(i64::MAX)],
+            )
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let full = rows.len() == limit;
+        let mut entries = Vec::with_capacity(rows.len());
+        let mut last = None;
+        for row in &rows {
+            let (record, position) = self.inspected(row)?;
+            last = Some(format!("{position}:{}", record.key));
+            entries.push(record);
+        }
+        Ok(Page::new(entries, last.filter(|_| full).map(Cursor::new)))
+    }
+}
+
+/// Each operation is one statement: `forget` and `resolve` lock the row, decide on the
+/// locked version whether a live send holds it, and change it in the same statement.
+impl StoreAdmin for PostgresStore {
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Inspected>, StoreError>> {
+        Box::pin(self.bounded(self.try_inspect(key)))
+    }
+
+    fn forget<'a>(
+        &'a self,
+        key: &'a str,
+        force: Force,
+    ) -> BoxFuture<'a, Result<AdminOutcome, StoreError>> {
+        Box::pin(self.bounded(self.try_forget(key, force)))
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        key: &'a str,
+        resolution: &'a Resolution,
+        force: Force,
+    ) -> BoxFuture<'a, Result<AdminOutcome, StoreError>> {
+        Box::pin(self.bounded(self.try_resolve(key, resolution, force)))
+    }
+
+    fn list<'a>(
+        &'a self,
+        after: Option<&'a Cursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(self.bounded(self.try_list(after, limit)))
+    }
+}
