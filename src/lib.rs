@@ -169,6 +169,8 @@
 //!   and [`IdempotentRequest`](layer::IdempotentRequest) for your own request types.
 //! - [`batch`]: [`Batch`](batch::Batch) and its outcomes, for providers that take batches.
 //! - [`retry`]: [`RetryPolicy`], which retries only what certainly did not go.
+//! - [`reconcile`]: the [`Reconciler`](reconcile::Reconciler), which asks the provider what
+//!   became of the messages of unknown delivery and settles their keys.
 //!
 //! [tower]: https://docs.rs/tower
 //! [fingerprint]: crate::fingerprint
@@ -194,6 +196,7 @@ pub mod message;
 #[cfg(feature = "postgres")]
 pub mod outbox;
 pub mod outcome;
+pub mod reconcile;
 pub mod retry;
 pub mod store;
 
