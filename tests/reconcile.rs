@@ -70,8 +70,12 @@ impl FakeProvider {
     /// A verification service over what it took: by raw key.
     fn verifier(
         &self,
-    ) -> impl Service<Verify, Response = Verified, Error = BoxError, Future = BoxFuture<'static, Result<Verified, BoxError>>>
-    + Clone {
+    ) -> impl Service<
+        Verify,
+        Response = Verified,
+        Error = BoxError,
+        Future = BoxFuture<'static, Result<Verified, BoxError>>,
+    > + Clone {
         let provider = self.clone();
         tower::service_fn(move |question: Verify| {
             let found = question.raw_key.as_deref().map(|k| provider.lookup(k));
@@ -106,7 +110,12 @@ impl Service<Message> for FakeProvider {
             None
         } else {
             let mut taken = self.taken.lock().expect("taken");
-            Some(taken.entry(key).or_insert_with(|| format!("msg-{n}")).clone())
+            Some(
+                taken
+                    .entry(key)
+                    .or_insert_with(|| format!("msg-{n}"))
+                    .clone(),
+            )
         };
         Box::pin(async move {
             if mode != Mode::Answer {
@@ -192,7 +201,13 @@ async fn not_sent_frees_the_key_and_the_next_send_goes_once() {
     let mut reconciler = Reconciler::new(store.clone(), provider.verifier()).stored_keys(keys());
     let report = reconciler.run_once().await;
     assert_eq!((report.checked, report.not_sent), (1, 1));
-    assert!(store.inspect("alerts:order:2").await.expect("inspect").is_none());
+    assert!(
+        store
+            .inspect("alerts:order:2")
+            .await
+            .expect("inspect")
+            .is_none()
+    );
 
     provider.set_mode(Mode::Answer);
     let sent = send(&mut svc, message(Some("order:2"), "hi"))
@@ -221,7 +236,10 @@ async fn unknown_and_service_errors_leave_the_key_and_its_stored_error() {
 
     let unknown = tower::service_fn(|_: Verify| async { Ok::<_, BoxError>(Verified::Unknown) });
     let report = Reconciler::new(store.clone(), unknown).run_once().await;
-    assert_eq!((report.checked, report.unknown, report.delivered), (1, 1, 0));
+    assert_eq!(
+        (report.checked, report.unknown, report.delivered),
+        (1, 1, 0)
+    );
 
     let failing = tower::service_fn(|_: Verify| async {
         Err::<Verified, BoxError>("provider API down".into())
@@ -260,13 +278,17 @@ async fn a_live_holder_is_never_touched() {
     let fp = Fingerprint::from_bytes([9; 32]);
     // A live send: not listed, so never asked about.
     assert!(matches!(
-        store.reserve("alerts:live", fp, Duration::from_secs(60)).await,
+        store
+            .reserve("alerts:live", fp, Duration::from_secs(60))
+            .await,
         Ok(Reservation::Reserved { .. })
     ));
     // A crashed send whose lease passed: listed; a new send takes the key while the
     // provider is being asked, and the answer must not take it from that send.
     assert!(matches!(
-        store.reserve("alerts:stale", fp, Duration::from_secs(1)).await,
+        store
+            .reserve("alerts:stale", fp, Duration::from_secs(1))
+            .await,
         Ok(Reservation::Reserved { .. })
     ));
     tokio::time::advance(Duration::from_secs(2)).await;
@@ -277,7 +299,10 @@ async fn a_live_holder_is_never_touched() {
         let asked = asked.clone();
         tower::service_fn(move |question: Verify| {
             let store = store.clone();
-            asked.lock().expect("asked").push(question.stored_key.clone());
+            asked
+                .lock()
+                .expect("asked")
+                .push(question.stored_key.clone());
             async move {
                 let taken = store
                     .reserve(&question.stored_key, fp, Duration::from_secs(60))
@@ -288,8 +313,14 @@ async fn a_live_holder_is_never_touched() {
         })
     };
     let report = Reconciler::new(store.clone(), verify).run_once().await;
-    assert_eq!(*asked.lock().expect("asked"), vec!["alerts:stale".to_owned()]);
-    assert_eq!((report.checked, report.skipped_live, report.not_sent), (1, 1, 0));
+    assert_eq!(
+        *asked.lock().expect("asked"),
+        vec!["alerts:stale".to_owned()]
+    );
+    assert_eq!(
+        (report.checked, report.skipped_live, report.not_sent),
+        (1, 1, 0)
+    );
     for key in ["alerts:live", "alerts:stale"] {
         let record = store.inspect(key).await.expect("inspect").expect("kept");
         assert_eq!(record.state, KeyState::Pending, "{key}");
@@ -301,7 +332,12 @@ async fn a_live_holder_is_never_touched() {
 async fn each_pass_is_bounded_resumes_and_wraps_around() {
     let store = MemoryStore::new();
     for n in 1..=5u64 {
-        keep_unknown(&store, &format!("alerts:k{n}"), Duration::from_secs(3600 + n)).await;
+        keep_unknown(
+            &store,
+            &format!("alerts:k{n}"),
+            Duration::from_secs(3600 + n),
+        )
+        .await;
     }
     let asked = Arc::new(Mutex::new(Vec::new()));
     let verify = {
@@ -327,7 +363,10 @@ async fn each_pass_is_bounded_resumes_and_wraps_around() {
         .iter()
         .map(|n| format!("alerts:k{n}"))
         .collect();
-    assert_eq!(asked, expected, "oldest first, resumed, then from the oldest again");
+    assert_eq!(
+        asked, expected,
+        "oldest first, resumed, then from the oldest again"
+    );
     assert_eq!(reconciler.counters().passes(), 4);
     assert_eq!(reconciler.counters().totals().unknown, 7);
 }
@@ -336,7 +375,12 @@ async fn each_pass_is_bounded_resumes_and_wraps_around() {
 async fn settling_passes_walk_every_key_once() {
     let store = MemoryStore::new();
     for n in 1..=5u64 {
-        keep_unknown(&store, &format!("alerts:k{n}"), Duration::from_secs(3600 + n)).await;
+        keep_unknown(
+            &store,
+            &format!("alerts:k{n}"),
+            Duration::from_secs(3600 + n),
+        )
+        .await;
     }
     let verify = tower::service_fn(|question: Verify| async move {
         Ok::<_, BoxError>(Verified::Delivered(Receipt::new(
@@ -355,8 +399,14 @@ async fn settling_passes_walk_every_key_once() {
         v
     };
     assert_eq!(delivered, vec![2, 2, 1, 0]);
-    let record = store.inspect("alerts:k3").await.expect("inspect").expect("kept");
-    let id = record.outcome.and_then(|o| o.receipt().map(|r| r.id.clone()));
+    let record = store
+        .inspect("alerts:k3")
+        .await
+        .expect("inspect")
+        .expect("kept");
+    let id = record
+        .outcome
+        .and_then(|o| o.receipt().map(|r| r.id.clone()));
     assert_eq!(id.as_deref(), Some("id-k3"));
 }
 
