@@ -462,3 +462,123 @@ async fn postgres_a_claim_already_delivered_never_goes_out_twice() {
     let sql = format!("DROP TABLE IF EXISTS \"{}\"", store.table_name());
     admin(&url).await.batch_execute(&sql).await.expect("drop");
 }
+
+#[tokio::test(start_paused = true)]
+async fn hashed_keys_are_matched_by_hashing_the_providers_keys() {
+    use tower_idempotency::layer::KeyForm;
+    let store = MemoryStore::new();
+    let layer = IdempotencyLayer::builder()
+        .store(store.clone())
+        .namespace(NAMESPACE)
+        .key_form(KeyForm::Hashed)
+        .build()
+        .expect("valid layer");
+    let keys = layer.stored_keys();
+    let provider = FakeProvider::new(Mode::TakeThenHang);
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .timeout(CLIENT_TIMEOUT)
+        .service(provider.clone());
+    send(&mut svc, message(Some("order:7:seller@example.com"), "hi"))
+        .await
+        .expect_err("times out");
+
+    // The service is told only the stored key, and hashes what the provider lists.
+    let verify = {
+        let (provider, keys) = (provider.clone(), keys.clone());
+        tower::service_fn(move |question: Verify| {
+            assert_eq!(
+                question.raw_key, None,
+                "a hashed store never knew the raw key"
+            );
+            let taken = provider.taken.lock().expect("taken").clone();
+            let found = taken.into_iter().find(|(key, _)| {
+                keys.of(key).ok().as_deref() == Some(question.stored_key.as_str())
+            });
+            async move {
+                Ok::<_, BoxError>(match found {
+                    Some((_, id)) => Verified::Delivered(Receipt::new(id, "fake")),
+                    None => Verified::NotSent,
+                })
+            }
+        })
+    };
+    let report = Reconciler::new(store.clone(), verify)
+        .stored_keys(keys)
+        .run_once()
+        .await;
+    assert_eq!((report.checked, report.delivered), (1, 1));
+
+    provider.set_mode(Mode::Answer);
+    let again = send(&mut svc, message(Some("order:7:seller@example.com"), "hi"))
+        .await
+        .expect("replayed");
+    assert!(again.replayed);
+    assert_eq!(provider.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_name_keys_by_hash_never_by_key() {
+    use sha2::{Digest, Sha256};
+    let store = MemoryStore::new();
+    keep_unknown(
+        &store,
+        "alerts:order:9:seller@example.com",
+        Duration::from_secs(3600),
+    )
+    .await;
+    let (captured, _guard) = support::capture();
+    let verify = tower::service_fn(|_: Verify| async {
+        Ok::<_, BoxError>(Verified::Delivered(Receipt::new("msg_9", "fake")))
+    });
+    let mut reconciler = Reconciler::new(store, verify);
+    assert_eq!(reconciler.run_once().await.delivered, 1);
+
+    let digest = Sha256::digest(b"alerts:order:9:seller@example.com");
+    let hash: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    let lines = captured.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("key settled") && l.contains(&hash)),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().all(|l| !l.contains("seller@example.com")),
+        "{lines:?}"
+    );
+}
+
+/// A verification service that cannot take questions.
+#[derive(Clone)]
+struct Broken;
+
+impl Service<Verify> for Broken {
+    type Response = Verified;
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<Verified, BoxError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Err("closed".into()))
+    }
+
+    fn call(&mut self, _: Verify) -> Self::Future {
+        panic!("called without being ready")
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_service_that_is_not_ready_is_not_asked_and_the_pass_stops() {
+    let store = MemoryStore::new();
+    for n in 1..=3u64 {
+        keep_unknown(
+            &store,
+            &format!("alerts:k{n}"),
+            Duration::from_secs(3600 + n),
+        )
+        .await;
+    }
+    let report = Reconciler::new(store.clone(), Broken).run_once().await;
+    assert_eq!((report.checked, report.errors), (0, 1));
+    assert_eq!(store.list(None, 10).await.expect("list").entries.len(), 3);
+}

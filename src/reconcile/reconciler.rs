@@ -38,6 +38,27 @@ pub const DEFAULT_DELIVERED_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Each pass checks at most [`max_keys_per_pass`](Self::max_keys_per_pass) keys and keeps its
 /// place: the next pass resumes after the last key it listed, and starts again from the
 /// oldest once the listing ended.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::layer::{KeyForm, StoredKeys};
+/// use tower_idempotency::reconcile::{Reconciler, Verified, Verify};
+/// use tower_idempotency::{BoxError, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), BoxError> {
+/// // Asks the provider's API; here, a provider that never heard of anything.
+/// let verify = tower::service_fn(|question: Verify| async move {
+///     let _key = question.raw_key; // look the message up by it
+///     Ok::<_, BoxError>(Verified::NotSent)
+/// });
+/// let mut reconciler = Reconciler::new(MemoryStore::new(), verify)
+///     .stored_keys(StoredKeys::new("alerts", KeyForm::Raw)?)
+///     .max_keys_per_pass(50)
+///     .delivered_ttl(Duration::from_secs(24 * 3600));
+/// let report = reconciler.run_once().await; // call it on a timer, or spawn `run`
+/// assert_eq!(report.checked, 0);
+/// # Ok(()) }
+/// ```
 pub struct Reconciler<S, V> {
     store: S,
     verify: V,
@@ -102,8 +123,11 @@ where
     }
 
     /// Only the keys of this namespace (those beginning with its
-    /// [`prefix`](StoredKeys::prefix)) are checked; others are passed over. With
-    /// [`KeyForm::Raw`], the service is also told the raw key ([`Verify::raw_key`]).
+    /// [`prefix`](StoredKeys::prefix)) are checked; others are passed over (they still count
+    /// against [`max_keys_per_pass`](Self::max_keys_per_pass), which bounds the keys listed).
+    /// With [`KeyForm::Raw`], the service is also told the raw key ([`Verify::raw_key`]),
+    /// except for a key in the hashed form (`h1:` and 64 hex digits after the namespace), left
+    /// by a layer of the same namespace that stored hashed keys.
     pub fn stored_keys(mut self, keys: StoredKeys) -> Self {
         self.keys = Some(keys);
         self
@@ -160,16 +184,20 @@ where
             }
         }
         self.counters.add_pass(&report);
-        tracing::info!(
-            target: TARGET,
-            checked = report.checked,
-            delivered = report.delivered,
-            not_sent = report.not_sent,
-            unknown = report.unknown,
-            skipped_live = report.skipped_live,
-            errors = report.errors,
-            "reconcile: pass done"
-        );
+        if report == ReconcileReport::default() {
+            tracing::debug!(target: TARGET, "reconcile: pass done, nothing to check");
+        } else {
+            tracing::info!(
+                target: TARGET,
+                checked = report.checked,
+                delivered = report.delivered,
+                not_sent = report.not_sent,
+                unknown = report.unknown,
+                skipped_live = report.skipped_live,
+                errors = report.errors,
+                "reconcile: pass done"
+            );
+        }
         report
     }
 
@@ -215,7 +243,7 @@ where
                 let Some(rest) = entry.key.strip_prefix(prefix.as_str()) else {
                     return true; // another namespace's key
                 };
-                (keys.form() == KeyForm::Raw).then(|| rest.to_owned())
+                (keys.form() == KeyForm::Raw && !looks_hashed(rest)).then(|| rest.to_owned())
             }
             None => None,
         };
@@ -282,4 +310,15 @@ where
         }
         true
     }
+}
+
+/// Whether the part of a stored key after `namespace:` is in the hashed form: `h1:` and 64
+/// lowercase hex digits.
+fn looks_hashed(rest: &str) -> bool {
+    rest.strip_prefix("h1:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
