@@ -582,3 +582,47 @@ async fn a_service_that_is_not_ready_is_not_asked_and_the_pass_stops() {
     assert_eq!((report.checked, report.errors), (0, 1));
     assert_eq!(store.list(None, 10).await.expect("list").entries.len(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_record_replaced_while_the_provider_is_asked_is_left() {
+    use tower_idempotency::store::admin::Force;
+    let store = MemoryStore::new();
+    keep_unknown(&store, "alerts:k1", Duration::from_secs(3600)).await;
+    // While the provider is asked, the record goes and a new send delivers under the key.
+    let verify = {
+        let store = store.clone();
+        tower::service_fn(move |question: Verify| {
+            let store = store.clone();
+            async move {
+                let key = question.stored_key;
+                store.forget(&key, Force::Yes).await?;
+                let fp = Fingerprint::from_bytes([8; 32]);
+                let Reservation::Reserved { token } =
+                    store.reserve(&key, fp, Duration::from_secs(60)).await?
+                else {
+                    return Err::<Verified, BoxError>("the key was not free".into());
+                };
+                let sent = Outcome::sent(Receipt::new("msg_new", "fake"));
+                store
+                    .complete(&key, token, fp, &sent, Duration::from_secs(3600))
+                    .await?;
+                Ok(Verified::NotSent)
+            }
+        })
+    };
+    let report = Reconciler::new(store.clone(), verify).run_once().await;
+    assert_eq!((report.checked, report.not_sent, report.errors), (1, 0, 0));
+    let record = store
+        .inspect("alerts:k1")
+        .await
+        .expect("inspect")
+        .expect("kept");
+    let id = record
+        .outcome
+        .and_then(|o| o.receipt().map(|r| r.id.clone()));
+    assert_eq!(
+        id.as_deref(),
+        Some("msg_new"),
+        "the new send's receipt is kept"
+    );
+}

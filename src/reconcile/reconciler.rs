@@ -33,7 +33,12 @@ pub const DEFAULT_DELIVERED_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 ///
 /// A key a live send holds (within its lease, or a claim waiting for its send) is never
 /// touched: it is not asked about, and a resolve that finds one answers
-/// [`AdminOutcome::HeldByLiveSend`] and changes nothing ([`Force::No`]).
+/// [`AdminOutcome::HeldByLiveSend`] and changes nothing ([`Force::No`]). Before settling, the
+/// record is read again and settled only if it is still the one asked about (same
+/// fingerprint, still of unknown delivery or stale); the read and the resolve are two steps,
+/// so a record that ends and is replaced by a finished send in between (within one store
+/// round trip, at the very end of its ttl) could still be settled by the answer about the
+/// old one.
 ///
 /// Each pass checks at most [`max_keys_per_pass`](Self::max_keys_per_pass) keys and keeps its
 /// place: the next pass resumes after the last key it listed, and starts again from the
@@ -263,6 +268,7 @@ where
         };
         report.checked += 1;
         let key = entry.key.clone();
+        let fingerprint = entry.fingerprint;
         let answer = ready.call(Verify::new(entry, raw_key)).await;
         let resolution = match answer {
             Ok(Verified::Delivered(receipt)) => Resolution::delivered(receipt, self.delivered_ttl),
@@ -279,6 +285,27 @@ where
                 return true;
             }
         };
+        // The record may have changed while the provider was asked (its ttl ended and a new
+        // send took the key, or it was settled): settle only the record that was asked about.
+        match self.store.inspect(&key).await {
+            Ok(Some(now)) if now.is_held_live() => {
+                report.skipped_live += 1;
+                tracing::debug!(target: TARGET, key_hash = %hash, "reconcile: a live send took the key meanwhile; left");
+                return true;
+            }
+            Ok(Some(now))
+                if now.fingerprint == fingerprint
+                    && (now.is_unknown_delivery() || now.is_stale()) => {}
+            Ok(_) => {
+                tracing::debug!(target: TARGET, key_hash = %hash, "reconcile: the key changed meanwhile; left");
+                return true;
+            }
+            Err(error) => {
+                report.errors += 1;
+                tracing::warn!(target: TARGET, key_hash = %hash, %error, "reconcile: the store failed to read the key");
+                return false;
+            }
+        }
         let delivered = matches!(resolution, Resolution::Delivered { .. });
         match self.store.resolve(&key, &resolution, Force::No).await {
             Ok(AdminOutcome::Done) => {
