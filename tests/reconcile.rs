@@ -626,3 +626,16 @@ async fn a_record_replaced_while_the_provider_is_asked_is_left() {
         "the new send's receipt is kept"
     );
 }
+
+#[test]
+fn a_question_about_a_key_without_a_listed_record_reads_as_stale() {
+    let question = Verify::for_key(
+        "alerts:order:1",
+        Some("order:1".to_owned()),
+        Fingerprint::from_bytes([3; 32]),
+    );
+    assert_eq!(question.stored_key, "alerts:order:1");
+    assert_eq!(question.raw_key.as_deref(), Some("order:1"));
+    assert!(question.record.is_stale());
+    assert!(!question.record.is_held_live());
+}

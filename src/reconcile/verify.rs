@@ -1,7 +1,8 @@
 //! The question a reconciler asks the provider ([`Verify`]) and its answer ([`Verified`]).
 
+use crate::fingerprint::Fingerprint;
 use crate::outcome::Receipt;
-use crate::store::admin::Inspected;
+use crate::store::admin::{Expiry, Inspected, KeyState};
 
 /// "Did you take this message?": what a verification service is asked about one key.
 ///
@@ -50,6 +51,24 @@ impl Verify {
             raw_key,
             record,
         }
+    }
+
+    /// The question about `stored_key` (whose message carried `raw_key` when known) for a
+    /// caller that holds no listed record of it, such as a send that takes a key over from
+    /// a crashed one: the record reads as pending, its lease passed, with `fingerprint`.
+    pub fn for_key(
+        stored_key: impl Into<String>,
+        raw_key: Option<String>,
+        fingerprint: Fingerprint,
+    ) -> Self {
+        let record = Inspected::new(
+            stored_key,
+            KeyState::Pending,
+            fingerprint,
+            None,
+            Expiry::Passed,
+        );
+        Self::new(record, raw_key)
     }
 }
 
