@@ -45,6 +45,7 @@ pub use config::{
 };
 pub use future::ResponseFuture;
 pub use key::StoredKeys;
+pub(crate) use key::key_hash;
 pub use layer::IdempotencyLayer;
 pub use request::IdempotentRequest;
 pub use service::Idempotency;

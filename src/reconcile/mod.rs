@@ -97,18 +97,9 @@ pub use reconciler::{DEFAULT_DELIVERED_TTL, DEFAULT_MAX_KEYS_PER_PASS, Reconcile
 pub use report::{ReconcileCounters, ReconcileReport};
 pub use verify::{Verified, Verify};
 
-use sha2::{Digest, Sha256};
-
 /// The `tracing` target of the reconciler's events.
 const TARGET: &str = "tower_idempotency::reconcile";
 
-/// The hash that stands for a stored key in logs: the first 12 hex digits of its SHA-256.
-fn key_hash(key: &str) -> String {
-    use std::fmt::Write as _;
-    let digest = Sha256::digest(key.as_bytes());
-    let mut hash = String::with_capacity(12);
-    for byte in &digest[..6] {
-        let _ = write!(hash, "{byte:02x}");
-    }
-    hash
-}
+// The hash that stands for a stored key in logs is the layer's, so one key has one hash in
+// every event.
+use crate::layer::key_hash;
