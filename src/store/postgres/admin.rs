@@ -7,7 +7,6 @@ use futures_util::future::BoxFuture;
 use tokio_postgres::Row;
 
 use super::{PostgresStore, millis};
-use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 use crate::store::admin::{
     AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, StoreAdmin,
@@ -34,19 +33,6 @@ impl PostgresStore {
             "done" => KeyState::Done,
             _ => return Err(self.corrupt("has an unknown state")),
         };
-        let fingerprint: &[u8] = row
-            .try_get(2)
-            .map_err(|e| self.corrupt("has no readable fingerprint").with_source(e))?;
-        let fingerprint = <[u8; 32]>::try_from(fingerprint)
-            .map(Fingerprint::from_bytes)
-            .map_err(|_| self.corrupt("has a fingerprint that is not 32 bytes"))?;
-        let outcome: Option<&str> = row
-            .try_get(3)
-            .map_err(|e| self.corrupt("has no readable outcome").with_source(e))?;
-        let outcome: Option<Outcome> = outcome
-            .map(|json| record::decode_outcome(json.as_bytes()))
-            .transpose()
-            .map_err(|e| self.corrupt("holds an unreadable outcome").with_source(e))?;
         // The same record rules as every other read (a pending row with an outcome, a done
         // one without, is corrupt).
         let shape = if state == KeyState::Done {
@@ -54,8 +40,7 @@ impl PostgresStore {
         } else {
             crate::store::RecordState::Pending
         };
-        let checked = record::checked_record(shape, fingerprint, outcome)
-            .map_err(|e| self.corrupt("breaks the record rules").with_source(e))?;
+        let checked = self.checked(row, shape, 2, 3)?;
         let left: i64 = row
             .try_get(4)
             .map_err(|e| self.corrupt("has no readable expiry").with_source(e))?;
@@ -67,7 +52,7 @@ impl PostgresStore {
             .try_get(5)
             .map_err(|e| self.corrupt("has no readable expiry").with_source(e))?;
         Ok((
-            Inspected::new(key, state, fingerprint, checked.outcome, expires),
+            Inspected::new(key, state, checked.fingerprint, checked.outcome, expires),
             position,
         ))
     }

@@ -20,26 +20,38 @@ impl PostgresStore {
         let state: &str = row
             .try_get(0)
             .map_err(|e| self.corrupt("has no readable state").with_source(e))?;
-        let fingerprint: &[u8] = row
-            .try_get(2)
-            .map_err(|e| self.corrupt("has no readable fingerprint").with_source(e))?;
-        let fingerprint = <[u8; 32]>::try_from(fingerprint)
-            .map(Fingerprint::from_bytes)
-            .map_err(|_| self.corrupt("has a fingerprint that is not 32 bytes"))?;
-        let outcome: Option<&str> = row
-            .try_get(3)
-            .map_err(|e| self.corrupt("has no readable outcome").with_source(e))?;
         let state = match state {
             // A claim not yet taken holds the key like a send under way.
             "pending" | "claimed" => RecordState::Pending,
             "done" => RecordState::Done,
             _ => return Err(self.corrupt("has an unknown state")),
         };
+        self.checked(row, state, 2, 3)
+    }
+
+    /// The record of a row in `state` whose fingerprint and outcome text are in the columns
+    /// `fingerprint_at` and `outcome_at`, held to the record rules of the stored form, so
+    /// this store answers as every other does, whichever statement read the row.
+    pub(super) fn checked(
+        &self,
+        row: &Row,
+        state: RecordState,
+        fingerprint_at: usize,
+        outcome_at: usize,
+    ) -> Result<Record, StoreError> {
+        let fingerprint: &[u8] = row
+            .try_get(fingerprint_at)
+            .map_err(|e| self.corrupt("has no readable fingerprint").with_source(e))?;
+        let fingerprint = <[u8; 32]>::try_from(fingerprint)
+            .map(Fingerprint::from_bytes)
+            .map_err(|_| self.corrupt("has a fingerprint that is not 32 bytes"))?;
+        let outcome: Option<&str> = row
+            .try_get(outcome_at)
+            .map_err(|e| self.corrupt("has no readable outcome").with_source(e))?;
         let outcome = outcome
             .map(|json| record::decode_outcome(json.as_bytes()))
             .transpose()
             .map_err(|e| self.corrupt("holds an unreadable outcome").with_source(e))?;
-        // The record rules are the stored form's, so this store answers as every other does.
         record::checked_record(state, fingerprint, outcome)
             .map_err(|e| self.corrupt("breaks the record rules").with_source(e))
     }
