@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::config::Config;
-use super::renew::{after, has_runtime};
+use super::renew::{Backoff, after, has_runtime};
 use super::reserve::{reserve_many, reserve_one};
 use super::stats::{bump, bump_by};
 use crate::fingerprint::Fingerprint;
@@ -24,17 +24,17 @@ fn in_flight(record: &Record, fingerprint: Fingerprint) -> bool {
     record.state == RecordState::Pending && record.fingerprint == fingerprint
 }
 
-/// The first poll comes 10 ms after the repeat arrived, then the gap doubles up to 1 s,
-/// jittered so that repeats that arrived together do not poll together.
+/// Polls with the settlements' backoff (a jittered gap from 10 ms doubling to 1 s), so
+/// that repeats that arrived together do not poll together, until the bound.
 struct Polls {
-    gap: Duration,
+    backoff: Backoff,
     until: Instant,
 }
 
 impl Polls {
     fn new(bound: Duration) -> Self {
         Self {
-            gap: Duration::from_millis(10),
+            backoff: Backoff::default(),
             until: after(Instant::now(), bound),
         }
     }
@@ -45,9 +45,8 @@ impl Polls {
         if now >= self.until {
             return false;
         }
-        let jittered = self.gap.mul_f64(0.5 + 0.5 * crate::retry::unit_random());
-        self.gap = (self.gap * 2).min(Duration::from_secs(1));
-        tokio::time::sleep_until(after(now, jittered).min(self.until)).await;
+        let gap = self.backoff.next_delay();
+        tokio::time::sleep_until(after(now, gap).min(self.until)).await;
         true
     }
 }
