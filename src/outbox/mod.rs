@@ -107,12 +107,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Pool, PoolError};
+use deadpool_postgres::Pool;
 use tokio_postgres::GenericClient;
 
 use crate::message::Message;
 use crate::store::postgres::InvalidTableName;
-use crate::store::postgres::pool_from_url;
+use crate::store::postgres::{pool_from_url, pooled};
 use crate::store::{StoreError, StoreErrorKind};
 
 mod sql;
@@ -411,14 +411,7 @@ impl Outbox {
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
-        self.pool.get().await.map_err(|e| match e {
-            PoolError::Timeout(_) => StoreError::timeout().with_source(e),
-            e => StoreError::new(
-                StoreErrorKind::Unavailable,
-                "could not get a PostgreSQL connection",
-            )
-            .with_source(e),
-        })
+        pooled(&self.pool).await
     }
 
     pub(crate) fn db_error(&self, error: tokio_postgres::Error) -> StoreError {

@@ -315,14 +315,7 @@ impl PostgresStore {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
-        self.pool.get().await.map_err(|e| match e {
-            PoolError::Timeout(_) => StoreError::timeout().with_source(e),
-            e => StoreError::new(
-                StoreErrorKind::Unavailable,
-                "could not get a PostgreSQL connection",
-            )
-            .with_source(e),
-        })
+        pooled(&self.pool).await
     }
 
     fn db_error(&self, error: tokio_postgres::Error) -> StoreError {
@@ -521,6 +514,19 @@ impl PostgresStore {
             .map_err(|e| self.db_error(e))?;
         Ok(row.is_some())
     }
+}
+
+/// A connection from `pool`: a pool timeout is a [`Timeout`](StoreErrorKind::Timeout), any
+/// other failure [`Unavailable`](StoreErrorKind::Unavailable). Shared with the outbox.
+pub(crate) async fn pooled(pool: &Pool) -> Result<deadpool_postgres::Client, StoreError> {
+    pool.get().await.map_err(|e| match e {
+        PoolError::Timeout(_) => StoreError::timeout().with_source(e),
+        e => StoreError::new(
+            StoreErrorKind::Unavailable,
+            "could not get a PostgreSQL connection",
+        )
+        .with_source(e),
+    })
 }
 
 /// A pool on `url` without TLS, of deadpool's default size, recycling connections the fast
