@@ -385,14 +385,17 @@ async fn notify_wakes_an_idle_worker_that_polls_once_an_hour() {
     let pool_only = Outbox::new(outbox_pool(&url))
         .table(outbox.table_name())
         .unwrap();
-    let quiet = start(
-        pool_only
-            .worker(provider.service())
-            .poll_interval(Duration::from_secs(3600)),
-    );
-    // Its first claim runs at start; give it a moment to go idle, then enqueue.
-    eventually(Duration::from_secs(5), || async { provider.total() == 2 }).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let quiet = pool_only
+        .worker(provider.service())
+        .poll_interval(Duration::from_secs(3600));
+    let quiet_stats = quiet.stats();
+    let quiet = start(quiet);
+    // Its first claim runs at start and finds nothing; once it has run, the worker is idle
+    // until its hour-long poll.
+    eventually(Duration::from_secs(5), || async {
+        quiet_stats.get().polls >= 1
+    })
+    .await;
     enqueue(&url, &outbox, ["third".to_owned()]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(

@@ -80,6 +80,9 @@ impl<S> fmt::Debug for Worker<S> {
 pub struct WorkerStats {
     /// Rows claimed (a row claimed again after a retry counts again).
     pub claimed: u64,
+    /// Claim statements run, whether they found rows or not: a worker whose polls grow is
+    /// alive, one whose polls stand still while rows wait is stuck or idle.
+    pub polls: u64,
     /// Rows sent and marked done.
     pub sent: u64,
     /// Rows put back for a later attempt.
@@ -96,6 +99,7 @@ pub struct WorkerStats {
 #[derive(Default)]
 struct Counters {
     claimed: AtomicU64,
+    polls: AtomicU64,
     sent: AtomicU64,
     retried: AtomicU64,
     dead_lettered: AtomicU64,
@@ -112,6 +116,7 @@ impl Counters {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         WorkerStats {
             claimed: get(&self.claimed),
+            polls: get(&self.polls),
             sent: get(&self.sent),
             retried: get(&self.retried),
             dead_lettered: get(&self.dead_lettered),
@@ -411,6 +416,7 @@ impl Settings {
             });
         }
         Counters::add(&self.counters.claimed, claimed.len() as u64);
+        Counters::add(&self.counters.polls, 1);
         if !claimed.is_empty() {
             tracing::debug!(
                 rows = claimed.len(),
