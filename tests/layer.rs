@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use support::{Provider, TestStore, capture, message};
+use support::{Provider, TestStore, capture, message, send};
 use tokio::sync::{Notify, oneshot};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::fingerprint::Fingerprint;
@@ -25,13 +25,6 @@ fn layer(store: &TestStore) -> IdempotencyLayer {
         .namespace("test")
         .build()
         .unwrap()
-}
-
-async fn send<S>(service: &mut S, m: Message) -> Result<Receipt, SendError>
-where
-    S: Service<Message, Response = Receipt, Error = SendError>,
-{
-    service.ready().await?.call(m).await
 }
 
 #[tokio::test]

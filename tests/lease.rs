@@ -7,10 +7,10 @@ mod support;
 use std::future::pending;
 use std::time::Duration;
 
-use support::{Provider, TestStore, capture, message};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use support::{Provider, TestStore, capture, message, send};
+use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::outcome::{Category, codes};
-use tower_idempotency::{IdempotencyLayer, IdempotencyLayerBuilder, Message, Receipt, SendError};
+use tower_idempotency::{IdempotencyLayer, IdempotencyLayerBuilder, Receipt};
 
 const LEASE: Duration = Duration::from_secs(3);
 
@@ -34,13 +34,6 @@ fn slow(d: Duration) -> Provider {
         tokio::time::sleep(d).await;
         Ok(Receipt::new(format!("msg-{n}"), "fake"))
     })
-}
-
-async fn send<S>(service: &mut S, m: Message) -> Result<Receipt, SendError>
-where
-    S: Service<Message, Response = Receipt, Error = SendError>,
-{
-    service.ready().await?.call(m).await
 }
 
 #[tokio::test(start_paused = true)]

@@ -12,8 +12,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use support::message;
-use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use support::{message, send};
+use tower::{BoxError, Service, ServiceBuilder};
 use tower_idempotency::layer::StoredKeys;
 use tower_idempotency::outcome::codes;
 use tower_idempotency::reconcile::{Reconciler, Verified, Verify};
@@ -136,13 +136,6 @@ fn layer<S: Store + Clone + 'static>(store: S) -> IdempotencyLayer {
 
 fn keys() -> StoredKeys {
     StoredKeys::new(NAMESPACE, tower_idempotency::layer::KeyForm::Raw).expect("namespace")
-}
-
-async fn send<S>(svc: &mut S, msg: Message) -> Result<Receipt, SendError>
-where
-    S: Service<Message, Response = Receipt, Error = SendError>,
-{
-    svc.ready().await?.call(msg).await
 }
 
 /// The seed's claim, on any store: a send the provider took but whose outcome is unknown is

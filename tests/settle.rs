@@ -7,12 +7,12 @@ mod support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use support::{Provider, TestStore, capture, message};
+use support::{Provider, TestStore, capture, message, send};
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::layer::{DEFAULT_LEASE, DEFAULT_SETTLE_TIMEOUT};
 use tower_idempotency::outcome::codes;
-use tower_idempotency::{IdempotencyLayer, Message, Receipt, SendError};
+use tower_idempotency::{IdempotencyLayer, SendError};
 
 fn layer(store: &TestStore) -> IdempotencyLayer {
     IdempotencyLayer::builder()
@@ -20,13 +20,6 @@ fn layer(store: &TestStore) -> IdempotencyLayer {
         .namespace("settle")
         .build()
         .unwrap()
-}
-
-async fn send<S>(service: &mut S, m: Message) -> Result<Receipt, SendError>
-where
-    S: Service<Message, Response = Receipt, Error = SendError>,
-{
-    service.ready().await?.call(m).await
 }
 
 #[tokio::test(start_paused = true)]

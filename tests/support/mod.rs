@@ -357,6 +357,15 @@ pub fn capture() -> (Captured, CaptureGuard) {
     (captured, CaptureGuard)
 }
 
+/// Sends `m` through `service` once it is ready, as a caller of the layer does.
+pub async fn send<S>(service: &mut S, m: Message) -> Result<Receipt, SendError>
+where
+    S: tower::Service<Message, Response = Receipt, Error = SendError>,
+{
+    use tower::ServiceExt;
+    service.ready().await?.call(m).await
+}
+
 /// Yields until `condition` holds; fails the test after 5 s instead of hanging it.
 pub async fn wait_until(mut condition: impl FnMut() -> bool) {
     let waited = tokio::time::timeout(Duration::from_secs(5), async {
