@@ -306,12 +306,13 @@ async fn a_poison_message_ends_dead_after_its_attempts_and_blocks_nothing() {
     enqueue(
         &url,
         &outbox,
-        ["poison", "refused", "good-1", "good-2"].map(String::from),
+        ["poison", "refused", "unknown", "good-1", "good-2"].map(String::from),
     )
     .await;
     let provider = Provider::answering(|key| match key {
         "poison" => Err(SendError::retryable("provider.unavailable", "503")),
         "refused" => Err(SendError::permanent("provider.rejected", "422")),
+        "unknown" => Err(SendError::unknown_delivery("provider.timeout", "timed out")),
         _ => Ok(Receipt::new(format!("id-{key}"), "fake")),
     });
     let worker = start(
@@ -323,13 +324,18 @@ async fn a_poison_message_ends_dead_after_its_attempts_and_blocks_nothing() {
     );
     eventually(Duration::from_secs(10), || async {
         let counts = outbox.counts().await.unwrap();
-        counts.done == 2 && counts.dead == 2
+        counts.done == 2 && counts.dead == 3
     })
     .await;
     let stats = worker.stop().await;
-    assert_eq!((stats.sent, stats.dead_lettered, stats.retried), (2, 2, 2));
+    assert_eq!((stats.sent, stats.dead_lettered, stats.retried), (2, 3, 2));
     assert_eq!(provider.calls("poison"), 3, "retried up to its attempts");
     assert_eq!(provider.calls("refused"), 1, "a refusal is not retried");
+    assert_eq!(
+        provider.calls("unknown"),
+        1,
+        "an unknown delivery is not retried: the layer would only replay it"
+    );
 
     let dead = outbox.dead_letters(10).await.unwrap();
     let by_key: HashMap<_, _> = dead.iter().map(|d| (d.key.as_str(), d)).collect();
@@ -347,6 +353,12 @@ async fn a_poison_message_ends_dead_after_its_attempts_and_blocks_nothing() {
             .as_deref()
             .unwrap()
             .starts_with("provider.rejected")
+    );
+
+    let unknown = by_key["unknown"].last_error.as_deref().unwrap();
+    assert!(
+        unknown.starts_with("provider.timeout (delivery unknown"),
+        "{unknown}"
     );
 
     // Requeued by an operator, it goes again.
