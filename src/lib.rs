@@ -163,8 +163,9 @@
 //! - [`outcome`]: [`Receipt`], [`SendError`], [`Category`], the codes.
 //! - [`classify`]: the one judge of whether an error sent the message, and
 //!   [`counts_against_provider`].
-//! - [`store`]: the [`Store`] trait, [`MemoryStore`], the Redis and PostgreSQL stores behind
-//!   the `redis` and `postgres` features, and the conformance suite behind `test-util`.
+//! - [`store`]: the [`Store`] trait, [`MemoryStore`], the Redis, PostgreSQL and SQLite stores
+//!   behind the `redis`, `postgres` and `sqlite` features, and the conformance suite behind
+//!   `test-util`.
 //! - [`layer`]: [`IdempotencyLayer`], its builder, the [`Idempotency`] service and its stats,
 //!   and [`IdempotentRequest`](layer::IdempotentRequest) for your own request types.
 //! - [`batch`]: [`Batch`](batch::Batch) and its outcomes, for providers that take batches.
@@ -208,6 +209,8 @@ pub use layer::{Idempotency, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use message::{Attachment, Envelope, IdempotencyKey, Message, MessageBuilder, RawMessage};
 pub use outcome::{BoxError, Category, Outcome, Receipt, SendError};
 pub use retry::RetryPolicy;
+#[cfg(feature = "sqlite")]
+pub use store::SqliteStore;
 pub use store::{MemoryStore, Store, StoreError};
 
 #[cfg(doctest)]

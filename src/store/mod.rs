@@ -21,6 +21,7 @@
 //! | [`MemoryStore`] | default | one process: bounded, sharded, forgets on restart |
 //! | `RedisStore` | `redis` (`redis-cluster` for Redis Cluster) | several processes; `SET NX GET PX` reserves, Lua scripts fence complete and release |
 //! | `PostgresStore` | `postgres` | several processes; one statement per operation, expiry by the server's `now()` |
+//! | `SqliteStore` | `sqlite` | the processes of one host, no server: one database file, one statement per operation, expiry by SQLite's clock |
 //!
 //! Operators settle keys by hand (read a record, forget a key, resolve it as delivered or as
 //! not sent, list the keys of unknown delivery) through [`admin::StoreAdmin`], a trait of its
@@ -48,6 +49,8 @@ pub mod postgres;
 pub mod record;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
@@ -57,6 +60,8 @@ pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
 
 /// An unguessable token that proves who holds a reservation: a UUID v4 from the OS random
 /// source.

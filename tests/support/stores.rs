@@ -125,3 +125,26 @@ pub mod broken_records {
         )
     }
 }
+
+/// A fresh directory under the OS temp dir for a SQLite database file, named after `test`
+/// and unique to this run; removed when the returned guard drops.
+pub struct SqliteDir(pub std::path::PathBuf);
+
+impl SqliteDir {
+    pub fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(unique(&format!("tower-idempotency-{test}")));
+        std::fs::create_dir_all(&dir).expect("a temp dir for the SQLite file");
+        Self(dir)
+    }
+
+    /// The database file's path in it.
+    pub fn file(&self) -> std::path::PathBuf {
+        self.0.join("idempotency.sqlite3")
+    }
+}
+
+impl Drop for SqliteDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -1,0 +1,452 @@
+//! `SqliteStore`: the conformance suite; two OS processes over one file; a process killed
+//! while it holds a key; a locked or unreadable file; the purge; claim-then-send.
+//!
+//! The multi-process tests spawn this test binary again, running only [`child_process`]
+//! (ignored in a normal run) with the environment variables below saying what to do. Parent
+//! and children talk over the children's stdin and stdout, so every step waits for a signal,
+//! never for a guessed time.
+
+mod support;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use support::stores::SqliteDir;
+use support::{Provider, message, send};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::outcome::codes;
+use tower_idempotency::store::admin::{Expiry, KeyState, StoreAdmin};
+use tower_idempotency::store::conformance::Conformance;
+use tower_idempotency::store::sqlite::rusqlite::{Connection, TransactionBehavior};
+use tower_idempotency::store::{SqliteStore, StoreErrorKind};
+use tower_idempotency::{BoxError, IdempotencyLayer, Message, Receipt};
+
+mod sqlite_conformance {
+    use super::*;
+
+    /// Every case opens a store of its own on one file shared by all of them (and by any run
+    /// of this binary at the same time): the cases' keys have random prefixes, and a file
+    /// many connections use at once is the store's normal life.
+    async fn suite() -> Option<Conformance> {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("sqlite-conformance");
+        std::fs::create_dir_all(&dir).expect("a directory for the SQLite file");
+        let store = SqliteStore::open(dir.join("idempotency.sqlite3"))
+            .await
+            .expect("open the SQLite file");
+        Some(Conformance::with_admin(store))
+    }
+
+    tower_idempotency::store_conformance_tests!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        suite()
+    );
+}
+
+/// The database file a child process opens.
+const CHILD_DB: &str = "TOWER_IDEMPOTENCY_SQLITE_CHILD_DB";
+/// What a child process does: `duplicates` or `hold`.
+const CHILD_ROLE: &str = "TOWER_IDEMPOTENCY_SQLITE_CHILD_ROLE";
+/// How many duplicates each child sends at once.
+const DUPLICATES: usize = 50;
+/// Every wait on a child is bounded by this.
+const CHILD_BOUND: Duration = Duration::from_secs(60);
+
+fn layer(store: SqliteStore, lease: Duration) -> IdempotencyLayer {
+    IdempotencyLayer::builder()
+        .store(store)
+        .namespace("multi-process")
+        .lease(lease)
+        .build()
+        .expect("a valid layer")
+}
+
+fn alert() -> Message {
+    message(Some("order.created:ord_1"), "Order ord_1 paid.")
+}
+
+/// The part of this binary a multi-process test runs in a child process; in a normal run it
+/// is ignored (and does nothing without its environment).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run as a child process by the multi-process tests"]
+async fn child_process() {
+    let (Ok(path), Ok(role)) = (std::env::var(CHILD_DB), std::env::var(CHILD_ROLE)) else {
+        return;
+    };
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("the child opens the file");
+    match role.as_str() {
+        "duplicates" => child_sends_duplicates(store).await,
+        "hold" => child_holds_a_key(store).await,
+        other => panic!("unknown child role {other:?}"),
+    }
+}
+
+/// Says `ready`, waits for `go` on stdin, sends [`DUPLICATES`] copies of one message at
+/// once, and says how they were answered.
+async fn child_sends_duplicates(store: SqliteStore) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    // Slow enough that the duplicates of both processes arrive while the send runs.
+    let provider = tower::service_fn(move |_: Message| {
+        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok::<_, BoxError>(Receipt::new(format!("msg-{n}"), "fake"))
+        }
+    });
+    let service = ServiceBuilder::new()
+        .layer(layer(store, Duration::from_secs(30)))
+        .service(provider);
+    println!("CHILD ready");
+    let mut line = String::new();
+    BufReader::new(tokio::io::stdin())
+        .read_line(&mut line)
+        .await
+        .expect("the parent says go");
+    let tasks: Vec<_> = (0..DUPLICATES)
+        .map(|_| tokio::spawn(service.clone().oneshot(alert())))
+        .collect();
+    let (mut sent, mut replayed, mut in_flight, mut other) = (0, 0, 0, 0);
+    for task in tasks {
+        match task.await.expect("a send task") {
+            Ok(receipt) if receipt.replayed => replayed += 1,
+            Ok(_) => sent += 1,
+            Err(e) if e.code() == codes::IN_FLIGHT => in_flight += 1,
+            Err(e) => {
+                println!("CHILD error {e}");
+                other += 1;
+            }
+        }
+    }
+    println!(
+        "CHILD result calls={} sent={sent} replayed={replayed} in_flight={in_flight} other={other}",
+        calls.load(Ordering::SeqCst)
+    );
+}
+
+/// Sends a message whose provider never answers, says `holding` once the provider has it
+/// (the key is then reserved, its lease renewed), and waits to be killed.
+async fn child_holds_a_key(store: SqliteStore) {
+    let provider = tower::service_fn(|_: Message| async {
+        println!("CHILD holding");
+        std::future::pending::<Result<Receipt, BoxError>>().await
+    });
+    let mut service = ServiceBuilder::new()
+        .layer(layer(store, HOLD_LEASE))
+        .service(provider);
+    let _ = send(&mut service, alert()).await;
+    panic!("the held send ended");
+}
+
+/// The lease of the key the killed child holds.
+const HOLD_LEASE: Duration = Duration::from_secs(1);
+
+/// A child process in `role` on the file at `path`, with its stdout read line by line.
+struct ChildProcess {
+    child: Child,
+    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+}
+
+impl ChildProcess {
+    fn spawn(path: &std::path::Path, role: &str) -> Self {
+        let mut child = Command::new(std::env::current_exe().expect("this test binary"))
+            .args(["child_process", "--exact", "--ignored", "--nocapture"])
+            .env(CHILD_DB, path)
+            .env(CHILD_ROLE, role)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the child process");
+        let stdout = child.stdout.take().expect("the child's stdout");
+        Self {
+            child,
+            lines: BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// The text after `CHILD <word>` on the child's next such line.
+    async fn said(&mut self, word: &str) -> String {
+        let prefix = format!("CHILD {word}");
+        let found = tokio::time::timeout(CHILD_BOUND, async {
+            while let Some(line) = self.lines.next_line().await.expect("read the child") {
+                if let Some(rest) = line.strip_prefix(&prefix) {
+                    return Some(rest.trim().to_owned());
+                }
+            }
+            None
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the child did not say {word:?} in time"));
+        found.unwrap_or_else(|| panic!("the child ended without saying {word:?}"))
+    }
+
+    async fn go(&mut self) {
+        let stdin = self.child.stdin.as_mut().expect("the child's stdin");
+        stdin.write_all(b"go\n").await.expect("tell the child go");
+        stdin.flush().await.expect("flush the child's stdin");
+    }
+}
+
+/// `name=value` from a child's result line.
+fn count(result: &str, name: &str) -> usize {
+    result
+        .split_whitespace()
+        .find_map(|part| part.strip_prefix(&format!("{name}=")))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {result:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_sending_fifty_duplicates_each_reach_the_provider_once() {
+    let dir = SqliteDir::new("two-processes");
+    let path = dir.file();
+    // The file exists, in WAL mode with its table, before the children race on it.
+    let store = SqliteStore::open(&path).await.unwrap();
+
+    let mut children = [
+        ChildProcess::spawn(&path, "duplicates"),
+        ChildProcess::spawn(&path, "duplicates"),
+    ];
+    for child in &mut children {
+        child.said("ready").await;
+    }
+    for child in &mut children {
+        child.go().await;
+    }
+    let mut results = Vec::new();
+    for child in &mut children {
+        results.push(child.said("result").await);
+    }
+    let total = |name| results.iter().map(|r| count(r, name)).sum::<usize>();
+    assert_eq!(
+        total("calls"),
+        1,
+        "provider calls over both processes: {results:?}"
+    );
+    assert_eq!(total("sent"), 1, "{results:?}");
+    assert_eq!(total("other"), 0, "{results:?}");
+    assert_eq!(
+        total("sent") + total("replayed") + total("in_flight"),
+        2 * DUPLICATES,
+        "{results:?}"
+    );
+    for child in &mut children {
+        let status = tokio::time::timeout(CHILD_BOUND, child.child.wait())
+            .await
+            .expect("the child exits")
+            .expect("wait for the child");
+        assert!(status.success(), "{status}");
+    }
+
+    // A third process (this one) finds the message sent and replays it.
+    let provider = Provider::ok();
+    let mut service = ServiceBuilder::new()
+        .layer(layer(store, Duration::from_secs(30)))
+        .service(provider.clone());
+    let receipt = send(&mut service, alert()).await.unwrap();
+    assert!(receipt.replayed);
+    assert_eq!(provider.calls(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_held_by_a_process_killed_with_sigkill_is_free_after_its_lease() {
+    let dir = SqliteDir::new("sigkill");
+    let path = dir.file();
+    let store = SqliteStore::open(&path).await.unwrap();
+    let provider = Provider::ok();
+    let mut service = ServiceBuilder::new()
+        .layer(layer(store.clone(), HOLD_LEASE))
+        .service(provider.clone());
+
+    let mut child = ChildProcess::spawn(&path, "hold");
+    child.said("holding").await;
+    let error = send(&mut service, alert()).await.unwrap_err();
+    assert_eq!(error.code(), codes::IN_FLIGHT, "the child holds the key");
+
+    // SIGKILL: no destructor, no release; only the lease can free the key.
+    child.child.kill().await.expect("kill the child");
+    let key = "multi-process:order.created:ord_1";
+    let record = store
+        .inspect(key)
+        .await
+        .unwrap()
+        .expect("the child's record stays");
+    assert_eq!(record.state, KeyState::Pending);
+    let Expiry::In(left) = record.expires else {
+        panic!("the lease was renewed until the kill: {:?}", record.expires)
+    };
+    assert!(left <= HOLD_LEASE, "{left:?}");
+    assert_eq!(provider.calls(), 0);
+
+    // A deadline on the database's clock: once the lease has passed, the key is free.
+    tokio::time::sleep(left + Duration::from_millis(50)).await;
+    let record = store
+        .inspect(key)
+        .await
+        .unwrap()
+        .expect("kept until purged");
+    assert!(record.is_stale(), "{record:?}");
+    let receipt = send(&mut service, alert()).await.unwrap();
+    assert!(!receipt.replayed);
+    assert_eq!(provider.calls(), 1, "the next send goes");
+    let receipt = send(&mut service, alert()).await.unwrap();
+    assert!(receipt.replayed);
+    assert_eq!(provider.calls(), 1, "and goes once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_database_fails_the_send_as_store_failed_and_sends_nothing() {
+    let dir = SqliteDir::new("locked");
+    let store = SqliteStore::builder(dir.file())
+        .timeout(Duration::from_millis(300))
+        .open()
+        .await
+        .unwrap();
+    let provider = Provider::ok();
+    let mut service = ServiceBuilder::new()
+        .layer(layer(store.clone(), Duration::from_secs(30)))
+        .service(provider.clone());
+
+    // Another connection (as another process would) takes the write lock and keeps it.
+    let lock = Connection::open(dir.file()).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let started = Instant::now();
+    let error = send(&mut service, alert()).await.unwrap_err();
+    assert_eq!(error.code(), codes::STORE_FAILED, "{error}");
+    assert_eq!(provider.calls(), 0, "nothing is sent without a reservation");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "bounded by the timeout"
+    );
+
+    lock.execute_batch("ROLLBACK").unwrap();
+    send(&mut service, alert()).await.unwrap();
+    assert_eq!(
+        provider.calls(),
+        1,
+        "the store works again once the lock is gone"
+    );
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_database_fails_open_with_a_store_error() {
+    let dir = SqliteDir::new("garbage");
+    std::fs::write(dir.file(), vec![0x5a; 8192]).unwrap();
+    let error = SqliteStore::open(dir.file()).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable);
+    assert!(error.to_string().contains("is not a database"), "{error}");
+
+    // A directory where the file should be.
+    let error = SqliteStore::open(&dir.0).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+}
+
+#[tokio::test]
+async fn purge_deletes_expired_rows_and_leaves_live_ones() {
+    use tower_idempotency::store::{Reservation, Store};
+    let dir = SqliteDir::new("purge");
+    let store = SqliteStore::builder(dir.file())
+        .purge_every(None)
+        .purge_batch(2)
+        .open()
+        .await
+        .unwrap();
+    for key in ["gone-1", "gone-2", "gone-3"] {
+        store
+            .reserve(key, support::stores::fp(1), Duration::from_millis(1))
+            .await
+            .unwrap();
+    }
+    let Reservation::Reserved { .. } = store
+        .reserve("live", support::stores::fp(1), Duration::from_secs(60))
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is free")
+    };
+    // A deadline on the database's clock: the short leases have passed.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(store.inspect("gone-1").await.unwrap().unwrap().is_stale());
+
+    assert_eq!(store.purge_expired().await.unwrap(), 3, "in batches of two");
+    assert!(store.inspect("gone-1").await.unwrap().is_none());
+    assert!(store.inspect("live").await.unwrap().is_some());
+    assert_eq!(store.purge_expired().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn the_store_thread_purges_on_its_own_while_idle() {
+    use tower_idempotency::store::Store;
+    let dir = SqliteDir::new("auto-purge");
+    let store = SqliteStore::builder(dir.file())
+        .purge_every(Some(Duration::from_millis(20)))
+        .open()
+        .await
+        .unwrap();
+    store
+        .reserve("gone", support::stores::fp(1), Duration::from_millis(1))
+        .await
+        .unwrap();
+    let purged = tokio::time::timeout(Duration::from_secs(5), async {
+        while store.inspect("gone").await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(purged.is_ok(), "the expired row was never purged");
+}
+
+#[tokio::test]
+async fn a_claim_committed_with_the_callers_rows_is_taken_by_the_send() {
+    let dir = SqliteDir::new("claim");
+    let store = SqliteStore::open(dir.file()).await.unwrap();
+    let layer = layer(store.clone(), Duration::from_secs(30));
+    let provider = Provider::ok();
+    let mut service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(provider.clone());
+    let mut connection = Connection::open(dir.file()).unwrap();
+    connection.busy_timeout(Duration::from_secs(5)).unwrap();
+    connection
+        .execute_batch("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+        .unwrap();
+
+    // Rolled back: no claim.
+    let tx = connection
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .unwrap();
+    let claim = layer
+        .claim(&alert())
+        .unwrap()
+        .expect("the message has a key");
+    assert!(store.claim_in(&tx, &claim).unwrap());
+    tx.rollback().unwrap();
+    assert!(store.claims(10).await.unwrap().is_empty());
+
+    // Committed: the claim waits, and the send takes it and goes once.
+    let tx = connection
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .unwrap();
+    tx.execute("INSERT INTO orders VALUES ('ord_1')", [])
+        .unwrap();
+    assert!(store.claim_in(&tx, &claim).unwrap());
+    tx.commit().unwrap();
+    assert_eq!(store.claims(10).await.unwrap(), [claim.key.clone()]);
+    assert!(
+        !store.claim_in(&connection, &claim).unwrap(),
+        "a live claim holds the key"
+    );
+
+    let receipt = send(&mut service, alert()).await.unwrap();
+    assert!(!receipt.replayed);
+    assert_eq!(provider.calls(), 1);
+    assert!(store.claims(10).await.unwrap().is_empty());
+    assert!(send(&mut service, alert()).await.unwrap().replayed);
+    assert_eq!(provider.calls(), 1);
+}
