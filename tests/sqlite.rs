@@ -437,7 +437,7 @@ async fn a_claim_committed_with_the_callers_rows_is_taken_by_the_send() {
         .unwrap();
     assert!(store.claim_in(&tx, &claim).unwrap());
     tx.commit().unwrap();
-    assert_eq!(store.claims(10).await.unwrap(), [claim.key.clone()]);
+    assert_eq!(store.claims(10).await.unwrap(), std::slice::from_ref(&claim.key));
     assert!(
         !store.claim_in(&connection, &claim).unwrap(),
         "a live claim holds the key"
