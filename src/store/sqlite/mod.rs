@@ -101,6 +101,13 @@ mod writer;
 
 pub use rusqlite;
 
+/// The statements the store runs, for `benches/sqlite.rs` to run the same ones through
+/// rusqlite directly. Not part of the API: they change with the schema.
+#[doc(hidden)]
+pub mod statements {
+    pub use super::sql::{COMPLETE, RESERVE, SCHEMA};
+}
+
 use writer::{Call, Job};
 
 /// The default bound on each operation, including the wait for other processes' writes

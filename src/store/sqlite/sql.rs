@@ -47,7 +47,7 @@ macro_rules! admin_columns {
 
 /// Creates the table and its indexes when they are absent; run by every `open` inside a
 /// write transaction, so processes opening the file at once do not race.
-pub(super) const SCHEMA: &str = concat!(
+pub const SCHEMA: &str = concat!(
     "CREATE TABLE IF NOT EXISTS idempotency_keys (
         key         TEXT    PRIMARY KEY NOT NULL,
         state       TEXT    NOT NULL,
@@ -68,7 +68,7 @@ pub(super) const SCHEMA: &str = concat!(
 /// always returns the row: a live one written back unchanged (every SET expression reads the
 /// row as it was), an expired one replaced by the new reservation. Whose token comes back
 /// says who holds the key.
-pub(super) const RESERVE: &str = concat!(
+pub const RESERVE: &str = concat!(
     "INSERT INTO idempotency_keys AS r (key, state, token, fingerprint, outcome, expires_at)
      VALUES (?1, 'pending', ?2, ?3, NULL, ",
     now!(),
@@ -94,7 +94,7 @@ pub(super) const RESERVE: &str = concat!(
 
 /// `?1` key, `?2` token, `?3` fingerprint, `?4` outcome, `?5` ttl in ms: writes done when
 /// the token holds the key or nothing live does; a row comes back when it wrote.
-pub(super) const COMPLETE: &str = concat!(
+pub const COMPLETE: &str = concat!(
     "INSERT INTO idempotency_keys AS r (key, state, token, fingerprint, outcome, expires_at)
      VALUES (?1, 'done', ?2, ?3, ?4, ",
     now!(),
