@@ -44,6 +44,8 @@ use crate::outcome::{BoxError, Outcome};
 
 pub mod admin;
 pub mod memory;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod millis;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod record;

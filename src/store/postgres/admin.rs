@@ -10,7 +10,7 @@ use super::{PostgresStore, millis};
 use crate::outcome::Outcome;
 use crate::store::admin::{
     AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, StoreAdmin,
-    split_cursor,
+    parse_cursor,
 };
 use crate::store::{StoreError, StoreErrorKind, Token, record};
 
@@ -148,16 +148,7 @@ impl PostgresStore {
     async fn try_list(&self, after: Option<&Cursor>, limit: usize) -> Result<Page, StoreError> {
         let (at, after_key) = match after {
             None => (START.0, START.1),
-            Some(cursor) => {
-                let (at, key) = split_cursor(cursor)?;
-                let at = at.parse::<i64>().map_err(|_| {
-                    StoreError::new(
-                        StoreErrorKind::InvalidInput,
-                        format!("{cursor:?} is not a cursor of this store"),
-                    )
-                })?;
-                (at, key)
-            }
+            Some(cursor) => parse_cursor::<i64>(cursor)?,
         };
         if limit == 0 {
             return Ok(Page::new(Vec::new(), after.cloned()));

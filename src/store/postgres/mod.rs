@@ -130,6 +130,8 @@ use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
+// `millis` is imported here so the submodules name it `super::millis`, as before it moved.
+use super::millis::millis;
 use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, record};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
@@ -159,10 +161,6 @@ pub const DEFAULT_PURGE_BATCH: u32 = 1_000;
 /// The `application_name` [`PostgresStore::connect`] sets when the URL names none, so the
 /// store's sessions are easy to find in `pg_stat_activity`.
 pub const DEFAULT_APPLICATION_NAME: &str = "tower-idempotency";
-
-/// The longest lease or ttl written: a century, far enough to mean "never" while staying
-/// within PostgreSQL's interval and timestamp range.
-const FOREVER_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 
 /// A `migrate` given much less time than this could fail on a busy server for no good
 /// reason; DDL waits for locks.
@@ -558,13 +556,6 @@ pub(crate) fn pool_from_url(
     Ok((pool, config))
 }
 
-/// A duration as whole milliseconds for an interval, rounded up so a short lease never
-/// becomes none, and capped at a century so no duration overflows the server's arithmetic.
-fn millis(duration: Duration) -> i64 {
-    let ms = duration.as_nanos().div_ceil(1_000_000);
-    i64::try_from(ms).unwrap_or(i64::MAX).min(FOREVER_MS)
-}
-
 impl Store for PostgresStore {
     fn reserve<'a>(
         &'a self,
@@ -639,19 +630,5 @@ impl Store for PostgresStore {
             }
             self.bounded(self.try_release_many(releases)).await
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_become_bounded_milliseconds() {
-        assert_eq!(millis(Duration::ZERO), 0);
-        assert_eq!(millis(Duration::from_nanos(1)), 1);
-        assert_eq!(millis(Duration::from_millis(300)), 300);
-        assert_eq!(millis(Duration::MAX), FOREVER_MS);
-        assert_eq!(millis(Duration::from_secs(u64::MAX / 2)), FOREVER_MS);
     }
 }

@@ -13,7 +13,7 @@ use super::row::{bytes, key_state, record, text};
 use super::{SqliteStore, millis, sql, writer};
 use crate::outcome::Outcome;
 use crate::store::admin::{
-    AdminOutcome, Cursor, Expiry, Force, Inspected, Page, Resolution, StoreAdmin, split_cursor,
+    AdminOutcome, Cursor, Expiry, Force, Inspected, Page, Resolution, StoreAdmin, parse_cursor,
 };
 use crate::store::{StoreError, StoreErrorKind, Token, record as stored};
 
@@ -157,13 +157,7 @@ impl SqliteStore {
         let (at, after_key) = match after {
             None => (i64::MIN, String::new()),
             Some(cursor) => {
-                let (at, key) = split_cursor(cursor)?;
-                let at = at.parse::<i64>().map_err(|_| {
-                    StoreError::new(
-                        StoreErrorKind::InvalidInput,
-                        format!("{cursor:?} is not a cursor of this store"),
-                    )
-                })?;
+                let (at, key) = parse_cursor::<i64>(cursor)?;
                 (at, key.to_owned())
             }
         };

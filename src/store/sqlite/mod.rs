@@ -89,6 +89,7 @@ use futures_util::future::BoxFuture;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::millis::millis;
 use super::{Claim, Completion, Reservation, Store, StoreError, StoreErrorKind, Token, record};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
@@ -119,10 +120,6 @@ pub const DEFAULT_PURGE_EVERY: Duration = Duration::from_secs(600);
 
 /// The default number of rows one purge statement deletes.
 pub const DEFAULT_PURGE_BATCH: u32 = 1_000;
-
-/// The longest lease or ttl written: a century, far enough to mean "never" while staying far
-/// from overflowing SQLite's integers.
-const FOREVER_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 
 /// An idempotency store in a SQLite database file, shared by the processes of one host.
 ///
@@ -392,13 +389,6 @@ impl SqliteStore {
     }
 }
 
-/// A duration as whole milliseconds, rounded up so a short lease never becomes none, and
-/// capped at a century.
-fn millis(duration: Duration) -> i64 {
-    let ms = duration.as_nanos().div_ceil(1_000_000);
-    i64::try_from(ms).unwrap_or(i64::MAX).min(FOREVER_MS)
-}
-
 /// Refuses a batch that names one key twice: its answers could not be told apart.
 fn distinct<'k>(operation: &str, keys: impl Iterator<Item = &'k str>) -> Result<(), StoreError> {
     let mut seen = std::collections::HashSet::new();
@@ -631,14 +621,6 @@ impl Store for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_become_bounded_milliseconds() {
-        assert_eq!(millis(Duration::ZERO), 0);
-        assert_eq!(millis(Duration::from_nanos(1)), 1);
-        assert_eq!(millis(Duration::from_millis(300)), 300);
-        assert_eq!(millis(Duration::MAX), FOREVER_MS);
-    }
 
     #[test]
     fn a_batch_naming_a_key_twice_is_refused() {

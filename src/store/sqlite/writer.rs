@@ -20,7 +20,8 @@ const MAX_BATCH: usize = 256;
 pub(super) trait Job: Send {
     /// Whether its caller stopped waiting (timed out or dropped): it is then not run.
     fn abandoned(&self) -> bool;
-    /// Runs its statements in the open transaction, keeping its answer.
+    /// Runs its statements in the open transaction, keeping its answer; nothing when its
+    /// caller stopped waiting meanwhile.
     fn run(&mut self, connection: &Connection);
     /// Sends its answer when the transaction committed, or the error `failed` makes.
     fn answer(self: Box<Self>, failed: Option<&dyn Fn() -> StoreError>);
@@ -53,6 +54,11 @@ where
     }
 
     fn run(&mut self, connection: &Connection) {
+        // Checked again here: the wait for the write lock may have outlasted the caller,
+        // and a reserve nobody hears of would hold its key for the whole lease.
+        if self.abandoned() {
+            return;
+        }
         if let Some(work) = self.work.take() {
             self.answer = Some(work(connection));
         }
