@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use support::stores::SqliteDir;
+use support::stores::{SqliteDir, broken_records, fp};
 use support::{Provider, message, send};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
@@ -361,12 +361,12 @@ async fn purge_deletes_expired_rows_and_leaves_live_ones() {
         .unwrap();
     for key in ["gone-1", "gone-2", "gone-3"] {
         store
-            .reserve(key, support::stores::fp(1), Duration::from_millis(1))
+            .reserve(key, fp(1), Duration::from_millis(1))
             .await
             .unwrap();
     }
     let Reservation::Reserved { .. } = store
-        .reserve("live", support::stores::fp(1), Duration::from_secs(60))
+        .reserve("live", fp(1), Duration::from_secs(60))
         .await
         .unwrap()
     else {
@@ -392,7 +392,7 @@ async fn the_store_thread_purges_on_its_own_while_idle() {
         .await
         .unwrap();
     store
-        .reserve("gone", support::stores::fp(1), Duration::from_millis(1))
+        .reserve("gone", fp(1), Duration::from_millis(1))
         .await
         .unwrap();
     let purged = tokio::time::timeout(Duration::from_secs(5), async {
@@ -454,4 +454,146 @@ async fn a_claim_committed_with_the_callers_rows_is_taken_by_the_send() {
     assert!(store.claims(10).await.unwrap().is_empty());
     assert!(send(&mut service, alert()).await.unwrap().replayed);
     assert_eq!(provider.calls(), 1);
+}
+
+#[tokio::test]
+async fn rows_that_do_not_decode_or_break_the_record_rules_are_corrupt_never_a_panic() {
+    use tower_idempotency::store::{Reservation, Store};
+    let dir = SqliteDir::new("corrupt");
+    let store = SqliteStore::open(dir.file()).await.unwrap();
+    let other = Connection::open(dir.file()).unwrap();
+    let fingerprint = rusqlite_value(vec![1u8; 32]);
+    let text = |t: &str| rusqlite_value(t.to_owned());
+    // (name, state, token, fingerprint, outcome): garbage of every column, and the broken
+    // records every store reports alike.
+    let mut rows = vec![
+        (
+            "bad-state",
+            text("weird"),
+            rusqlite_value(vec![0u8; 16]),
+            fingerprint.clone(),
+            Null,
+        ),
+        (
+            "bad-outcome",
+            text("done"),
+            rusqlite_value(vec![0u8; 16]),
+            fingerprint.clone(),
+            text(r#"{"nope": 1}"#),
+        ),
+        (
+            "done-without-outcome",
+            text("done"),
+            rusqlite_value(vec![0u8; 16]),
+            fingerprint.clone(),
+            Null,
+        ),
+        (
+            "short-fingerprint",
+            text("pending"),
+            rusqlite_value(vec![0u8; 16]),
+            rusqlite_value(vec![1u8, 2, 3]),
+            Null,
+        ),
+        (
+            "fingerprint-as-a-number",
+            text("pending"),
+            rusqlite_value(vec![0u8; 16]),
+            Integer(7),
+            Null,
+        ),
+        (
+            "state-as-a-number",
+            Integer(1),
+            rusqlite_value(vec![0u8; 16]),
+            fingerprint.clone(),
+            Null,
+        ),
+        (
+            "token-as-text",
+            text("pending"),
+            text("not a token"),
+            fingerprint.clone(),
+            Null,
+        ),
+        (
+            "outcome-as-a-number",
+            text("done"),
+            rusqlite_value(vec![0u8; 16]),
+            fingerprint.clone(),
+            Integer(42),
+        ),
+    ];
+    for (name, state, outcome) in broken_records::PARTS {
+        rows.push((
+            name,
+            text(state),
+            rusqlite_value(vec![0u8; 16]),
+            fingerprint.clone(),
+            text(outcome),
+        ));
+    }
+    for (name, state, token, fingerprint, outcome) in rows {
+        let key = format!("corrupt:{name}");
+        other
+            .execute(
+                "INSERT INTO idempotency_keys VALUES (?1, ?2, ?3, ?4, ?5,
+                     CAST(unixepoch('subsec') * 1000 AS INTEGER) + 3600000)",
+                (&key, state, token, fingerprint, outcome),
+            )
+            .unwrap();
+        let error = store.reserve(&key, fp(1), LEASE).await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Corrupt, "{name}: {error}");
+        // Inspect shows no token, so a row whose only damage is its token reads fine there.
+        if name != "token-as-text" {
+            let error = store.inspect(&key).await.unwrap_err();
+            assert_eq!(error.kind(), StoreErrorKind::Corrupt, "{name}: {error}");
+        }
+        let fresh = format!("{key}-fresh");
+        let answers = store
+            .reserve_many(&[(&key, fp(1)), (&fresh, fp(1))], LEASE)
+            .await
+            .expect("the batch as a whole succeeds");
+        assert!(
+            matches!(&answers[0], Err(e) if e.kind() == StoreErrorKind::Corrupt),
+            "{name}: {:?}",
+            answers[0]
+        );
+        assert!(
+            matches!(answers[1], Ok(Reservation::Reserved { .. })),
+            "{name}"
+        );
+        let left: String = other
+            .query_row(
+                "SELECT typeof(state) FROM idempotency_keys WHERE key = ?1",
+                [&key],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert!(!left.is_empty(), "{name}: the row was left in place");
+    }
+
+    // A garbage row whose time has passed is simply taken over.
+    other
+        .execute(
+            "INSERT INTO idempotency_keys VALUES ('corrupt:expired', 'weird', x'00', x'00', '[]',
+                 CAST(unixepoch('subsec') * 1000 AS INTEGER) - 1000)",
+            [],
+        )
+        .unwrap();
+    assert!(matches!(
+        store
+            .reserve("corrupt:expired", fp(1), LEASE)
+            .await
+            .unwrap(),
+        Reservation::Reserved { .. }
+    ));
+}
+
+const LEASE: Duration = Duration::from_secs(60);
+
+use tower_idempotency::store::sqlite::rusqlite::types::Value::{self, Integer, Null};
+
+fn rusqlite_value(value: impl Into<Value>) -> Value {
+    value.into()
 }

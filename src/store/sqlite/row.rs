@@ -34,8 +34,13 @@ impl Found {
 
     /// What a reserve found: ours when the row holds our `token`.
     pub(super) fn reservation(self, token: Token, path: &Path) -> Result<Reservation, StoreError> {
-        if self.token.as_deref() == Some(&token.as_uuid().as_bytes()[..]) {
-            return Ok(Reservation::Reserved { token });
+        match self.token.as_deref() {
+            Some(holder) if holder == &token.as_uuid().as_bytes()[..] => {
+                return Ok(Reservation::Reserved { token });
+            }
+            // No holder could ever settle a row whose token is not a UUID.
+            Some(holder) if holder.len() == 16 => {}
+            _ => return Err(corrupt(path, "has a token that is not 16 bytes")),
         }
         let state = key_state(self.state.as_deref(), path)?;
         record(
