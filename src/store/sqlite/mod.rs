@@ -38,8 +38,9 @@
 //!   key, in one transaction. The keys of one call must be distinct: a repeated key fails the
 //!   call with an [`InvalidInput`](super::StoreErrorKind::InvalidInput) error.
 //!
-//! Other processes are waited for up to the timeout ([`DEFAULT_TIMEOUT`], SQLite's busy
-//! timeout): a database locked for longer fails the operation with a
+//! Other processes' writes are waited for, in sleeps of 50 µs to 1.6 ms (a busy handler sized
+//! for the store's short transactions, not SQLite's 1 to 100 ms steps), up to the timeout
+//! ([`DEFAULT_TIMEOUT`]): a database locked for longer fails the operation with a
 //! [`Timeout`](super::StoreErrorKind::Timeout) error, and the layer then sends nothing
 //! (`idempotency.store_failed`). A file that is not a database fails [`SqliteStore::open`].
 //!
@@ -111,8 +112,7 @@ pub mod statements {
 
 use writer::{Call, Job};
 
-/// The default bound on each operation, including the wait for other processes' writes
-/// (SQLite's busy timeout).
+/// The default bound on each operation, including the wait for other processes' writes.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often the store's thread purges expired rows unless told otherwise.

@@ -79,7 +79,7 @@ where
     }
 }
 
-/// Opens the database at `path` as the store uses it: WAL, the busy timeout, full sync, the
+/// Opens the database at `path` as the store uses it: WAL, the busy handler, full sync, the
 /// schema in place.
 pub(super) fn open(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -218,7 +218,7 @@ pub(super) fn serve(
 /// Runs `batch` in one write transaction and answers every job: each its own answer once
 /// the transaction committed, all the same error when it did not.
 fn run(connection: &Connection, path: &Path, batch: &mut Vec<Box<dyn Job>>) {
-    // IMMEDIATE takes the write lock first (waiting up to the busy timeout), so no statement
+    // IMMEDIATE takes the write lock first (waiting up to the timeout), so no statement
     // inside can fail to upgrade a read to a write.
     if let Err(error) = connection.execute_batch("BEGIN IMMEDIATE") {
         let failed = || failure(&error, path);
