@@ -51,6 +51,24 @@
 //! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
 //! fingerprint in lowercase hex, `outcome` the outcome as above (done records only).
 //!
+//! Two optional fields follow, in this order, in milliseconds since the UNIX epoch by the
+//! store's clock (`RedisStore`: the server's `TIME`), each left out when unknown:
+//!
+//! ```json
+//! {"state":"pending","token":"6f1c…","fingerprint":"9a0e…","first_attempt_at_ms":1764500000000,"lease_until_ms":1764500120000}
+//! {"state":"done","token":"6f1c…","fingerprint":"9a0e…","outcome":{…},"first_attempt_at_ms":1764500000000}
+//! ```
+//!
+//! - `first_attempt_at_ms`: when the first attempt under the key began (kept through
+//!   retakes and takeovers of the same message); a store reports its age as
+//!   [`Record::first_attempt_age`](super::Record::first_attempt_age). A record without it
+//!   (written by an earlier release) has an unknown first attempt, and is never re-sent.
+//! - `lease_until_ms`: when the lease of a pending record ends. A pending record outlives
+//!   its lease, so that a reserve after it can tell it took the key over from a holder that
+//!   never settled it ([`Reservation::TakenOver`](super::Reservation::TakenOver)). A
+//!   pending record without it (written by an earlier release) is live for as long as it
+//!   exists.
+//!
 //! # The record rules
 //!
 //! What decodes must also make sense, or it is [`Corrupt`](super::StoreErrorKind::Corrupt):
@@ -141,12 +159,40 @@ pub fn encode_record(token: Token, record: &Record) -> Result<Vec<u8>, StoreErro
 /// a done one without, a failure of category `delivered`), or are of a later version than
 /// this release reads.
 pub fn decode_record(bytes: &[u8]) -> Result<(Token, Record), StoreError> {
+    decode_record_times(bytes).map(|(token, record, _)| (token, record))
+}
+
+/// The times a stored record carries, in milliseconds since the UNIX epoch by the clock of
+/// the store that wrote them (`RedisStore`: the server's `TIME`); absent in records written
+/// before they existed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Times {
+    /// When the first attempt under the key began.
+    pub(crate) first_attempt_at_ms: Option<u64>,
+    /// When the lease of a pending record ends.
+    pub(crate) lease_until_ms: Option<u64>,
+}
+
+impl Times {
+    /// The first attempt's age at `now_ms`, by the same clock.
+    pub(crate) fn first_attempt_age(&self, now_ms: u64) -> Option<Duration> {
+        self.first_attempt_at_ms
+            .map(|at| Duration::from_millis(now_ms.saturating_sub(at)))
+    }
+}
+
+/// [`decode_record`], with the times the record carries.
+pub(crate) fn decode_record_times(bytes: &[u8]) -> Result<(Token, Record, Times), StoreError> {
     let stored: RecordIn = read(bytes, "the value under the key is not a record")?;
     let outcome = stored.outcome.map(Outcome::try_from).transpose()?;
     let record = checked_record(stored.state.into(), stored.fingerprint, outcome).map_err(|e| {
         StoreError::corrupt("the value under the key is not a usable record").with_source(e)
     })?;
-    Ok((stored.token, record))
+    let times = Times {
+        first_attempt_at_ms: stored.first_attempt_at_ms,
+        lease_until_ms: stored.lease_until_ms,
+    };
+    Ok((stored.token, record, times))
 }
 
 /// The record a store read, once it passes [the record rules](self#the-record-rules) on its
@@ -163,6 +209,7 @@ pub(crate) fn checked_record(
         state,
         fingerprint,
         outcome,
+        first_attempt_age: None,
     })
 }
 
@@ -207,11 +254,26 @@ fn record_json(
     fingerprint: Fingerprint,
     outcome: Option<&Outcome>,
 ) -> Result<String, StoreError> {
+    record_json_at(state, token, fingerprint, outcome, Times::default())
+}
+
+/// A record as version-1 JSON with its times, as `RedisStore`'s scripts complete it: they
+/// append the times to the JSON written without them, in this order, so the bytes are the
+/// same (pinned by the golden tests).
+pub(crate) fn record_json_at(
+    state: RecordState,
+    token: Token,
+    fingerprint: Fingerprint,
+    outcome: Option<&Outcome>,
+    times: Times,
+) -> Result<String, StoreError> {
     write(&RecordOut {
         state: state.into(),
         token,
         fingerprint,
         outcome: outcome.map(OutcomeOut::from),
+        first_attempt_at_ms: times.first_attempt_at_ms,
+        lease_until_ms: times.lease_until_ms,
     })
 }
 
@@ -265,6 +327,10 @@ struct RecordOut<'a> {
     fingerprint: Fingerprint,
     #[serde(skip_serializing_if = "Option::is_none")]
     outcome: Option<OutcomeOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_attempt_at_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_until_ms: Option<u64>,
 }
 
 /// A whole record as it is read. The token is required, so a value without one is corrupt
@@ -276,6 +342,10 @@ struct RecordIn {
     fingerprint: Fingerprint,
     #[serde(default)]
     outcome: Option<OutcomeIn>,
+    #[serde(default)]
+    first_attempt_at_ms: Option<u64>,
+    #[serde(default)]
+    lease_until_ms: Option<u64>,
 }
 
 #[derive(Clone, Copy, Serialize, Deserialize)]

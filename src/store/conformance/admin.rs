@@ -217,7 +217,9 @@ impl Conformance {
                 assert_eq!(receipt.id, "msg-resolved");
                 assert_eq!(receipt.transport, "conformance");
             }
-            Reservation::Reserved { .. } => panic!("a resolved key was reserved: it would send"),
+            Reservation::Reserved { .. } | Reservation::TakenOver { .. } => {
+                panic!("a resolved key was reserved: it would send")
+            }
         }
         assert!(
             !self.listed(admin, 100).await.iter().any(|e| e.key == key),
