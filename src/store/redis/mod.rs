@@ -162,9 +162,9 @@ pub use admin::{
     INDEX_ADD_SCRIPT, INDEX_DROP_SCRIPT, INDEX_PAGE_SCRIPT, INSPECT_SCRIPT, SETTLE_SCRIPT,
     UNKNOWN_INDEX_SUFFIX,
 };
-pub use scripts::{COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT};
+pub use scripts::{COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT};
 
-use scripts::{millis, reservation, script_answer};
+use scripts::{millis, millis_or_zero, reservation, script_answer};
 
 /// The prefix put before every key unless [`RedisStore::key_prefix`] sets another.
 pub const DEFAULT_KEY_PREFIX: &str = "idem:";
@@ -174,6 +174,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The longest lease or ttl sent to the server (100 years); longer ones are cut to it.
 pub const MAX_EXPIRY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// How long a pending record is kept past its lease unless
+/// [`RedisStore::pending_kept_for`] says otherwise: a day, the layer's default ttl.
+pub const DEFAULT_PENDING_KEPT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// An idempotency store on Redis, shared by every process that uses the same server and
 /// prefix. See the [module docs](self) for the commands, the key layout and the guarantee.
@@ -204,6 +208,9 @@ pub struct RedisStore {
     connection: Connection,
     prefix: Arc<str>,
     timeout: Duration,
+    pending_kept: Duration,
+    reserve: Arc<Script>,
+    retake: Arc<Script>,
     complete: Arc<Script>,
     release: Arc<Script>,
     extend: Arc<Script>,
@@ -313,6 +320,9 @@ impl RedisStore {
             connection,
             prefix: Arc::from(DEFAULT_KEY_PREFIX),
             timeout: DEFAULT_TIMEOUT,
+            pending_kept: DEFAULT_PENDING_KEPT,
+            reserve: Arc::new(Script::new(RESERVE_SCRIPT)),
+            retake: Arc::new(Script::new(RETAKE_SCRIPT)),
             complete: Arc::new(Script::new(COMPLETE_SCRIPT)),
             release: Arc::new(Script::new(RELEASE_SCRIPT)),
             extend: Arc::new(Script::new(EXTEND_SCRIPT)),
@@ -339,6 +349,19 @@ impl RedisStore {
         self
     }
 
+    /// How long a pending record is kept past its lease (default [`DEFAULT_PENDING_KEPT`],
+    /// a day): while it is, a reserve after the lease reports that it took the key over
+    /// from a holder that never settled it
+    /// ([`Reservation::TakenOver`](super::Reservation::TakenOver)), so the layer can check
+    /// before it sends. After it, the record is gone and such a reserve answers
+    /// `Reserved`, as a store without the record would. Zero keeps it no longer than its
+    /// lease.
+    #[must_use]
+    pub fn pending_kept_for(mut self, kept: Duration) -> Self {
+        self.pending_kept = kept;
+        self
+    }
+
     fn redis_key(&self, key: &str) -> String {
         let mut k = String::with_capacity(self.prefix.len() + key.len());
         k.push_str(&self.prefix);
@@ -361,13 +384,44 @@ impl RedisStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
-        let (cmd, token) = self.reserve_cmd(key, fingerprint, lease)?;
+        let token = Token::new();
+        let pending = record::pending_json(token, fingerprint)?;
         let mut connection = self.connection.clone();
-        let reply = connection
-            .req_packed_command(&cmd)
+        let reply: Value = self
+            .reserve
+            .key(self.redis_key(key))
+            .arg(pending)
+            .arg(fingerprint.to_string())
+            .arg(millis(lease))
+            .arg(millis_or_zero(self.pending_kept))
+            .invoke_async(&mut connection)
             .await
             .map_err(server_error)?;
         reservation(reply, token)
+    }
+
+    async fn retake_once(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> Result<Option<Token>, StoreError> {
+        let token = Token::new();
+        let pending = record::pending_json(token, fingerprint)?;
+        let mut connection = self.connection.clone();
+        let answer: i64 = self
+            .retake
+            .key(self.redis_key(key))
+            .arg(pending)
+            .arg(fingerprint.to_string())
+            .arg(millis(lease))
+            .arg(millis(within))
+            .arg(millis_or_zero(self.pending_kept))
+            .invoke_async(&mut connection)
+            .await
+            .map_err(server_error)?;
+        Ok(script_answer(answer, "retake")?.then_some(token))
     }
 
     async fn complete_once(
@@ -422,6 +476,7 @@ impl RedisStore {
             .key(self.redis_key(key))
             .arg(token.to_string())
             .arg(millis(lease))
+            .arg(millis_or_zero(self.pending_kept))
             .invoke_async(&mut connection)
             .await
             .map_err(server_error)?;
@@ -482,6 +537,17 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         self.bounded(self.extend_once(key, token, lease)).boxed()
+    }
+
+    fn retake<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
+        self.bounded(self.retake_once(key, fingerprint, lease, within))
+            .boxed()
     }
 
     fn reserve_many<'a>(
