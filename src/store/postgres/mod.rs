@@ -359,7 +359,37 @@ impl PostgresStore {
             .ok_or_else(|| {
                 StoreError::new(StoreErrorKind::Unavailable, "reserve answered no row")
             })?;
-        self.reservation(&row, token)
+        self.reported_reservation(&row, token)
+    }
+
+    async fn try_retake(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> Result<Option<Token>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.retake)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let token = Token::new();
+        let fingerprint = &fingerprint.as_bytes()[..];
+        let row = client
+            .query_opt(
+                &statement,
+                &[
+                    &key,
+                    token.as_uuid(),
+                    &fingerprint,
+                    &millis(lease),
+                    &millis(within),
+                ],
+            )
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(row.map(|_| token))
     }
 
     async fn try_reserve_many(
@@ -601,6 +631,16 @@ impl Store for PostgresStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(self.bounded(self.try_extend(key, token, lease)))
+    }
+
+    fn retake<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
+        Box::pin(self.bounded(self.try_retake(key, fingerprint, lease, within)))
     }
 
     fn reserve_many<'a>(
