@@ -452,12 +452,16 @@ impl IdempotencyLayerBuilder {
     ///   a transport that derives another key per attempt gets a second message;
     /// - the message is the same: the layer retakes only for the same fingerprint, and a
     ///   provider that compares payloads refuses another one under the key;
-    /// - `window` leaves a margin below the provider's: it is measured from the first
+    /// - `window` leaves a margin below the provider's. It is measured from the first
     ///   attempt's reserve by the store's clock (Redis `TIME`, PostgreSQL `now()`, the
-    ///   process's monotonic clock), which starts before the provider's, but a store clock
-    ///   stepped back (NTP, a failover to a server whose clock is behind) makes the first
-    ///   attempt look younger. Take off at least the worst step you expect (an hour of 24 is
-    ///   generous).
+    ///   process's monotonic clock), which starts before the provider's; but it bounds when
+    ///   a re-send *starts*, and the provider counts to when the re-send *arrives*, so take
+    ///   off the longest a send may take (your timeout, at most the
+    ///   [`max_hold`](Self::max_hold)); and a store clock stepped back (NTP, a failover to a
+    ///   server whose clock is behind) makes the first attempt look younger, so take off the
+    ///   worst step you expect too. An hour off Resend's 24 is generous. (The model check in
+    ///   `tests/protocol_model.rs` finds the duplicate a window as long as the provider's
+    ///   allows.)
     ///
     /// Needs a store that implements [`Store::retake`] and keeps the first attempt's time
     /// (every store of this crate); with one that does not, the kept error is replayed and a

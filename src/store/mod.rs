@@ -8,6 +8,13 @@
 //! | [`complete`](Store::complete) | keeps the key done with the outcome for `ttl`, when the token holds it or nothing does |
 //! | [`release`](Store::release) | frees the key, when the token holds it pending |
 //! | [`extend`](Store::extend) | makes the lease end `lease` from now, when the token holds the key pending and its lease has not passed |
+//! | [`retake`](Store::retake) | holds a done key of unknown delivery pending again under a new token, for a re-send of the same message while its first attempt is younger than a window |
+//!
+//! Records carry the time of the first attempt under their key, by the store's clock, and
+//! report it as an age ([`Record::first_attempt_age`]), so no skew between the caller's and
+//! the store's clock enters it. A store that keeps a pending record past its lease reports a
+//! reserve that takes it over ([`Reservation::TakenOver`]): its holder began a send and never
+//! settled it, so the layer can check with the provider before it sends again.
 //!
 //! The token fences a reservation: once the lease of a pending key has passed, another reserve
 //! may take it under a new token, and the first owner's late `complete`, `release` or `extend`
@@ -329,6 +336,14 @@ impl std::error::Error for StoreError {
 ///
 /// Object safe: the layer holds it as `Arc<dyn Store>`. Implementations must make each
 /// operation a single atomic step in their backend and decide expiry by their own clock.
+///
+/// For re-sends inside the provider's window and takeovers that check first, a store
+/// implements [`retake`](Self::retake), keeps the first attempt's time in its records
+/// (written by `reserve` on a free key, kept by a takeover of the same message, by
+/// `complete` by the same token and by `retake`) and reports it as
+/// [`Record::first_attempt_age`] in what `reserve` answers, and, when it keeps pending
+/// records past their lease, answers [`Reservation::TakenOver`]. A store that does none of
+/// this keeps compiling and working: the layer then behaves as before these existed.
 /// [`complete`](Self::complete) and [`release`](Self::release) answer whether they changed the
 /// record; `false` means another token holds the key (or, for release, nothing pending does).
 pub trait Store: Send + Sync + 'static {

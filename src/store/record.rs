@@ -175,6 +175,7 @@ pub(crate) struct Times {
 
 impl Times {
     /// The first attempt's age at `now_ms`, by the same clock.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn first_attempt_age(&self, now_ms: u64) -> Option<Duration> {
         self.first_attempt_at_ms
             .map(|at| Duration::from_millis(now_ms.saturating_sub(at)))
@@ -764,6 +765,57 @@ mod tests {
         done.outcome = None;
         let err = encode_record(token(), &done).unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+    }
+
+    #[test]
+    fn records_with_times_are_written_after_every_other_field_and_read_back() {
+        let times = Times {
+            first_attempt_at_ms: Some(1_764_500_000_000),
+            lease_until_ms: Some(1_764_500_120_000),
+        };
+        let pending =
+            record_json_at(RecordState::Pending, token(), fingerprint(), None, times).unwrap();
+        assert_eq!(
+            pending,
+            format!(
+                r#"{{"state":"pending","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","first_attempt_at_ms":1764500000000,"lease_until_ms":1764500120000}}"#
+            )
+        );
+        let (_, record, read) = decode_record_times(pending.as_bytes()).unwrap();
+        assert_eq!(record.state, RecordState::Pending);
+        assert_eq!(read, times);
+        assert_eq!(
+            read.first_attempt_age(1_764_500_003_000),
+            Some(Duration::from_secs(3))
+        );
+        let done_times = Times {
+            lease_until_ms: None,
+            ..times
+        };
+        let failed = Outcome::failed(kept_error());
+        let done = record_json_at(
+            RecordState::Done,
+            token(),
+            fingerprint(),
+            Some(&failed),
+            done_times,
+        )
+        .unwrap();
+        // What `RedisStore`'s complete script makes of the record written without times.
+        let appended = format!(
+            "{},\"first_attempt_at_ms\":1764500000000}}",
+            done_json(token(), fingerprint(), &failed)
+                .unwrap()
+                .strip_suffix('}')
+                .unwrap()
+        );
+        assert_eq!(done, appended);
+        // A record of the previous release carries none.
+        let old = done_json(token(), fingerprint(), &failed).unwrap();
+        assert_eq!(
+            decode_record_times(old.as_bytes()).unwrap().2,
+            Times::default()
+        );
     }
 
     #[test]

@@ -48,6 +48,11 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 ///   lock at a time) and sorts what it finds, so a page costs time in proportion to the
 ///   records held. A pending record whose lease passed stays until room is made, and is
 ///   listed until then.
+/// - **Takeovers and re-sends.** A pending record whose lease passed stays until room is
+///   made, so a reserve that takes it over answers
+///   [`TakenOver`](super::Reservation::TakenOver) until then. Records keep the first
+///   attempt's instant, by the same clock, for [`retake`](super::Store::retake) and
+///   [`first_attempt_age`](super::Record::first_attempt_age).
 /// - **Its own clock.** Expiry uses [`tokio::time::Instant`], so tests control it with tokio's
 ///   paused clock (`#[tokio::test(start_paused = true)]` and `tokio::time::advance`).
 ///

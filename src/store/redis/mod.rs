@@ -7,10 +7,11 @@
 //!
 //! | operation | command |
 //! |---|---|
-//! | [`reserve`](Store::reserve) | `SET key pending NX GET PX lease`: sets the pending record only when no key exists, and answers the value that holds it otherwise |
+//! | [`reserve`](Store::reserve) | the Lua script [`RESERVE_SCRIPT`] (`EVALSHA`, one round trip): sets the pending record when no live record holds the key (none, or a pending one whose lease passed: a takeover), and answers the value that holds it otherwise |
 //! | [`complete`](Store::complete) | the Lua script [`COMPLETE_SCRIPT`] (`EVALSHA`): writes the done record with `PX ttl` when the token holds the key or nothing does |
 //! | [`release`](Store::release) | the Lua script [`RELEASE_SCRIPT`] (`EVALSHA`): deletes the key when the token holds it pending |
-//! | [`extend`](Store::extend) | the Lua script [`EXTEND_SCRIPT`] (`EVALSHA`): `PEXPIRE key lease` when the token holds it pending |
+//! | [`extend`](Store::extend) | the Lua script [`EXTEND_SCRIPT`] (`EVALSHA`): moves the lease's end in the record when the token holds it pending within its lease |
+//! | [`retake`](Store::retake) | the Lua script [`RETAKE_SCRIPT`] (`EVALSHA`): holds a done record of unknown delivery pending again when its first attempt is younger than the window |
 //!
 //! Scripts run with `EVALSHA` and are loaded again by themselves when the server answers
 //! `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
@@ -55,9 +56,16 @@
 //!
 //! # Expiry
 //!
-//! Every record is written with `PX` (an extended lease is moved with `PEXPIRE`), so the
-//! server's clock decides expiry and an expired record is simply absent: nothing lingers, no
-//! purge is needed, and an extend that comes too late finds nothing to revive. A lease or ttl is sent in
+//! The server's clock decides expiry. A done record is written with `PX ttl` and is simply
+//! absent once expired: no purge is needed. A pending record carries its lease's end in the
+//! record (`lease_until_ms`, by the server's `TIME`, which every script reads) and is
+//! written with `PX` of the lease plus [`RedisStore::pending_kept_for`] (a day by default):
+//! past its lease it holds nothing, but a reserve that takes it over can tell
+//! ([`Reservation::TakenOver`](super::Reservation::TakenOver)), and the layer checks before
+//! it sends again. Records carry the first attempt's time (`first_attempt_at_ms`) as well;
+//! see [`store::record`](super::record). An extend that comes after the lease revives
+//! nothing. Records of the previous release carry no times: their pending records live for
+//! their lease (`PX`), their first attempt is unknown. A lease or ttl is sent in
 //! whole milliseconds, at least 1 ms and at most [`MAX_EXPIRY`] (about 100 years; Redis refuses
 //! expiry times that overflow its clock).
 //!
@@ -73,7 +81,8 @@
 //! ```
 //!
 //! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
-//! fingerprint in hex, `outcome` the kept [`Outcome`] (done records only). No message content
+//! fingerprint in hex, `outcome` the kept [`Outcome`] (done records only), then
+//! `first_attempt_at_ms` and, for a pending record, `lease_until_ms`. No message content
 //! is stored. The scripts read `state` and `token` of that JSON. A value that is not such
 //! JSON, a record that breaks the [record rules](super::record#the-record-rules) (a pending
 //! record with an outcome, a done one without, a failure of category `delivered`: the same
@@ -112,8 +121,11 @@
 //! written by separate commands, never one script. An entry whose record expired, was taken
 //! by a new reserve, or was changed around the store is skipped by the next listing and
 //! dropped; a record that a failed index write left out is indexed again when its
-//! settlement is retried. A pending record whose lease passed is gone from Redis, so the
-//! listing holds keys of unknown delivery only. On a cluster, the index is one key on one
+//! settlement is retried. A pending record whose lease passed is kept (see
+//! [Expiry](#expiry)) but not listed: indexing it would take an index write on every
+//! reserve, another key in another slot on a cluster, so reserve would no longer be one
+//! round trip. The listing holds keys of unknown delivery only; a stale pending key is
+//! settled by the next send's takeover check, or read with `inspect`. On a cluster, the index is one key on one
 //! node, which every listing and every unknown `complete` reaches.
 //!
 //! # Guarantee
