@@ -732,7 +732,7 @@ fn with_the_window_and_a_verifier_a_key_never_makes_two_provider_messages() {
     // deduplicated by the provider, outside it the verifier is asked before any send.
     let report = explore_for(&Model::with_resends(), one_message);
     if let Some(path) = &report.counterexample {
-        panic!("two provider messages:\n{}", describe(&path));
+        panic!("two provider messages:\n{}", describe(path));
     }
     // Not vacuous: re-sends happen and are deduplicated, and verified takeovers send nothing.
     assert!(report.single_delivery_reachable);
@@ -750,7 +750,7 @@ fn a_delivered_key_is_never_sent_again() {
     // send, or by a verifier after a takeover), no send starts under it again.
     let report = explore_for(&Model::with_resends(), |s| !s.sent_after_receipt);
     if let Some(path) = &report.counterexample {
-        panic!("a send after the receipt was kept:\n{}", describe(&path));
+        panic!("a send after the receipt was kept:\n{}", describe(path));
     }
     assert!(report.verified_delivered_reachable);
 }

@@ -137,17 +137,13 @@ where
         Ok(Reservation::TakenOver { token, previous }) => {
             let raw = raw_key(&config, &request);
             let recipients = request.recipients();
-            let decided = after_takeover(
-                &config,
-                &store_key,
-                fingerprint,
+            let held = Held {
+                key: Arc::clone(&store_key),
                 token,
-                previous,
-                raw,
-                &recipients,
-                asked_at,
-            )
-            .await;
+                fingerprint,
+            };
+            let decided =
+                after_takeover(&config, held, previous, raw, &recipients, asked_at).await;
             match decided {
                 Takeover::Send => token,
                 Takeover::Answered(answer) => return answer,

@@ -18,10 +18,9 @@ use super::renew::{Held, Lease};
 use super::resend::inside_window;
 use super::settle::{Finish, Settle};
 use super::stats::bump;
-use crate::fingerprint::Fingerprint;
 use crate::outcome::{Outcome, Receipt, SendError, codes};
 use crate::reconcile::{Verified, Verify};
-use crate::store::{Record, Token};
+use crate::store::Record;
 
 /// What a send does after taking its key over.
 pub(crate) enum Takeover {
@@ -31,35 +30,36 @@ pub(crate) enum Takeover {
     Answered(Result<Receipt, SendError>),
 }
 
-/// Decides a takeover of `key` (now held under `token` since `asked_at`) from the stale
-/// `previous` record. `raw_key` and `recipients` are the request's.
+/// Decides a takeover of the `held` key (held since `asked_at`) from the stale `previous`
+/// record. `raw_key` and `recipients` are the request's.
 pub(crate) async fn after_takeover(
     config: &Arc<Config>,
-    key: &Arc<str>,
-    fingerprint: Fingerprint,
-    token: Token,
+    held: Held,
     previous: Record,
     raw_key: Option<String>,
     recipients: &[&str],
     asked_at: Instant,
 ) -> Takeover {
+    let key = &held.key;
+    let fingerprint = held.fingerprint;
     if previous.fingerprint != fingerprint {
         // Another message's holder crashed: this one was never sent under the key.
         return Takeover::Send;
     }
     let counters = &config.counters;
     bump(&counters.taken_over);
-    if let Some(window) = config.provider_window {
-        if inside_window(&previous, fingerprint, window) {
-            bump(&counters.resent);
-            tracing::info!(
-                namespace = %config.namespace,
-                key_hash = %key_hash(key),
-                "took over a send that was never settled, inside the provider's window: \
-                 sending again under the same key"
-            );
-            return Takeover::Send;
-        }
+    if config
+        .provider_window
+        .is_some_and(|window| inside_window(&previous, fingerprint, window))
+    {
+        bump(&counters.resent);
+        tracing::info!(
+            namespace = %config.namespace,
+            key_hash = %key_hash(key),
+            "took over a send that was never settled, inside the provider's window: \
+             sending again under the same key"
+        );
+        return Takeover::Send;
     }
     let Some(verifier) = &config.verifier else {
         tracing::info!(
@@ -108,11 +108,6 @@ pub(crate) async fn after_takeover(
             );
             Err(SendError::unverified())
         }
-    };
-    let held = Held {
-        key: Arc::clone(key),
-        token,
-        fingerprint,
     };
     let mut settle = Settle::new(Arc::clone(config), vec![held], Lease::new(config, asked_at));
     settle

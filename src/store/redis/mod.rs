@@ -61,7 +61,7 @@
 //! record (`lease_until_ms`, by the server's `TIME`, which every script reads) and is
 //! written with `PX` of the lease plus [`RedisStore::pending_kept_for`] (a day by default):
 //! past its lease it holds nothing, but a reserve that takes it over can tell
-//! ([`Reservation::TakenOver`](super::Reservation::TakenOver)), and the layer checks before
+//! ([`Reservation::TakenOver`]), and the layer checks before
 //! it sends again. Records carry the first attempt's time (`first_attempt_at_ms`) as well;
 //! see [`store::record`](super::record). An extend that comes after the lease revives
 //! nothing. Records of the previous release carry no times: their pending records live for
@@ -364,7 +364,7 @@ impl RedisStore {
     /// How long a pending record is kept past its lease (default [`DEFAULT_PENDING_KEPT`],
     /// a day): while it is, a reserve after the lease reports that it took the key over
     /// from a holder that never settled it
-    /// ([`Reservation::TakenOver`](super::Reservation::TakenOver)), so the layer can check
+    /// ([`Reservation::TakenOver`]), so the layer can check
     /// before it sends. After it, the record is gone and such a reserve answers
     /// `Reserved`, as a store without the record would. Zero keeps it no longer than its
     /// lease.
