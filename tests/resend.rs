@@ -469,3 +469,50 @@ async fn a_crashed_owner_the_provider_cannot_vouch_for_is_kept_unsent(backend: B
     assert_eq!(provider.requests().len(), 1);
     assert_eq!(stats.stats().verify_inconclusive, 1);
 }
+
+/// A third-party store written before `Store::retake` existed keeps today's behaviour: the
+/// kept error is replayed, nothing is sent again.
+#[tokio::test]
+async fn a_store_without_retake_replays_the_kept_error_as_before() {
+    let store = support::TestStore::default();
+    let ledger = Ledger::new([Fault::TakeThen500]);
+    let provider = FakeProvider::start(ledger.script()).await;
+    let layer = IdempotencyLayer::builder()
+        .store(store)
+        .namespace("resend")
+        .provider_window(WINDOW)
+        .build()
+        .unwrap();
+    let stats = layer.clone();
+    let service = stack(layer, &provider);
+    let first = service.clone().oneshot(order(KEY)).await.unwrap_err();
+    let again = service.oneshot(order(KEY)).await.unwrap_err();
+    assert_eq!(again.code(), first.code());
+    assert!(again.is_replayed());
+    assert_eq!(provider.requests().len(), 1);
+    assert_eq!(stats.stats().resent, 0);
+}
+
+/// A verification service that does not answer within the verify timeout counts as unknown:
+/// the taken-over key is kept, nothing is sent.
+#[tokio::test]
+async fn a_verifier_that_does_not_answer_in_time_keeps_the_key_unsent() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let ledger = Ledger::new([Fault::TakeThenStall]);
+    let provider = FakeProvider::start(ledger.script()).await;
+    crash_mid_send(&store, &provider, order(KEY)).await;
+
+    let silent = tower::service_fn(|_question: Verify| {
+        std::future::pending::<Result<Verified, BoxError>>()
+    });
+    let layer = layer(&store)
+        .verify_takeovers(silent)
+        .verify_timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let stats = layer.clone();
+    let error = stack(layer, &provider).oneshot(order(KEY)).await.unwrap_err();
+    assert_eq!(error.code(), codes::UNVERIFIED);
+    assert_eq!(provider.requests().len(), 1, "not sent again");
+    assert_eq!(stats.stats().verify_inconclusive, 1);
+}
