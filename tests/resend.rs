@@ -502,16 +502,18 @@ async fn a_verifier_that_does_not_answer_in_time_keeps_the_key_unsent() {
     let provider = FakeProvider::start(ledger.script()).await;
     crash_mid_send(&store, &provider, order(KEY)).await;
 
-    let silent = tower::service_fn(|_question: Verify| {
-        std::future::pending::<Result<Verified, BoxError>>()
-    });
+    let silent =
+        tower::service_fn(|_question: Verify| std::future::pending::<Result<Verified, BoxError>>());
     let layer = layer(&store)
         .verify_takeovers(silent)
         .verify_timeout(Duration::from_millis(50))
         .build()
         .unwrap();
     let stats = layer.clone();
-    let error = stack(layer, &provider).oneshot(order(KEY)).await.unwrap_err();
+    let error = stack(layer, &provider)
+        .oneshot(order(KEY))
+        .await
+        .unwrap_err();
     assert_eq!(error.code(), codes::UNVERIFIED);
     assert_eq!(provider.requests().len(), 1, "not sent again");
     assert_eq!(stats.stats().verify_inconclusive, 1);

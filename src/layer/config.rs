@@ -442,6 +442,8 @@ impl IdempotencyLayerBuilder {
     ///
     /// Outside the window, with a record whose first attempt's time is unknown (written by
     /// an earlier release), or without this option, the kept error is replayed, as before.
+    /// A [`Batch`](crate::batch::Batch) answers kept outcomes as before: re-sends and the
+    /// takeover check are for single sends.
     ///
     /// **When a re-send is safe.** Only when all of these hold:
     ///

@@ -142,8 +142,7 @@ where
                 token,
                 fingerprint,
             };
-            let decided =
-                after_takeover(&config, held, previous, raw, &recipients, asked_at).await;
+            let decided = after_takeover(&config, held, previous, raw, &recipients, asked_at).await;
             match decided {
                 Takeover::Send => token,
                 Takeover::Answered(answer) => return answer,
