@@ -20,7 +20,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::sqlite::rusqlite::{Connection, params};
-use tower_idempotency::store::sqlite::statements::{COMPLETE, RESERVE, SCHEMA};
+use tower_idempotency::store::sqlite::statements::{BEFORE_RESERVE, COMPLETE, RESERVE, SCHEMA};
 use tower_idempotency::store::{Reservation, SqliteStore, Store, Token};
 
 const WRITERS: [usize; 2] = [1, 8];
@@ -109,6 +109,13 @@ fn raw_connection(path: &Path) -> Connection {
 fn raw_pair(connection: &Connection, keys: &Keys, outcome_json: &str) {
     let key = keys.next();
     let token = Token::new();
+    // The store reads the row before its reserve, to report a takeover: so does raw.
+    let before = connection
+        .prepare_cached(BEFORE_RESERVE)
+        .expect("prepare")
+        .exists([&key])
+        .expect("read before reserve");
+    assert!(!before, "a fresh key");
     let holder: Vec<u8> = connection
         .prepare_cached(RESERVE)
         .expect("prepare")

@@ -349,9 +349,26 @@ async fn a_file_that_is_not_a_database_fails_open_with_a_store_error() {
     assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
 }
 
-#[tokio::test]
-async fn purge_deletes_expired_rows_and_leaves_live_ones() {
+/// Keeps `key` done for a millisecond.
+async fn briefly_done(store: &SqliteStore, key: &str) {
     use tower_idempotency::store::{Reservation, Store};
+    use tower_idempotency::{Outcome, Receipt};
+    let Reservation::Reserved { token } = store.reserve(key, fp(1), LEASE).await.unwrap() else {
+        panic!("{key} is free")
+    };
+    let outcome = Outcome::sent(Receipt::new("m", "fake"));
+    let ttl = Duration::from_millis(1);
+    assert!(
+        store
+            .complete(key, token, fp(1), &outcome, ttl)
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test]
+async fn purge_deletes_expired_rows_and_leaves_live_ones_and_recent_stale_sends() {
+    use tower_idempotency::store::Store;
     let dir = SqliteDir::new("purge");
     let store = SqliteStore::builder(dir.file())
         .purge_every(None)
@@ -360,41 +377,34 @@ async fn purge_deletes_expired_rows_and_leaves_live_ones() {
         .await
         .unwrap();
     for key in ["gone-1", "gone-2", "gone-3"] {
-        store
-            .reserve(key, fp(1), Duration::from_millis(1))
-            .await
-            .unwrap();
+        briefly_done(&store, key).await;
     }
-    let Reservation::Reserved { .. } = store
-        .reserve("live", fp(1), Duration::from_secs(60))
+    store.reserve("live", fp(1), LEASE).await.unwrap();
+    store
+        .reserve("crashed", fp(1), Duration::from_millis(1))
         .await
-        .unwrap()
-    else {
-        panic!("a fresh key is free")
-    };
-    // A deadline on the database's clock: the short leases have passed.
+        .unwrap();
+    // A deadline on the database's clock: the short ttls and lease have passed.
     tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(store.inspect("gone-1").await.unwrap().unwrap().is_stale());
+    assert!(store.inspect("crashed").await.unwrap().unwrap().is_stale());
 
     assert_eq!(store.purge_expired().await.unwrap(), 3, "in batches of two");
     assert!(store.inspect("gone-1").await.unwrap().is_none());
     assert!(store.inspect("live").await.unwrap().is_some());
+    // Kept for an hour, so the next reserve reports the takeover of a crashed send.
+    assert!(store.inspect("crashed").await.unwrap().is_some());
     assert_eq!(store.purge_expired().await.unwrap(), 0);
 }
 
 #[tokio::test]
 async fn the_store_thread_purges_on_its_own_while_idle() {
-    use tower_idempotency::store::Store;
     let dir = SqliteDir::new("auto-purge");
     let store = SqliteStore::builder(dir.file())
         .purge_every(Some(Duration::from_millis(20)))
         .open()
         .await
         .unwrap();
-    store
-        .reserve("gone", fp(1), Duration::from_millis(1))
-        .await
-        .unwrap();
+    briefly_done(&store, "gone").await;
     let purged = tokio::time::timeout(Duration::from_secs(5), async {
         while store.inspect("gone").await.unwrap().is_some() {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -402,6 +412,50 @@ async fn the_store_thread_purges_on_its_own_while_idle() {
     })
     .await;
     assert!(purged.is_ok(), "the expired row was never purged");
+}
+
+#[tokio::test]
+async fn a_file_made_before_first_attempts_were_kept_gains_the_column_and_never_retakes_its_rows() {
+    use tower_idempotency::store::{Reservation, Store};
+    let dir = SqliteDir::new("old-schema");
+    let old = Connection::open(dir.file()).unwrap();
+    old.execute_batch(
+        "CREATE TABLE idempotency_keys (
+             key TEXT PRIMARY KEY NOT NULL, state TEXT NOT NULL, token BLOB NOT NULL,
+             fingerprint BLOB NOT NULL, outcome TEXT, expires_at INTEGER NOT NULL
+         ) WITHOUT ROWID;",
+    )
+    .unwrap();
+    let unknown = r#"{"failed":{"code":"provider.timeout","category":"unknown","retryable":false,"message":"timed out"}}"#;
+    old.execute(
+        "INSERT INTO idempotency_keys VALUES ('old', 'done', zeroblob(16), zeroblob(32) , ?1,
+             CAST(unixepoch('subsec') * 1000 AS INTEGER) + 3600000)",
+        [unknown],
+    )
+    .unwrap();
+    drop(old);
+
+    let store = SqliteStore::open(dir.file()).await.unwrap();
+    let zero = tower_idempotency::Fingerprint::from_bytes([0; 32]);
+    let Reservation::Held { record } = store.reserve("old", zero, LEASE).await.unwrap() else {
+        panic!("the old row holds its key")
+    };
+    assert!(record.is_unknown_delivery());
+    assert_eq!(record.first_attempt_age, None, "unknown, not made up");
+    assert_eq!(
+        store
+            .retake("old", zero, LEASE, Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        None,
+        "a first attempt of unknown age is never sent again"
+    );
+    // New rows keep the time.
+    store.reserve("new", zero, LEASE).await.unwrap();
+    let Reservation::Held { record } = store.reserve("new", zero, LEASE).await.unwrap() else {
+        panic!("held")
+    };
+    assert!(record.first_attempt_age.is_some());
 }
 
 #[tokio::test]
@@ -537,7 +591,8 @@ async fn rows_that_do_not_decode_or_break_the_record_rules_are_corrupt_never_a_p
         let key = format!("corrupt:{name}");
         other
             .execute(
-                "INSERT INTO idempotency_keys VALUES (?1, ?2, ?3, ?4, ?5,
+                "INSERT INTO idempotency_keys (key, state, token, fingerprint, outcome, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5,
                      CAST(unixepoch('subsec') * 1000 AS INTEGER) + 3600000)",
                 (&key, state, token, fingerprint, outcome),
             )
@@ -576,7 +631,8 @@ async fn rows_that_do_not_decode_or_break_the_record_rules_are_corrupt_never_a_p
     // A garbage row whose time has passed is simply taken over.
     other
         .execute(
-            "INSERT INTO idempotency_keys VALUES ('corrupt:expired', 'weird', x'00', x'00', '[]',
+            "INSERT INTO idempotency_keys (key, state, token, fingerprint, outcome, expires_at)
+                 VALUES ('corrupt:expired', 'weird', x'00', x'00', '[]',
                  CAST(unixepoch('subsec') * 1000 AS INTEGER) - 1000)",
             [],
         )

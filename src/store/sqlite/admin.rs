@@ -48,6 +48,7 @@ impl AdminRow {
             state,
             self.fingerprint.as_deref(),
             self.outcome.as_deref(),
+            None,
             path,
         )?;
         let left = self.left.ok_or_else(|| corrupt("has no readable expiry"))?;

@@ -31,6 +31,11 @@
 //!
 //! - `reserve` is `INSERT … ON CONFLICT (key) DO UPDATE … RETURNING`: the `SET` keeps a live
 //!   row as it is and replaces an expired one; whose token comes back says who holds the key.
+//!   The row as it was is read first in the same write transaction, so a reserve that took
+//!   the key from a pending row whose lease had passed (its holder crashed) answers
+//!   [`TakenOver`](super::Reservation::TakenOver) with it, in `reserve_many` too.
+//! - `retake` is `UPDATE … SET state = 'pending', token = ? … WHERE` the row is done, live, of
+//!   the fingerprint, of unknown delivery, and its first attempt younger than the window.
 //! - `complete` writes done only `WHERE token = ? OR expires_at <= now`, so a stale owner
 //!   never overwrites a new owner's record; `release` deletes the holder's pending row;
 //!   `extend` moves the lease of the holder's pending row whose lease has not passed.
@@ -55,9 +60,15 @@
 //!     token       BLOB    NOT NULL,      -- 16 bytes: the UUID that fences the reservation
 //!     fingerprint BLOB    NOT NULL,      -- 32 bytes of SHA-256
 //!     outcome     TEXT,                  -- the kept outcome, once done
-//!     expires_at  INTEGER NOT NULL       -- end of the lease or ttl, ms since the UNIX epoch
+//!     expires_at  INTEGER NOT NULL,      -- end of the lease or ttl, ms since the UNIX epoch
+//!     first_attempt_at INTEGER           -- when the first attempt under the key began, ms
 //! ) WITHOUT ROWID;
 //! ```
+//!
+//! `first_attempt_at` is kept by a takeover of the same message, by `complete` of the same
+//! token and by `retake`, and reported as [`Record::first_attempt_age`](super::Record::first_attempt_age);
+//! NULL (unknown, never re-sent) in rows written before it existed, to whose file `open` adds
+//! the column.
 //!
 //! with an index on `expires_at` and a partial one on the rows of unknown delivery (for
 //! [`StoreAdmin::list`](super::admin::StoreAdmin::list)). The outcome is the stored form of
@@ -69,7 +80,9 @@
 //! # Expired rows
 //!
 //! An expired row is dead to the protocol at once but stays in the file until a reserve
-//! takes the key again or a purge deletes it. The store's thread purges every
+//! takes the key again or a purge deletes it. A pending row whose lease passed is purged
+//! only an hour later, so that the next send of a key whose holder crashed is told it takes
+//! it over. The store's thread purges every
 //! [`DEFAULT_PURGE_EVERY`] while it is idle (see [`SqliteStoreBuilder::purge_every`]), and
 //! [`SqliteStore::purge_expired`] purges now.
 //!
@@ -87,7 +100,7 @@ use std::sync::mpsc::Sender;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use super::millis::millis;
@@ -107,7 +120,7 @@ pub use rusqlite;
 /// rusqlite directly. Not part of the API: they change with the schema.
 #[doc(hidden)]
 pub mod statements {
-    pub use super::sql::{COMPLETE, RESERVE, SCHEMA};
+    pub use super::sql::{BEFORE_RESERVE, COMPLETE, RESERVE, SCHEMA};
 }
 
 use writer::{Call, Job};
@@ -415,6 +428,10 @@ fn reserve(
     lease: i64,
 ) -> Result<Reservation, StoreError> {
     let token = Token::new();
+    let before = connection
+        .prepare_cached(sql::BEFORE_RESERVE)
+        .and_then(|mut statement| statement.query_row([key], row::Before::read).optional())
+        .map_err(|e| writer::failure(&e, path))?;
     let found = connection
         .prepare_cached(sql::RESERVE)
         .and_then(|mut statement| {
@@ -429,7 +446,7 @@ fn reserve(
             )
         })
         .map_err(|e| writer::failure(&e, path))?;
-    found.reservation(token, path)
+    found.reservation(token, before, path)
 }
 
 /// One complete, on the store's thread: whether it wrote.
@@ -528,6 +545,33 @@ impl Store for SqliteStore {
                     ])
                 })
                 .map(|moved| moved > 0)
+                .map_err(|e| writer::failure(&e, &path))
+        }))
+    }
+
+    fn retake<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
+        let (key, path) = (key.to_owned(), self.inner.path.clone());
+        let (lease, within) = (millis(lease), millis(within));
+        Box::pin(self.call(move |connection| {
+            let token = Token::new();
+            connection
+                .prepare_cached(sql::RETAKE)
+                .and_then(|mut statement| {
+                    statement.exists(rusqlite::params![
+                        key,
+                        &token.as_uuid().as_bytes()[..],
+                        &fingerprint.as_bytes()[..],
+                        lease,
+                        within
+                    ])
+                })
+                .map(|taken| taken.then_some(token))
                 .map_err(|e| writer::failure(&e, &path))
         }))
     }

@@ -2,6 +2,7 @@
 //! the stored form so this store answers as every other does for the same damage.
 
 use std::path::Path;
+use std::time::Duration;
 
 use rusqlite::Row;
 use rusqlite::types::ValueRef;
@@ -11,17 +12,47 @@ use crate::outcome::Outcome;
 use crate::store::admin::KeyState;
 use crate::store::{Record, RecordState, Reservation, StoreError, Token, record};
 
-/// A row as read, before it is checked: state, token, fingerprint, outcome.
+/// A row as read, before it is checked: state, token, fingerprint, outcome, the first
+/// attempt's age in ms.
 pub(super) struct Found {
     state: Option<String>,
     token: Option<Vec<u8>>,
     fingerprint: Option<Vec<u8>>,
     outcome: Option<Vec<u8>>,
+    age: Option<i64>,
+}
+
+/// The row a reserve replaced, as it was: state, fingerprint, outcome, whether its time had
+/// passed, the first attempt's age in ms.
+pub(super) struct Before {
+    state: Option<String>,
+    fingerprint: Option<Vec<u8>>,
+    outcome: Option<Vec<u8>>,
+    expired: bool,
+    age: Option<i64>,
+}
+
+impl Before {
+    /// Reads the columns of [`BEFORE_RESERVE`](super::sql::BEFORE_RESERVE).
+    pub(super) fn read(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            state: text(row, 0),
+            fingerprint: bytes(row, 1),
+            outcome: bytes(row, 2),
+            expired: row.get::<_, bool>(3).unwrap_or(false),
+            age: row.get::<_, Option<i64>>(4).ok().flatten(),
+        })
+    }
+
+    /// Whether a reserve that took the key took it over from a send never settled.
+    fn was_stale_pending(&self) -> bool {
+        self.expired && self.state.as_deref() == Some("pending")
+    }
 }
 
 impl Found {
-    /// Reads the columns (state, token, fingerprint, outcome) of a reserve's answer. Values
-    /// of the wrong type are kept as absent and reported as corrupt when checked, so a
+    /// Reads the columns (state, token, fingerprint, outcome, age) of a reserve's answer.
+    /// Values of the wrong type are kept as absent and reported as corrupt when checked, so a
     /// damaged row never fails the statement that met it.
     pub(super) fn read(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
@@ -29,14 +60,33 @@ impl Found {
             token: bytes(row, 1),
             fingerprint: bytes(row, 2),
             outcome: bytes(row, 3),
+            age: row.get::<_, Option<i64>>(4).ok().flatten(),
         })
     }
 
-    /// What a reserve found: ours when the row holds our `token`.
-    pub(super) fn reservation(self, token: Token, path: &Path) -> Result<Reservation, StoreError> {
+    /// What a reserve found: ours when the row holds our `token` (taken over when `before`
+    /// was a pending row whose lease had passed), held otherwise.
+    pub(super) fn reservation(
+        self,
+        token: Token,
+        before: Option<Before>,
+        path: &Path,
+    ) -> Result<Reservation, StoreError> {
         match self.token.as_deref() {
             Some(holder) if holder == &token.as_uuid().as_bytes()[..] => {
-                return Ok(Reservation::Reserved { token });
+                return match before.filter(Before::was_stale_pending) {
+                    Some(before) => {
+                        let previous = record(
+                            KeyState::Pending,
+                            before.fingerprint.as_deref(),
+                            before.outcome.as_deref(),
+                            before.age,
+                            path,
+                        )?;
+                        Ok(Reservation::TakenOver { token, previous })
+                    }
+                    None => Ok(Reservation::Reserved { token }),
+                };
             }
             // No holder could ever settle a row whose token is not a UUID.
             Some(holder) if holder.len() == 16 => {}
@@ -47,6 +97,7 @@ impl Found {
             state,
             self.fingerprint.as_deref(),
             self.outcome.as_deref(),
+            self.age,
             path,
         )
         .map(|record| Reservation::Held { record })
@@ -92,6 +143,7 @@ pub(super) fn record(
     state: KeyState,
     fingerprint: Option<&[u8]>,
     outcome: Option<&[u8]>,
+    first_attempt_age: Option<i64>,
     path: &Path,
 ) -> Result<Record, StoreError> {
     let fingerprint = fingerprint
@@ -106,6 +158,11 @@ pub(super) fn record(
         KeyState::Done => RecordState::Done,
         _ => RecordState::Pending,
     };
-    record::checked_record(state, fingerprint, outcome)
-        .map_err(|e| corrupt(path, "breaks the record rules").with_source(e))
+    let record = record::checked_record(state, fingerprint, outcome)
+        .map_err(|e| corrupt(path, "breaks the record rules").with_source(e))?;
+    // By SQLite's clock; a clock stepped back reads as no time passed, never a negative one.
+    Ok(match first_attempt_age {
+        Some(ms) => record.with_first_attempt_age(Duration::from_millis(ms.max(0).unsigned_abs())),
+        None => record,
+    })
 }

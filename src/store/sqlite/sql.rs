@@ -54,7 +54,8 @@ pub const SCHEMA: &str = concat!(
         token       BLOB    NOT NULL,
         fingerprint BLOB    NOT NULL,
         outcome     TEXT,
-        expires_at  INTEGER NOT NULL
+        expires_at  INTEGER NOT NULL,
+        first_attempt_at INTEGER
     ) WITHOUT ROWID;
     CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx
         ON idempotency_keys (expires_at);
@@ -64,15 +65,40 @@ pub const SCHEMA: &str = concat!(
     ";"
 );
 
+/// Whether `first_attempt_at` is a column of the table: absent from a file written before
+/// it existed, which `open` then adds it to.
+pub(super) const HAS_FIRST_ATTEMPT: &str =
+    "SELECT count(*) FROM pragma_table_info('idempotency_keys') WHERE name = 'first_attempt_at'";
+
+/// Adds `first_attempt_at` to a table made without it; its rows' first attempts are unknown.
+pub(super) const ADD_FIRST_ATTEMPT: &str =
+    "ALTER TABLE idempotency_keys ADD COLUMN first_attempt_at INTEGER";
+
+/// `?1` key: the row as it is before a reserve (state, fingerprint, outcome, whether its
+/// time passed, its first attempt's age in ms). Run in the reserve's write transaction, so
+/// nothing changes between it and the reserve: a reserve that took the key from a pending
+/// row whose lease passed reports the takeover with it.
+pub const BEFORE_RESERVE: &str = concat!(
+    "SELECT state, fingerprint, outcome, expires_at <= ",
+    now!(),
+    ", ",
+    now!(),
+    " - first_attempt_at FROM idempotency_keys WHERE key = ?1"
+);
+
 /// `?1` key, `?2` token, `?3` fingerprint, `?4` lease in ms. The upsert always updates, so it
 /// always returns the row: a live one written back unchanged (every SET expression reads the
 /// row as it was), an expired one replaced by the new reservation. Whose token comes back
-/// says who holds the key.
+/// says who holds the key. The first attempt's time is kept by a takeover of the same
+/// message's pending row, and starts again otherwise.
 pub const RESERVE: &str = concat!(
-    "INSERT INTO idempotency_keys AS r (key, state, token, fingerprint, outcome, expires_at)
+    "INSERT INTO idempotency_keys AS r
+         (key, state, token, fingerprint, outcome, expires_at, first_attempt_at)
      VALUES (?1, 'pending', ?2, ?3, NULL, ",
     now!(),
-    " + ?4)
+    " + ?4, ",
+    now!(),
+    ")
      ON CONFLICT (key) DO UPDATE SET
          state = CASE WHEN ",
     takes!(),
@@ -88,8 +114,31 @@ pub const RESERVE: &str = concat!(
     " THEN NULL ELSE r.outcome END,
          expires_at = CASE WHEN ",
     takes!(),
-    " THEN excluded.expires_at ELSE r.expires_at END
-     RETURNING state, token, fingerprint, outcome"
+    " THEN excluded.expires_at ELSE r.expires_at END,
+         first_attempt_at = CASE WHEN NOT ",
+    takes!(),
+    " THEN r.first_attempt_at
+             WHEN r.state = 'pending' AND r.fingerprint = excluded.fingerprint
+             THEN r.first_attempt_at ELSE excluded.first_attempt_at END
+     RETURNING state, token, fingerprint, outcome, ",
+    now!(),
+    " - first_attempt_at"
+);
+
+/// `?1` key, `?2` token, `?3` fingerprint, `?4` lease in ms, `?5` window in ms: holds a live
+/// done row of the same message, of unknown delivery, whose first attempt is younger than
+/// the window, pending again under the new token, keeping the first attempt's time; a row
+/// comes back when it did.
+pub(super) const RETAKE: &str = concat!(
+    "UPDATE idempotency_keys SET state = 'pending', token = ?2, outcome = NULL, expires_at = ",
+    now!(),
+    " + ?4 WHERE key = ?1 AND ",
+    unknown!(),
+    " AND expires_at > ",
+    now!(),
+    " AND fingerprint = ?3 AND first_attempt_at > ",
+    now!(),
+    " - ?5 RETURNING key"
 );
 
 /// `?1` key, `?2` token, `?3` fingerprint, `?4` outcome, `?5` ttl in ms: writes done when
@@ -101,7 +150,8 @@ pub const COMPLETE: &str = concat!(
     " + ?5)
      ON CONFLICT (key) DO UPDATE SET
          state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
-         outcome = excluded.outcome, expires_at = excluded.expires_at
+         outcome = excluded.outcome, expires_at = excluded.expires_at,
+         first_attempt_at = CASE WHEN r.token = excluded.token THEN r.first_attempt_at END
      WHERE r.token = excluded.token OR r.expires_at <= ",
     now!(),
     " RETURNING key"
@@ -120,12 +170,16 @@ pub(super) const EXTEND: &str = concat!(
     now!()
 );
 
-/// `?1` how many rows at most: deletes expired rows, oldest first.
+/// `?1` how many rows at most: deletes expired rows, oldest first; a pending row only an
+/// hour after its lease passed, so that the next reserve of a key whose holder crashed still
+/// reports the takeover (the range scan on `expires_at` stays the index's).
 pub(super) const PURGE: &str = concat!(
     "DELETE FROM idempotency_keys WHERE key IN (
          SELECT key FROM idempotency_keys WHERE expires_at <= ",
     now!(),
-    " ORDER BY expires_at LIMIT ?1)"
+    " AND (state <> 'pending' OR expires_at <= ",
+    now!(),
+    " - 3600000) ORDER BY expires_at LIMIT ?1)"
 );
 
 /// `?1` key, `?2` token, `?3` fingerprint, `?4` ttl in ms: written in the caller's
@@ -137,7 +191,7 @@ pub(super) const CLAIM: &str = concat!(
     " + ?4)
      ON CONFLICT (key) DO UPDATE SET
          state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
-         outcome = NULL, expires_at = excluded.expires_at
+         outcome = NULL, expires_at = excluded.expires_at, first_attempt_at = NULL
      WHERE r.expires_at <= ",
     now!(),
     " RETURNING key"

@@ -101,7 +101,21 @@ pub(super) fn open(path: &Path, busy_timeout: Duration) -> Result<Connection, St
         // With WAL, FULL syncs the log at every commit: a kept outcome survives a power
         // loss, not only a crash of the process.
         connection.pragma_update(None, "synchronous", "FULL")?;
-        connection.execute_batch(&format!("BEGIN IMMEDIATE; {} COMMIT;", sql::SCHEMA))?;
+        connection.execute_batch("BEGIN IMMEDIATE")?;
+        let schema = connection.execute_batch(sql::SCHEMA).and_then(|()| {
+            let has: i64 = connection.query_row(sql::HAS_FIRST_ATTEMPT, [], |row| row.get(0))?;
+            if has == 0 {
+                connection.execute_batch(sql::ADD_FIRST_ATTEMPT)?;
+            }
+            Ok(())
+        });
+        match schema {
+            Ok(()) => connection.execute_batch("COMMIT")?,
+            Err(error) => {
+                let _ = connection.execute_batch("ROLLBACK");
+                return Err(error);
+            }
+        }
         Ok(mode)
     };
     let mode = setup(&connection).map_err(|e| failure(&e, path))?;
