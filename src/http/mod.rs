@@ -187,6 +187,7 @@ pub use future::{BatchResponseFuture, ResponseFuture};
 pub use status::{connection_refused, parse_retry_after};
 pub use transport::{
     DEFAULT_MAX_RESPONSE_BODY, HttpTransport, IDEMPOTENCY_KEY, batch_idempotency_key,
+    fit_idempotency_key,
 };
 
 /// The stable codes of the errors [`HttpTransport`] makes from the provider's answer (see the

@@ -122,6 +122,11 @@ where
     let mut kept = Vec::with_capacity(held.len());
     for (i, item) in items.into_iter().enumerate() {
         if let Plan::Send(held_at) = plans[i] {
+            // The provider sees the key the store holds.
+            let item = match held_at.and_then(|h| held.get(h)) {
+                Some(h) => item.with_stored_key(&h.key),
+                None => item,
+            };
             if held_at.is_some() {
                 kept.push(item.clone());
             }

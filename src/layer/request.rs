@@ -73,6 +73,20 @@ pub trait IdempotentRequest: Fingerprinted + Clone + Send + Sync + 'static {
     fn recipients(&self) -> Vec<&str> {
         Vec::new()
     }
+
+    /// This request, told the key the layer reserved for it: its stored key (after the key
+    /// function and the namespace, see
+    /// [`IdempotencyLayer::stored_key_for`](super::IdempotencyLayer::stored_key_for)). The
+    /// layer calls it just before it hands the request to the inner service, so a provider
+    /// client can send the provider the very key the store holds.
+    ///
+    /// The default ignores it. [`Message`] keeps it for its transport
+    /// ([`Message::provider_key`]).
+    #[must_use]
+    fn with_stored_key(self, key: &str) -> Self {
+        let _ = key;
+        self
+    }
 }
 
 /// The message's own key, `to`, `cc` and `bcc` in order.
@@ -83,6 +97,10 @@ impl IdempotentRequest for Message {
 
     fn recipients(&self) -> Vec<&str> {
         Message::recipients(self).collect()
+    }
+
+    fn with_stored_key(self, key: &str) -> Self {
+        self.with_provider_key(key)
     }
 }
 

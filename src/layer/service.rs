@@ -147,6 +147,8 @@ where
         }
     };
 
+    // The provider sees the key the store holds.
+    let request = request.with_stored_key(&store_key);
     let held = Held {
         key: store_key,
         token,

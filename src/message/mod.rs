@@ -2,16 +2,33 @@
 //! [`Envelope`]), their builder and the [`IdempotencyKey`] they may carry.
 //!
 //! Messages are validated when they are built, so a message that reaches a transport always has a
-//! sender, at least one recipient, a body and, when it has one, a well-formed key. Both message
-//! types keep their fields behind an [`Arc`], so cloning one for a retry is a reference-count
-//! increment, not a copy of the bodies.
+//! sender, at least one recipient, a body and, when it has one, a well-formed key; its
+//! addresses are RFC 5322 mailboxes (an SMS's numbers E.164, see [`SmsBuilder`]), its header
+//! names RFC 5322 field names, and no field that ends up in an email header (header values,
+//! subject, addresses, display names, attachment names, threading ids) holds a CR or LF, so no
+//! header can be injected. Both message types keep their fields behind an [`Arc`], so cloning
+//! one for a retry is a reference-count increment, not a copy of the bodies.
+
+mod address;
+mod sms;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+
+use address::{has_line_break, is_addr_spec, is_field_name, is_mailbox};
+pub use sms::{Channel, SmsBuilder, SmsSender};
+
+/// The latest `send_at` a message takes, after the Unix epoch: 9999-12-31T23:59:59Z, the last
+/// second RFC 3339 (four-digit years) can write. Providers take schedules as RFC 3339 text.
+pub const MAX_SEND_AT: Duration = Duration::from_secs(253_402_300_799);
+
+/// The earliest `send_at` a message takes, before the Unix epoch: 0000-01-01T00:00:00Z, the
+/// first second RFC 3339 can write.
+pub const MIN_SEND_AT: Duration = Duration::from_secs(62_167_219_200);
 
 /// The longest idempotency key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 256;
@@ -116,6 +133,9 @@ impl fmt::Display for KeyError {
 impl std::error::Error for KeyError {}
 
 /// Why a message could not be built.
+///
+/// No variant holds the refused text: errors are logged, and addresses and subjects are
+/// personal data. A variant names the field, and for lists the position in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MessageError {
@@ -130,6 +150,36 @@ pub enum MessageError {
         /// The field: `from`, `to`, `cc`, `bcc` or `reply_to`.
         field: &'static str,
     },
+    /// An address is not an RFC 5322 mailbox (`ann@example.com` or
+    /// `Ann Lee <ann@example.com>`); an envelope's address not an `addr-spec`.
+    InvalidAddress {
+        /// The field: `from`, `to`, `cc`, `bcc` or `reply_to`.
+        field: &'static str,
+        /// The position in the field's list (0 for `from`).
+        index: usize,
+    },
+    /// An SMS number is not E.164 (`+` and up to 15 digits).
+    InvalidPhoneNumber {
+        /// The field: `to`, or `from` for a sender number.
+        field: &'static str,
+        /// The position in the field's list (0 for `from`).
+        index: usize,
+    },
+    /// An SMS sender id is not 1 to 11 ASCII letters, digits or spaces with at least one
+    /// letter, or a messaging service id is not `MG` and 32 hex digits.
+    InvalidSender,
+    /// A header name is not an RFC 5322 field name (printable ASCII except `:`).
+    InvalidHeaderName,
+    /// A field that ends up in an email header holds a carriage return or a line feed: the
+    /// way headers are injected.
+    LineBreak {
+        /// The field: `header`, `subject`, `from`, `to`, `cc`, `bcc`, `reply_to`,
+        /// `attachment`, `message_id`, `in_reply_to` or `references`.
+        field: &'static str,
+    },
+    /// `send_at` is before year 0 ([`MIN_SEND_AT`] before the epoch) or after
+    /// [`MAX_SEND_AT`], where RFC 3339 cannot write it.
+    SendAtOutOfRange,
     /// The idempotency key was refused.
     InvalidKey(KeyError),
 }
@@ -141,6 +191,30 @@ impl fmt::Display for MessageError {
             Self::MissingRecipient => f.write_str("message has no recipient (to, cc or bcc)"),
             Self::MissingBody => f.write_str("message has neither a text nor an html body"),
             Self::EmptyAddress { field } => write!(f, "message has an empty address in `{field}`"),
+            Self::InvalidAddress { field, index } => write!(
+                f,
+                "address {index} of `{field}` is not an RFC 5322 mailbox \
+                 (`name@domain` or `Name <name@domain>`)"
+            ),
+            Self::InvalidPhoneNumber { field, index } => write!(
+                f,
+                "number {index} of `{field}` is not an E.164 number (`+` and up to 15 digits)"
+            ),
+            Self::InvalidSender => f.write_str(
+                "SMS sender is not an alphanumeric id (1 to 11 letters, digits or spaces, one \
+                 letter at least) or a messaging service id (`MG` and 32 hex digits)",
+            ),
+            Self::InvalidHeaderName => f.write_str(
+                "header name is not an RFC 5322 field name (printable ASCII except `:`)",
+            ),
+            Self::LineBreak { field } => write!(
+                f,
+                "`{field}` holds a carriage return or line feed, which would inject a header"
+            ),
+            Self::SendAtOutOfRange => f.write_str(
+                "send_at is outside 0000-01-01T00:00:00Z to 9999-12-31T23:59:59Z, which is all \
+                 RFC 3339 can write",
+            ),
             Self::InvalidKey(e) => write!(f, "invalid idempotency key: {e}"),
         }
     }
@@ -225,6 +299,7 @@ pub(crate) struct MessageParts {
     pub(crate) tracking: Tracking,
     pub(crate) metadata: BTreeMap<String, String>,
     pub(crate) idempotency_key: Option<IdempotencyKey>,
+    pub(crate) channel: Channel,
 }
 
 /// An email or SMS, with an optional idempotency key.
@@ -252,82 +327,134 @@ pub(crate) struct MessageParts {
 /// assert_eq!(err, tower_idempotency::message::MessageError::MissingRecipient);
 /// # Ok::<(), tower_idempotency::message::MessageError>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Message(pub(crate) Arc<MessageParts>);
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub(crate) parts: Arc<MessageParts>,
+    // The key the idempotency layer reserved for this send, set by the layer just before it
+    // calls the provider; outside the shared parts, so setting it copies no body.
+    provider_key: Option<Arc<str>>,
+}
+
+/// Two messages are equal when their content and own key are; the layer's key for a send is
+/// not part of the message.
+impl PartialEq for Message {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts == other.parts
+    }
+}
+
+impl Eq for Message {}
 
 impl Message {
-    /// Starts a message.
+    pub(crate) fn from_parts(parts: MessageParts) -> Self {
+        Self {
+            parts: Arc::new(parts),
+            provider_key: None,
+        }
+    }
+
+    /// Starts an email.
     pub fn builder() -> MessageBuilder {
         MessageBuilder::default()
     }
 
+    /// Starts an SMS; see [`SmsBuilder`].
+    pub fn sms() -> SmsBuilder {
+        SmsBuilder::default()
+    }
+
+    /// Whether it is an email or an SMS, and for an SMS what its sender is.
+    pub fn channel(&self) -> Channel {
+        self.parts.channel
+    }
+
+    /// The key a provider should deduplicate this send by: the key the idempotency layer
+    /// reserved for it (its stored key, after the key function and the namespace), or, for a
+    /// message that did not pass through a layer, its own key. `None` for an unkeyed send.
+    ///
+    /// Transports send it as the provider's idempotency key
+    /// ([`HttpTransport`](crate::http::HttpTransport) through its codec), so the provider's
+    /// own deduplication covers exactly what the layer's store does.
+    pub fn provider_key(&self) -> Option<&str> {
+        self.provider_key
+            .as_deref()
+            .or_else(|| self.idempotency_key().map(IdempotencyKey::as_str))
+    }
+
+    /// This message, to be sent under the layer's stored `key`; see
+    /// [`provider_key`](Self::provider_key).
+    pub(crate) fn with_provider_key(mut self, key: &str) -> Self {
+        self.provider_key = Some(Arc::from(key));
+        self
+    }
+
     /// The sender: an address, a phone number or a sender id.
     pub fn from(&self) -> &str {
-        &self.0.from
+        &self.parts.from
     }
     /// The `to` recipients.
     pub fn to(&self) -> &[String] {
-        &self.0.to
+        &self.parts.to
     }
     /// The `cc` recipients.
     pub fn cc(&self) -> &[String] {
-        &self.0.cc
+        &self.parts.cc
     }
     /// The `bcc` recipients.
     pub fn bcc(&self) -> &[String] {
-        &self.0.bcc
+        &self.parts.bcc
     }
     /// The `reply-to` addresses.
     pub fn reply_to(&self) -> &[String] {
-        &self.0.reply_to
+        &self.parts.reply_to
     }
     /// The subject (absent for SMS).
     pub fn subject(&self) -> Option<&str> {
-        self.0.subject.as_deref()
+        self.parts.subject.as_deref()
     }
     /// The plain-text body.
     pub fn text(&self) -> Option<&str> {
-        self.0.text.as_deref()
+        self.parts.text.as_deref()
     }
     /// The HTML body.
     pub fn html(&self) -> Option<&str> {
-        self.0.html.as_deref()
+        self.parts.html.as_deref()
     }
     /// Extra header fields, by name.
     pub fn headers(&self) -> &BTreeMap<String, String> {
-        &self.0.headers
+        &self.parts.headers
     }
     /// The attachments, in order.
     pub fn attachments(&self) -> &[Attachment] {
-        &self.0.attachments
+        &self.parts.attachments
     }
     /// The threading headers.
     pub fn threading(&self) -> &Threading {
-        &self.0.threading
+        &self.parts.threading
     }
     /// When the provider should send it, if scheduled.
     pub fn send_at(&self) -> Option<SystemTime> {
-        self.0.send_at
+        self.parts.send_at
     }
     /// The tracking flags.
     pub fn tracking(&self) -> Tracking {
-        self.0.tracking
+        self.parts.tracking
     }
     /// Metadata (tags) passed to the provider.
     pub fn metadata(&self) -> &BTreeMap<String, String> {
-        &self.0.metadata
+        &self.parts.metadata
     }
     /// The idempotency key, if the message has one.
     pub fn idempotency_key(&self) -> Option<&IdempotencyKey> {
-        self.0.idempotency_key.as_ref()
+        self.parts.idempotency_key.as_ref()
     }
     /// Every recipient: `to`, then `cc`, then `bcc`.
     pub fn recipients(&self) -> impl Iterator<Item = &str> {
-        self.0
+        self.parts
             .to
             .iter()
-            .chain(&self.0.cc)
-            .chain(&self.0.bcc)
+            .chain(&self.parts.cc)
+            .chain(&self.parts.bcc)
             .map(String::as_str)
     }
 }
@@ -444,22 +571,42 @@ impl MessageBuilder {
     ///
     /// # Errors
     /// [`MessageError`] when the sender, every recipient or both bodies are missing, an address
-    /// is empty, or the key breaks the rules of [`IdempotencyKey`].
-    pub fn build(self) -> Result<Message, MessageError> {
-        let from = match self.from {
+    /// is empty or not an RFC 5322 mailbox, a header name is not an RFC 5322 field name, a
+    /// header value, the subject, an address, an attachment's name or type or a threading id
+    /// holds a CR or LF, `send_at` is outside what RFC 3339 can write, or the key breaks the
+    /// rules of [`IdempotencyKey`].
+    ///
+    /// ```
+    /// use tower_idempotency::Message;
+    /// use tower_idempotency::message::MessageError;
+    ///
+    /// let email = || Message::builder().from("shop@example.com").to("ann@example.com").text("Hi");
+    /// // A header injection is refused before any provider sees it:
+    /// assert_eq!(
+    ///     email().header("X-Note", "hi\r\nBcc: victim@example.com").build(),
+    ///     Err(MessageError::LineBreak { field: "header" })
+    /// );
+    /// assert_eq!(email().header("X-A\r\nBcc", "x").build(), Err(MessageError::InvalidHeaderName));
+    /// assert_eq!(
+    ///     email().cc("a@b@c").build(),
+    ///     Err(MessageError::InvalidAddress { field: "cc", index: 0 })
+    /// );
+    /// assert!(email().cc("Ann Lee <ann.lee@example.com>").build().is_ok());
+    /// ```
+    pub fn build(mut self) -> Result<Message, MessageError> {
+        let from = match self.from.take() {
             Some(from) if !from.is_empty() => from,
             Some(_) => return Err(MessageError::EmptyAddress { field: "from" }),
             None => return Err(MessageError::MissingSender),
         };
+        check_mailboxes("from", std::slice::from_ref(&from))?;
         for (field, list) in [
             ("to", &self.to),
             ("cc", &self.cc),
             ("bcc", &self.bcc),
             ("reply_to", &self.reply_to),
         ] {
-            if list.iter().any(String::is_empty) {
-                return Err(MessageError::EmptyAddress { field });
-            }
+            check_mailboxes(field, list)?;
         }
         if self.to.is_empty() && self.cc.is_empty() && self.bcc.is_empty() {
             return Err(MessageError::MissingRecipient);
@@ -467,8 +614,10 @@ impl MessageBuilder {
         if self.text.is_none() && self.html.is_none() {
             return Err(MessageError::MissingBody);
         }
+        check_header_fields(&self)?;
+        check_send_at(self.send_at)?;
         let idempotency_key = self.key.map(IdempotencyKey::new).transpose()?;
-        Ok(Message(Arc::new(MessageParts {
+        Ok(Message::from_parts(MessageParts {
             from,
             to: self.to,
             cc: self.cc,
@@ -484,7 +633,62 @@ impl MessageBuilder {
             tracking: self.tracking,
             metadata: self.metadata,
             idempotency_key,
-        })))
+            channel: Channel::Email,
+        }))
+    }
+}
+
+/// Every address of `field` is a non-empty RFC 5322 mailbox without line breaks.
+fn check_mailboxes(field: &'static str, list: &[String]) -> Result<(), MessageError> {
+    for (index, address) in list.iter().enumerate() {
+        if address.is_empty() {
+            return Err(MessageError::EmptyAddress { field });
+        }
+        if has_line_break(address) {
+            return Err(MessageError::LineBreak { field });
+        }
+        if !is_mailbox(address) {
+            return Err(MessageError::InvalidAddress { field, index });
+        }
+    }
+    Ok(())
+}
+
+/// Header names are field names; nothing that becomes a header line holds CR or LF.
+fn check_header_fields(b: &MessageBuilder) -> Result<(), MessageError> {
+    for (name, value) in &b.headers {
+        if !is_field_name(name) {
+            return Err(MessageError::InvalidHeaderName);
+        }
+        if has_line_break(value) {
+            return Err(MessageError::LineBreak { field: "header" });
+        }
+    }
+    let line_break = |field, text: Option<&str>| match text {
+        Some(text) if has_line_break(text) => Err(MessageError::LineBreak { field }),
+        _ => Ok(()),
+    };
+    line_break("subject", b.subject.as_deref())?;
+    for a in &b.attachments {
+        line_break("attachment", Some(&a.filename))?;
+        line_break("attachment", Some(&a.content_type))?;
+    }
+    line_break("message_id", b.threading.message_id.as_deref())?;
+    line_break("in_reply_to", b.threading.in_reply_to.as_deref())?;
+    for reference in &b.threading.references {
+        line_break("references", Some(reference))?;
+    }
+    Ok(())
+}
+
+/// `send_at` is within what RFC 3339 writes: [`MIN_SEND_AT`] before the epoch to
+/// [`MAX_SEND_AT`] after it.
+pub(crate) fn check_send_at(send_at: Option<SystemTime>) -> Result<(), MessageError> {
+    match send_at.map(|at| at.duration_since(UNIX_EPOCH)) {
+        None => Ok(()),
+        Some(Ok(since)) if since <= MAX_SEND_AT => Ok(()),
+        Some(Err(before)) if before.duration() <= MIN_SEND_AT => Ok(()),
+        Some(_) => Err(MessageError::SendAtOutOfRange),
     }
 }
 
@@ -499,7 +703,9 @@ impl Envelope {
     /// An envelope from a sender and its recipients.
     ///
     /// # Errors
-    /// [`MessageError`] when the sender or every recipient is missing, or an address is empty.
+    /// [`MessageError`] when the sender or every recipient is missing, or an address is empty
+    /// or not an RFC 5322 `addr-spec` (SMTP takes bare addresses: no display name, no line
+    /// break).
     pub fn new<I, S>(from: impl Into<String>, to: I) -> Result<Self, MessageError>
     where
         I: IntoIterator<Item = S>,
@@ -515,6 +721,15 @@ impl Envelope {
         }
         if to.iter().any(String::is_empty) {
             return Err(MessageError::EmptyAddress { field: "to" });
+        }
+        if !is_addr_spec(&from) {
+            return Err(MessageError::InvalidAddress {
+                field: "from",
+                index: 0,
+            });
+        }
+        if let Some(index) = to.iter().position(|a| !is_addr_spec(a)) {
+            return Err(MessageError::InvalidAddress { field: "to", index });
         }
         Ok(Self { from, to })
     }
@@ -635,6 +850,87 @@ mod tests {
     }
 
     #[test]
+    fn a_line_break_in_any_header_bound_field_is_refused() {
+        let lb = |field| Err(MessageError::LineBreak { field });
+        assert_eq!(base().header("X-A", "1\r\nBcc: x@y").build(), lb("header"));
+        assert_eq!(base().header("X-A", "1\nBcc: x@y").build(), lb("header"));
+        assert_eq!(base().subject("Hi\r\nBcc: x@y").build(), lb("subject"));
+        assert_eq!(base().to("b@x\r\nBcc: c@y").build(), lb("to"));
+        assert_eq!(base().reply_to("\"A\r\n\" <a@x>").build(), lb("reply_to"));
+        let attachment = Attachment::new("a.pdf\r\nX-B: 1", "application/pdf", &b"%"[..]);
+        assert_eq!(base().attachment(attachment).build(), lb("attachment"));
+        assert_eq!(base().message_id("<a@x>\r\nX: 1").build(), lb("message_id"));
+        assert_eq!(base().in_reply_to("<a@x>\n").build(), lb("in_reply_to"));
+        assert_eq!(base().reference("<a@x>\r").build(), lb("references"));
+        assert_eq!(
+            base().header("X-A\r\nBcc", "v").build(),
+            Err(MessageError::InvalidHeaderName)
+        );
+        assert_eq!(
+            base().header("", "v").build(),
+            Err(MessageError::InvalidHeaderName)
+        );
+        let err = base().subject("a\r\nb").build().unwrap_err().to_string();
+        assert!(!err.contains('\r') && !err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn addresses_are_rfc_5322_mailboxes() {
+        assert_eq!(
+            base().cc("ok@x").cc("a@b@c").build(),
+            Err(MessageError::InvalidAddress {
+                field: "cc",
+                index: 1
+            })
+        );
+        assert_eq!(
+            Message::builder()
+                .from("nobody")
+                .to("b@x")
+                .text("t")
+                .build(),
+            Err(MessageError::InvalidAddress {
+                field: "from",
+                index: 0
+            })
+        );
+        assert!(base().to("\"Lee, Ann\" <ann@example.com>").build().is_ok());
+        assert_eq!(
+            Envelope::new("Ann <a@x>", ["b@x"]),
+            Err(MessageError::InvalidAddress {
+                field: "from",
+                index: 0
+            })
+        );
+    }
+
+    #[test]
+    fn send_at_must_be_writable_as_rfc_3339() {
+        let last = UNIX_EPOCH + MAX_SEND_AT;
+        assert!(base().send_at(last).build().is_ok());
+        assert_eq!(
+            base().send_at(last + Duration::from_secs(1)).build(),
+            Err(MessageError::SendAtOutOfRange)
+        );
+        let first = UNIX_EPOCH - MIN_SEND_AT;
+        assert!(base().send_at(first).build().is_ok());
+        assert_eq!(
+            base().send_at(first - Duration::from_secs(1)).build(),
+            Err(MessageError::SendAtOutOfRange)
+        );
+    }
+
+    #[test]
+    fn the_layer_key_is_the_provider_key_and_the_own_key_otherwise() {
+        let own = base().idempotency_key("k").build().unwrap();
+        assert_eq!(own.provider_key(), Some("k"));
+        let sent = own.clone().with_provider_key("ns:k");
+        assert_eq!(sent.provider_key(), Some("ns:k"));
+        assert_eq!(sent, own, "the layer's key is not part of the message");
+        assert_eq!(base().build().unwrap().provider_key(), None);
+    }
+
+    #[test]
     fn key_debug_output_hides_the_key() {
         let key = IdempotencyKey::new("welcome:seller@example.com").unwrap();
         assert!(!format!("{key:?}").contains("seller"));
@@ -644,7 +940,7 @@ mod tests {
     fn clones_share_their_fields() {
         let m = base().build().unwrap();
         let c = m.clone();
-        assert!(Arc::ptr_eq(&m.0, &c.0));
+        assert!(Arc::ptr_eq(&m.parts, &c.parts));
     }
 
     #[test]
