@@ -22,7 +22,8 @@ use crate::outcome::{self, BoxError, Receipt, SendError};
 /// The default bound on a provider's response body: 1 MiB.
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
 
-/// The name of the header that carries the message's idempotency key to the provider.
+/// The name of the header that carries the message's
+/// [`provider_key`](Message::provider_key) to the provider.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// A provider client: sends a [`Message`] through an HTTP client `S` in the API a [`Codec`]
@@ -31,8 +32,9 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// `S` is any `Service<http::Request<Bytes>>` whose response body is an [`http_body::Body`]:
 /// hyper-util's legacy client (behind a `map_request` that wraps the body in
 /// `http_body_util::Full`), reqwest's `Client` behind a small adapter, or a test double. The
-/// transport sets the `Idempotency-Key` header from [`Message::idempotency_key`] on every
-/// request, so every attempt of a retried message carries the same key, reads the body up
+/// transport sets the `Idempotency-Key` header from [`Message::provider_key`] (the key the
+/// idempotency layer holds) on every request, so every attempt of a retried message carries
+/// the same key, reads the body up
 /// to [`DEFAULT_MAX_RESPONSE_BODY`] bytes, and maps the status as the
 /// [module docs](super) describe.
 ///
