@@ -1,8 +1,9 @@
 //! What a provider's HTTP API looks like: the [`Codec`] and [`BatchCodec`] traits, and one
 //! module per provider with its codec, its constants and the codes of the errors only it
-//! makes ([`resend`]).
+//! makes ([`resend`], [`twilio`]).
 
 pub mod resend;
+pub mod twilio;
 mod wire;
 
 use bytes::Bytes;

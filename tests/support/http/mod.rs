@@ -9,6 +9,7 @@
 //! [`resend`], [`twilio`], [`postmark`].
 
 pub mod resend;
+pub mod twilio;
 
 use std::future::Future;
 use std::net::SocketAddr;
