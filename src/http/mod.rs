@@ -1,7 +1,7 @@
 //! The HTTP provider transport: [`HttpTransport`] sends a [`Message`](crate::Message) through
 //! any HTTP client that is a `tower::Service<http::Request<Bytes>>`, in the API a [`Codec`]
-//! describes. The codecs, one module per provider, are in [`codec`]: [`ResendCodec`] (email),
-//! [`TwilioCodec`] (SMS).
+//! describes. The codecs, one module per provider, are in [`codec`]: [`ResendCodec`] and
+//! [`PostmarkCodec`] (email), [`TwilioCodec`] (SMS).
 //!
 //! Enabled by the `http` feature.
 //!
@@ -77,7 +77,8 @@
 //! | the client's `poll_ready` fails | error | retryable | `provider.not_sent` |
 //!
 //! Each codec documents how it reads its provider's error names, next to the limits it
-//! checks: [`codec::resend`](codec::resend#limits), [`codec::twilio`](codec::twilio#limits).
+//! checks: [`codec::resend`](codec::resend#limits), [`codec::postmark`](codec::postmark#limits),
+//! [`codec::twilio`](codec::twilio#limits).
 //!
 //! Decisions:
 //! - **408** is retryable under its own code, `provider.request_timeout`, not the
@@ -185,6 +186,7 @@ mod transport;
 
 // The codec traits and each provider's codec type are re-exported here, where the transport
 // that takes them is; a provider's constants and codes stay in its module under `codec`.
+pub use codec::postmark::PostmarkCodec;
 pub use codec::resend::ResendCodec;
 pub use codec::twilio::TwilioCodec;
 pub use codec::{BatchCodec, Codec};

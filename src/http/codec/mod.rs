@@ -1,7 +1,8 @@
 //! What a provider's HTTP API looks like: the [`Codec`] and [`BatchCodec`] traits, and one
 //! module per provider with its codec, its constants and the codes of the errors only it
-//! makes ([`resend`], [`twilio`]).
+//! makes ([`resend`], [`twilio`], [`postmark`]).
 
+pub mod postmark;
 pub mod resend;
 pub mod twilio;
 mod wire;
