@@ -8,14 +8,14 @@ mod support;
 use std::time::{Duration, SystemTime};
 
 use support::http::postmark::{self, batch, error, result, sent};
-use support::http::{FakeProvider, hyper_client};
-use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_idempotency::batch::{Batch, BatchOutcomes};
+use support::http::{FakeProvider, hyper_client, send_with};
+use support::send_batch;
+use tower::ServiceBuilder;
 use tower_idempotency::http::codec::postmark::{POSTMARK_MAX_BATCH, codes as postmark_codes};
 use tower_idempotency::http::{HttpTransport, PostmarkCodec, codes};
 use tower_idempotency::message::Tracking;
 use tower_idempotency::outcome::Category;
-use tower_idempotency::{IdempotencyLayer, Message, MessageBuilder, SendError};
+use tower_idempotency::{IdempotencyLayer, Message, MessageBuilder};
 
 const TOKEN: &str = "server-token-123";
 
@@ -29,27 +29,6 @@ fn email(to: &str) -> MessageBuilder {
         .to(to)
         .subject("Your receipt")
         .text("Thanks for your order.")
-}
-
-async fn send(
-    provider: &FakeProvider,
-    message: Message,
-) -> Result<tower_idempotency::Receipt, SendError> {
-    HttpTransport::new(hyper_client(), codec(provider))
-        .oneshot(message)
-        .await
-}
-
-async fn send_batch<S>(service: &mut S, messages: Vec<Message>) -> BatchOutcomes
-where
-    S: Service<Batch, Response = BatchOutcomes, Error = SendError>,
-{
-    ServiceExt::<Batch>::ready(service)
-        .await
-        .unwrap()
-        .call(Batch::from(messages))
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
@@ -71,7 +50,7 @@ async fn an_email_goes_to_postmark_as_its_documented_json() {
         .build()
         .unwrap();
 
-    let receipt = send(&provider, message).await.unwrap();
+    let receipt = send_with(codec(&provider), message).await.unwrap();
 
     assert_eq!(receipt.id, "pm-1");
     assert_eq!(receipt.transport, "postmark");
@@ -173,19 +152,14 @@ async fn what_postmark_would_refuse_never_leaves_the_codec_and_batch_neighbours_
         .send_at(SystemTime::now() + Duration::from_secs(60))
         .build()
         .unwrap();
-    let sms = Message::sms()
-        .from_number("+14155552345")
-        .to("+15558675310")
-        .text("hi")
-        .build()
-        .unwrap();
+    let sms = support::sms("hi");
     for (message, what) in [
         (cc_only.clone(), "`To` is required"),
         (fifty_one.clone(), "51"),
         (scheduled.clone(), "schedule"),
         (sms.clone(), "SMS"),
     ] {
-        let err = send(&provider, message).await.unwrap_err();
+        let err = send_with(codec(&provider), message).await.unwrap_err();
         assert_eq!(err.code(), codes::INVALID_REQUEST, "{what}");
         assert!(err.message().contains(what), "{what}: {err}");
     }
@@ -267,7 +241,7 @@ async fn postmark_answers_map_to_outcomes() {
     ];
     for (reply, code, category) in cases {
         let provider = postmark::provider(vec![reply.clone()]).await;
-        let err = send(&provider, email("a@example.com").build().unwrap())
+        let err = send_with(codec(&provider), email("a@example.com").build().unwrap())
             .await
             .unwrap_err();
         assert_eq!((err.code(), err.category()), (code, category), "{reply:?}");

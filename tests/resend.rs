@@ -11,12 +11,13 @@ use std::time::Duration;
 use support::http::{FakeProvider, Reply, hyper_client, resend};
 use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_idempotency::batch::{Batch, BatchOutcomes};
+use tower_idempotency::batch::BatchOutcomes;
 use tower_idempotency::http::codec::resend::codes as resend_codes;
 use tower_idempotency::http::{HttpTransport, ResendCodec, codes};
 use tower_idempotency::outcome::Category;
 use tower_idempotency::{
-    IdempotencyLayer, MemoryStore, Message, RetryPolicy, SendError, counts_against_provider,
+    IdempotencyLayer, MemoryStore, Message, Receipt, RetryPolicy, SendError,
+    counts_against_provider,
 };
 
 const API_KEY: &str = "re_test_123";
@@ -36,21 +37,12 @@ fn transport(provider: &FakeProvider) -> HttpTransport<support::http::HyperClien
     )
 }
 
-async fn send(
-    provider: &FakeProvider,
-    message: Message,
-) -> Result<tower_idempotency::Receipt, SendError> {
-    transport(provider).oneshot(message).await
+async fn send(provider: &FakeProvider, message: Message) -> Result<Receipt, SendError> {
+    support::send(&mut transport(provider), message).await
 }
 
 async fn send_batch(provider: &FakeProvider, messages: Vec<Message>) -> BatchOutcomes {
-    let mut transport = transport(provider);
-    ServiceExt::<Batch>::ready(&mut transport)
-        .await
-        .unwrap()
-        .call(Batch::from(messages))
-        .await
-        .unwrap()
+    support::send_batch(&mut transport(provider), messages).await
 }
 
 fn resend_error(status: u16, name: &str) -> Reply {
@@ -156,12 +148,7 @@ async fn every_documented_limit_is_checked_before_sending() {
     let spaced_tag = email().metadata("order id", "v").build().unwrap();
     let unicode_value = email().metadata("kind", "größe").build().unwrap();
     let empty_name = email().metadata("", "v").build().unwrap();
-    let sms = Message::sms()
-        .from_number("+14155552345")
-        .to("+15558675310")
-        .text("hi")
-        .build()
-        .unwrap();
+    let sms = support::sms("hi");
     for message in [
         no_subject,
         long_tag,

@@ -9,12 +9,12 @@ mod support;
 use std::time::{Duration, UNIX_EPOCH};
 
 use support::http::twilio::{self, created, decode_form, error};
-use support::http::{FakeProvider, Reply, hyper_client};
+use support::http::{FakeProvider, Reply, hyper_client, send_with};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::http::codec::twilio::codes as twilio_codes;
 use tower_idempotency::http::{HttpTransport, TwilioCodec, codes};
 use tower_idempotency::outcome::Category;
-use tower_idempotency::{IdempotencyLayer, Message, SendError};
+use tower_idempotency::{IdempotencyLayer, Message};
 
 const ACCOUNT: &str = "AC0123456789abcdef0123456789abcdef";
 const SERVICE: &str = "MGfedcba9876543210fedcba9876543210";
@@ -28,15 +28,6 @@ fn otp() -> tower_idempotency::message::SmsBuilder {
         .from_number("+14155552345")
         .to("+15558675310")
         .text("Your code is 314159")
-}
-
-async fn send(
-    provider: &FakeProvider,
-    message: Message,
-) -> Result<tower_idempotency::Receipt, SendError> {
-    HttpTransport::new(hyper_client(), codec(provider))
-        .oneshot(message)
-        .await
 }
 
 #[tokio::test]
@@ -97,7 +88,7 @@ async fn a_messaging_service_sends_and_schedules_through_twilio() {
         .build()
         .unwrap();
 
-    send(&provider, message).await.unwrap();
+    send_with(codec(&provider), message).await.unwrap();
 
     let form = decode_form(&provider.requests()[0].body).unwrap();
     assert_eq!(form["MessagingServiceSid"], SERVICE);
@@ -128,7 +119,7 @@ async fn what_twilio_would_refuse_never_leaves_the_codec() {
         (too_long, "1601"),
         (scheduled_from_a_number, "messaging service"),
     ] {
-        let err = send(&provider, message).await.unwrap_err();
+        let err = send_with(codec(&provider), message).await.unwrap_err();
         assert_eq!(err.code(), codes::INVALID_REQUEST, "{what}");
         assert_eq!(err.category(), Category::Validation);
         assert!(err.message().contains(what), "{what}: {err}");
@@ -142,9 +133,12 @@ async fn what_twilio_would_refuse_never_leaves_the_codec() {
     assert!(provider.requests().is_empty());
 
     // At the limit, it goes; unicode counts by characters.
-    send(&provider, otp().text("é".repeat(1600)).build().unwrap())
-        .await
-        .unwrap();
+    send_with(
+        codec(&provider),
+        otp().text("é".repeat(1600)).build().unwrap(),
+    )
+    .await
+    .unwrap();
     provider.assert_no_violations();
 }
 
@@ -198,7 +192,9 @@ async fn twilio_error_codes_map_to_outcomes() {
     ];
     for (reply, code, category) in cases {
         let provider = twilio::provider(vec![reply.clone()]).await;
-        let err = send(&provider, otp().build().unwrap()).await.unwrap_err();
+        let err = send_with(codec(&provider), otp().build().unwrap())
+            .await
+            .unwrap_err();
         assert_eq!((err.code(), err.category()), (code, category), "{reply:?}");
         provider.assert_no_violations();
     }
@@ -207,7 +203,9 @@ async fn twilio_error_codes_map_to_outcomes() {
         error(429, 20429, "Too Many Requests").header("retry-after", "2"),
     ])
     .await;
-    let err = send(&provider, otp().build().unwrap()).await.unwrap_err();
+    let err = send_with(codec(&provider), otp().build().unwrap())
+        .await
+        .unwrap_err();
     assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
 }
 

@@ -331,6 +331,18 @@ async fn record_and_answer(
     response
 }
 
+/// Sends `message` through an `HttpTransport` over hyper-util with `codec`, once.
+pub async fn send_with<C>(
+    codec: C,
+    message: tower_idempotency::Message,
+) -> Result<tower_idempotency::Receipt, tower_idempotency::SendError>
+where
+    C: tower_idempotency::http::Codec,
+{
+    let mut transport = tower_idempotency::http::HttpTransport::new(hyper_client(), codec);
+    super::send(&mut transport, message).await
+}
+
 // ---------------------------------------------------------------------------------------------
 // The clients
 // ---------------------------------------------------------------------------------------------
