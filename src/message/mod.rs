@@ -332,7 +332,18 @@ pub struct Message {
     pub(crate) parts: Arc<MessageParts>,
     // The key the idempotency layer reserved for this send, set by the layer just before it
     // calls the provider; outside the shared parts, so setting it copies no body.
-    provider_key: Option<Arc<str>>,
+    provider_key: Option<ProviderKey>,
+}
+
+/// The layer's key for a send. Debug shows its length only, as [`IdempotencyKey`]'s does:
+/// keys often embed an address.
+#[derive(Clone)]
+struct ProviderKey(Arc<str>);
+
+impl fmt::Debug for ProviderKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ProviderKey(<{} bytes>)", self.0.len())
+    }
 }
 
 /// Two messages are equal when their content and own key are; the layer's key for a send is
@@ -377,14 +388,15 @@ impl Message {
     /// own deduplication covers exactly what the layer's store does.
     pub fn provider_key(&self) -> Option<&str> {
         self.provider_key
-            .as_deref()
+            .as_ref()
+            .map(|key| &*key.0)
             .or_else(|| self.idempotency_key().map(IdempotencyKey::as_str))
     }
 
     /// This message, to be sent under the layer's stored `key`; see
     /// [`provider_key`](Self::provider_key).
     pub(crate) fn with_provider_key(mut self, key: &str) -> Self {
-        self.provider_key = Some(Arc::from(key));
+        self.provider_key = Some(ProviderKey(Arc::from(key)));
         self
     }
 
@@ -927,6 +939,7 @@ mod tests {
         let sent = own.clone().with_provider_key("ns:k");
         assert_eq!(sent.provider_key(), Some("ns:k"));
         assert_eq!(sent, own, "the layer's key is not part of the message");
+        assert!(!format!("{sent:?}").contains("ns:k"), "Debug hides the key");
         assert_eq!(base().build().unwrap().provider_key(), None);
     }
 
