@@ -10,6 +10,9 @@
 //! one for a retry is a reference-count increment, not a copy of the bodies.
 
 mod address;
+mod error;
+mod key;
+mod raw;
 mod sms;
 
 use std::collections::BTreeMap;
@@ -19,7 +22,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use address::{has_line_break, is_addr_spec, is_field_name, is_mailbox};
+use address::{has_line_break, is_field_name, is_mailbox};
+pub use error::MessageError;
+pub(crate) use key::validate_key;
+pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use raw::{Envelope, RawMessage};
 pub use sms::{Channel, SmsBuilder, SmsSender};
 
 /// The latest `send_at` a message takes, after the Unix epoch: 9999-12-31T23:59:59Z, the last
@@ -29,211 +36,6 @@ pub const MAX_SEND_AT: Duration = Duration::from_secs(253_402_300_799);
 /// The earliest `send_at` a message takes, before the Unix epoch: 0000-01-01T00:00:00Z, the
 /// first second RFC 3339 can write.
 pub const MIN_SEND_AT: Duration = Duration::from_secs(62_167_219_200);
-
-/// The longest idempotency key accepted, in bytes.
-pub const MAX_KEY_LEN: usize = 256;
-
-/// A validated idempotency key: 1 to [`MAX_KEY_LEN`] bytes, no control characters.
-///
-/// Derive it from the business event, never from the clock or a random id: a key made at call
-/// time is different on every retry and deduplicates nothing.
-///
-/// ```
-/// use tower_idempotency::IdempotencyKey;
-///
-/// let key = IdempotencyKey::new("order.created:ord_20481:email")?;
-/// assert_eq!(key.as_str(), "order.created:ord_20481:email");
-/// assert!(IdempotencyKey::new("").is_err());
-/// # Ok::<(), tower_idempotency::message::KeyError>(())
-/// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct IdempotencyKey(Arc<str>);
-
-impl IdempotencyKey {
-    /// Validates `key` and wraps it.
-    pub fn new(key: impl AsRef<str>) -> Result<Self, KeyError> {
-        let key = key.as_ref();
-        validate_key(key)?;
-        Ok(Self(Arc::from(key)))
-    }
-
-    /// The key as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-/// Checks the rules of [`IdempotencyKey`] without allocating.
-pub(crate) fn validate_key(key: &str) -> Result<(), KeyError> {
-    if key.is_empty() {
-        return Err(KeyError::Empty);
-    }
-    if key.len() > MAX_KEY_LEN {
-        return Err(KeyError::TooLong { len: key.len() });
-    }
-    if let Some(position) = key
-        .char_indices()
-        .find(|(_, c)| c.is_control())
-        .map(|(i, _)| i)
-    {
-        return Err(KeyError::ControlCharacter { position });
-    }
-    Ok(())
-}
-
-impl fmt::Debug for IdempotencyKey {
-    // Keys often embed an address; Debug output lands in logs, so show only its length.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "IdempotencyKey(<{} bytes>)", self.0.len())
-    }
-}
-
-impl AsRef<str> for IdempotencyKey {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-/// Why a key was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyError {
-    /// The key is the empty string.
-    Empty,
-    /// The key is longer than [`MAX_KEY_LEN`] bytes.
-    TooLong {
-        /// Its length in bytes.
-        len: usize,
-    },
-    /// The key holds a control character (newline, NUL, …).
-    ControlCharacter {
-        /// The byte offset of the first one.
-        position: usize,
-    },
-}
-
-impl fmt::Display for KeyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Empty => f.write_str("idempotency key is empty"),
-            Self::TooLong { len } => write!(
-                f,
-                "idempotency key is {len} bytes long, the limit is {MAX_KEY_LEN}"
-            ),
-            Self::ControlCharacter { position } => {
-                write!(
-                    f,
-                    "idempotency key holds a control character at byte {position}"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for KeyError {}
-
-/// Why a message could not be built.
-///
-/// No variant holds the refused text: errors are logged, and addresses and subjects are
-/// personal data. A variant names the field, and for lists the position in it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MessageError {
-    /// No sender was given.
-    MissingSender,
-    /// No recipient was given (`to`, `cc` and `bcc` are all empty).
-    MissingRecipient,
-    /// Neither a text nor an HTML body was given.
-    MissingBody,
-    /// An address field holds an empty string.
-    EmptyAddress {
-        /// The field: `from`, `to`, `cc`, `bcc` or `reply_to`.
-        field: &'static str,
-    },
-    /// An address is not an RFC 5322 mailbox (`ann@example.com` or
-    /// `Ann Lee <ann@example.com>`); an envelope's address not an `addr-spec`.
-    InvalidAddress {
-        /// The field: `from`, `to`, `cc`, `bcc` or `reply_to`.
-        field: &'static str,
-        /// The position in the field's list (0 for `from`).
-        index: usize,
-    },
-    /// An SMS number is not E.164 (`+` and up to 15 digits).
-    InvalidPhoneNumber {
-        /// The field: `to`, or `from` for a sender number.
-        field: &'static str,
-        /// The position in the field's list (0 for `from`).
-        index: usize,
-    },
-    /// An SMS sender id is not 1 to 11 ASCII letters, digits or spaces with at least one
-    /// letter, or a messaging service id is not `MG` and 32 hex digits.
-    InvalidSender,
-    /// A header name is not an RFC 5322 field name (printable ASCII except `:`).
-    InvalidHeaderName,
-    /// A field that ends up in an email header holds a carriage return or a line feed: the
-    /// way headers are injected.
-    LineBreak {
-        /// The field: `header`, `subject`, `from`, `to`, `cc`, `bcc`, `reply_to`,
-        /// `attachment`, `message_id`, `in_reply_to` or `references`.
-        field: &'static str,
-    },
-    /// `send_at` is before year 0 ([`MIN_SEND_AT`] before the epoch) or after
-    /// [`MAX_SEND_AT`], where RFC 3339 cannot write it.
-    SendAtOutOfRange,
-    /// The idempotency key was refused.
-    InvalidKey(KeyError),
-}
-
-impl fmt::Display for MessageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::MissingSender => f.write_str("message has no sender"),
-            Self::MissingRecipient => f.write_str("message has no recipient (to, cc or bcc)"),
-            Self::MissingBody => f.write_str("message has neither a text nor an html body"),
-            Self::EmptyAddress { field } => write!(f, "message has an empty address in `{field}`"),
-            Self::InvalidAddress { field, index } => write!(
-                f,
-                "address {index} of `{field}` is not an RFC 5322 mailbox \
-                 (`name@domain` or `Name <name@domain>`)"
-            ),
-            Self::InvalidPhoneNumber { field, index } => write!(
-                f,
-                "number {index} of `{field}` is not an E.164 number (`+` and up to 15 digits)"
-            ),
-            Self::InvalidSender => f.write_str(
-                "SMS sender is not an alphanumeric id (1 to 11 letters, digits or spaces, one \
-                 letter at least) or a messaging service id (`MG` and 32 hex digits)",
-            ),
-            Self::InvalidHeaderName => f.write_str(
-                "header name is not an RFC 5322 field name (printable ASCII except `:`)",
-            ),
-            Self::LineBreak { field } => write!(
-                f,
-                "`{field}` holds a carriage return or line feed, which would inject a header"
-            ),
-            Self::SendAtOutOfRange => f.write_str(
-                "send_at is outside 0000-01-01T00:00:00Z to 9999-12-31T23:59:59Z, which is all \
-                 RFC 3339 can write",
-            ),
-            Self::InvalidKey(e) => write!(f, "invalid idempotency key: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for MessageError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::InvalidKey(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
-impl From<KeyError> for MessageError {
-    fn from(e: KeyError) -> Self {
-        Self::InvalidKey(e)
-    }
-}
 
 /// A file attached to an email. Its bytes are sent but not fingerprinted: two messages whose
 /// attachments differ only in content are the same message (see [`crate::fingerprint`]).
@@ -704,98 +506,6 @@ pub(crate) fn check_send_at(send_at: Option<SystemTime>) -> Result<(), MessageEr
     }
 }
 
-/// Who a raw message is from and to, as given to the relay (SMTP `MAIL FROM` / `RCPT TO`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Envelope {
-    from: String,
-    to: Vec<String>,
-}
-
-impl Envelope {
-    /// An envelope from a sender and its recipients.
-    ///
-    /// # Errors
-    /// [`MessageError`] when the sender or every recipient is missing, or an address is empty
-    /// or not an RFC 5322 `addr-spec` (SMTP takes bare addresses: no display name, no line
-    /// break).
-    pub fn new<I, S>(from: impl Into<String>, to: I) -> Result<Self, MessageError>
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        let from = from.into();
-        if from.is_empty() {
-            return Err(MessageError::MissingSender);
-        }
-        let to: Vec<String> = to.into_iter().map(Into::into).collect();
-        if to.is_empty() {
-            return Err(MessageError::MissingRecipient);
-        }
-        if to.iter().any(String::is_empty) {
-            return Err(MessageError::EmptyAddress { field: "to" });
-        }
-        if !is_addr_spec(&from) {
-            return Err(MessageError::InvalidAddress {
-                field: "from",
-                index: 0,
-            });
-        }
-        if let Some(index) = to.iter().position(|a| !is_addr_spec(a)) {
-            return Err(MessageError::InvalidAddress { field: "to", index });
-        }
-        Ok(Self { from, to })
-    }
-
-    /// The sender.
-    pub fn from(&self) -> &str {
-        &self.from
-    }
-
-    /// The recipients.
-    pub fn to(&self) -> &[String] {
-        &self.to
-    }
-}
-
-/// A message already encoded (RFC 5322 bytes, say), sent with its [`Envelope`].
-///
-/// It has no key field: only a key function on the layer gives it one. Its fingerprint is its
-/// envelope's.
-///
-/// ```
-/// use tower_idempotency::{Envelope, RawMessage};
-///
-/// let envelope = Envelope::new("shop@example.com", ["user@example.com"])?;
-/// let raw = RawMessage::new(envelope, &b"Subject: Welcome\r\n\r\nHello"[..]);
-/// assert_eq!(raw.envelope().to(), ["user@example.com"]);
-/// # Ok::<(), tower_idempotency::message::MessageError>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RawMessage {
-    envelope: Arc<Envelope>,
-    bytes: Bytes,
-}
-
-impl RawMessage {
-    /// A raw message from its envelope and bytes.
-    pub fn new(envelope: Envelope, bytes: impl Into<Bytes>) -> Self {
-        Self {
-            envelope: Arc::new(envelope),
-            bytes: bytes.into(),
-        }
-    }
-
-    /// The envelope.
-    pub fn envelope(&self) -> &Envelope {
-        &self.envelope
-    }
-
-    /// The encoded message.
-    pub fn bytes(&self) -> &Bytes {
-        &self.bytes
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -944,24 +654,9 @@ mod tests {
     }
 
     #[test]
-    fn key_debug_output_hides_the_key() {
-        let key = IdempotencyKey::new("welcome:seller@example.com").unwrap();
-        assert!(!format!("{key:?}").contains("seller"));
-    }
-
-    #[test]
     fn clones_share_their_fields() {
         let m = base().build().unwrap();
         let c = m.clone();
         assert!(Arc::ptr_eq(&m.parts, &c.parts));
-    }
-
-    #[test]
-    fn envelope_needs_a_sender_and_a_recipient() {
-        assert_eq!(Envelope::new("", ["b@x"]), Err(MessageError::MissingSender));
-        assert_eq!(
-            Envelope::new("a@x", Vec::<String>::new()),
-            Err(MessageError::MissingRecipient)
-        );
     }
 }
