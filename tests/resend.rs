@@ -468,3 +468,23 @@ async fn a_stored_key_resend_cannot_take_is_sent_as_its_digest_and_unkeyed_sends
     assert_eq!(keys[2], None, "an unkeyed message carries no key");
     provider.assert_no_violations();
 }
+
+#[tokio::test]
+async fn a_message_the_key_function_leaves_unkeyed_carries_no_key_despite_its_own() {
+    let provider = resend::answering(Reply::accepted(1)).await;
+    let layer = IdempotencyLayer::builder()
+        .store(MemoryStore::new())
+        .namespace("digest")
+        .key(|_: &Message| None)
+        .build()
+        .unwrap();
+
+    ServiceBuilder::new()
+        .layer(layer)
+        .service(transport(&provider))
+        .oneshot(email().idempotency_key("own:1").build().unwrap())
+        .await
+        .unwrap();
+
+    assert_eq!(provider.requests()[0].key, None);
+}

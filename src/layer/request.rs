@@ -76,14 +76,16 @@ pub trait IdempotentRequest: Fingerprinted + Clone + Send + Sync + 'static {
 
     /// This request, told the key the layer reserved for it: its stored key (after the key
     /// function and the namespace, see
-    /// [`IdempotencyLayer::stored_key_for`](super::IdempotencyLayer::stored_key_for)). The
-    /// layer calls it just before it hands the request to the inner service, so a provider
-    /// client can send the provider the very key the store holds.
+    /// [`IdempotencyLayer::stored_key_for`](super::IdempotencyLayer::stored_key_for)), or
+    /// `None` when the layer sends it unkeyed (no key, or a key function that answered
+    /// `None`). The layer calls it just before it hands the request to the inner service, so
+    /// a provider client can send the provider the very key the store holds, and none for an
+    /// unkeyed send.
     ///
     /// The default ignores it. [`Message`] keeps it for its transport
     /// ([`Message::provider_key`]).
     #[must_use]
-    fn with_stored_key(self, key: &str) -> Self {
+    fn with_stored_key(self, key: Option<&str>) -> Self {
         let _ = key;
         self
     }
@@ -99,7 +101,7 @@ impl IdempotentRequest for Message {
         Message::recipients(self).collect()
     }
 
-    fn with_stored_key(self, key: &str) -> Self {
+    fn with_stored_key(self, key: Option<&str>) -> Self {
         self.with_provider_key(key)
     }
 }

@@ -132,9 +132,21 @@ pub(crate) struct MessageParts {
 #[derive(Clone, Debug)]
 pub struct Message {
     pub(crate) parts: Arc<MessageParts>,
-    // The key the idempotency layer reserved for this send, set by the layer just before it
-    // calls the provider; outside the shared parts, so setting it copies no body.
-    provider_key: Option<ProviderKey>,
+    // What the idempotency layer said of this send's key, just before it called the
+    // provider; outside the shared parts, so setting it copies no body.
+    layer_key: LayerKey,
+}
+
+/// The key the idempotency layer holds for a send.
+#[derive(Clone, Debug, Default)]
+enum LayerKey {
+    /// The message did not pass through a layer: its own key stands.
+    #[default]
+    NotSet,
+    /// The layer's stored key.
+    Stored(ProviderKey),
+    /// The layer sends it unkeyed (a key function answered `None`).
+    Unkeyed,
 }
 
 /// The layer's key for a send. Debug shows its length only, as [`IdempotencyKey`]'s does:
@@ -162,7 +174,7 @@ impl Message {
     pub(crate) fn from_parts(parts: MessageParts) -> Self {
         Self {
             parts: Arc::new(parts),
-            provider_key: None,
+            layer_key: LayerKey::NotSet,
         }
     }
 
@@ -182,23 +194,28 @@ impl Message {
     }
 
     /// The key a provider should deduplicate this send by: the key the idempotency layer
-    /// reserved for it (its stored key, after the key function and the namespace), or, for a
-    /// message that did not pass through a layer, its own key. `None` for an unkeyed send.
+    /// reserved for it (its stored key, after the key function and the namespace), `None` when
+    /// the layer sends it unkeyed, or, for a message that did not pass through a layer, its
+    /// own key.
     ///
     /// Transports send it as the provider's idempotency key
     /// ([`HttpTransport`](crate::http::HttpTransport) through its codec), so the provider's
     /// own deduplication covers exactly what the layer's store does.
     pub fn provider_key(&self) -> Option<&str> {
-        self.provider_key
-            .as_ref()
-            .map(|key| &*key.0)
-            .or_else(|| self.idempotency_key().map(IdempotencyKey::as_str))
+        match &self.layer_key {
+            LayerKey::NotSet => self.idempotency_key().map(IdempotencyKey::as_str),
+            LayerKey::Stored(key) => Some(&key.0),
+            LayerKey::Unkeyed => None,
+        }
     }
 
-    /// This message, to be sent under the layer's stored `key`; see
+    /// This message, to be sent under the layer's stored `key` (`None`: unkeyed); see
     /// [`provider_key`](Self::provider_key).
-    pub(crate) fn with_provider_key(mut self, key: &str) -> Self {
-        self.provider_key = Some(ProviderKey(Arc::from(key)));
+    pub(crate) fn with_provider_key(mut self, key: Option<&str>) -> Self {
+        self.layer_key = match key {
+            Some(key) => LayerKey::Stored(ProviderKey(Arc::from(key))),
+            None => LayerKey::Unkeyed,
+        };
         self
     }
 
@@ -646,10 +663,11 @@ mod tests {
     fn the_layer_key_is_the_provider_key_and_the_own_key_otherwise() {
         let own = base().idempotency_key("k").build().unwrap();
         assert_eq!(own.provider_key(), Some("k"));
-        let sent = own.clone().with_provider_key("ns:k");
+        let sent = own.clone().with_provider_key(Some("ns:k"));
         assert_eq!(sent.provider_key(), Some("ns:k"));
         assert_eq!(sent, own, "the layer's key is not part of the message");
         assert!(!format!("{sent:?}").contains("ns:k"), "Debug hides the key");
+        assert_eq!(own.with_provider_key(None).provider_key(), None);
         assert_eq!(base().build().unwrap().provider_key(), None);
     }
 
