@@ -1,520 +1,490 @@
-//! Unknown is not forever (issue 11, points 1 and 2): re-sends inside the provider's window
-//! and takeovers that check first, end to end through the HTTP transport against the fake
-//! provider that deduplicates on `Idempotency-Key` like Resend, on every store (memory,
-//! Redis, Redis Cluster, PostgreSQL). Each test counts the messages the provider took per key.
+//! Resend to the letter: `ResendCodec` against a fake Resend that enforces Resend's published
+//! request schema and limits (tests/support/http/resend.rs). A request Resend would refuse
+//! never leaves the codec; every documented error name maps to its class; the
+//! `Idempotency-Key` Resend sees is the key the idempotency layer holds.
+#![cfg(feature = "http")]
 
 mod support;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use support::http::{ClientKind, DEADLINE, FakeProvider, Fault, Ledger};
-use support::stores::backend_url;
-use tower::{BoxError, ServiceBuilder, ServiceExt};
-use tower_idempotency::http::{HttpTransport, ResendCodec};
-use tower_idempotency::layer::IdempotencyLayerBuilder;
-use tower_idempotency::outcome::codes;
-use tower_idempotency::reconcile::{Verified, Verify};
-use tower_idempotency::store::Store;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
+use support::http::{FakeProvider, Reply, hyper_client, resend};
+use tower::retry::RetryLayer;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_idempotency::batch::BatchOutcomes;
+use tower_idempotency::http::codec::resend::codes as resend_codes;
+use tower_idempotency::http::{HttpTransport, ResendCodec, codes};
+use tower_idempotency::outcome::Category;
+use tower_idempotency::{
+    IdempotencyLayer, MemoryStore, Message, Receipt, RetryPolicy, SendError,
+    counts_against_provider,
+};
 
-/// The lease every test holds keys for: short, so that a crashed owner's passes quickly.
-const LEASE: Duration = Duration::from_millis(400);
-/// A window far longer than any test.
-const WINDOW: Duration = Duration::from_secs(60);
+const API_KEY: &str = "re_test_123";
 
-/// Which store a test runs on.
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Memory,
-    Redis,
-    Cluster,
-    Postgres,
+fn email() -> tower_idempotency::MessageBuilder {
+    Message::builder()
+        .from("Marketplace <hello@marketplace.example>")
+        .to("seller@example.com")
+        .subject("New order")
+        .text("Vintage Nikon FM2 just sold.")
 }
 
-impl Backend {
-    /// A store of this backend under names no other test shares, or `None` (the test is
-    /// skipped, saying so) when its server is not configured.
-    async fn store(self) -> Option<Arc<dyn Store>> {
-        use support::stores::{unique, unique_prefix};
-        use tower_idempotency::store::{PostgresStore, RedisStore};
-        Some(match self {
-            Self::Memory => Arc::new(MemoryStore::new()),
-            Self::Redis => {
-                let url = backend_url("REDIS_URL")?;
-                Arc::new(
-                    RedisStore::connect(&url)
-                        .await
-                        .expect("connect to REDIS_URL")
-                        .key_prefix(unique_prefix("resend")),
-                )
-            }
-            Self::Cluster => {
-                let urls = backend_url("REDIS_CLUSTER_URLS")?;
-                Arc::new(
-                    RedisStore::connect_cluster(urls.split(','))
-                        .await
-                        .expect("connect to REDIS_CLUSTER_URLS")
-                        .key_prefix(unique_prefix("resend")),
-                )
-            }
-            Self::Postgres => {
-                let url = backend_url("DATABASE_URL")?;
-                let store = PostgresStore::connect(&url)
-                    .await
-                    .expect("connect to DATABASE_URL")
-                    .table(&format!("public.{}", unique("resend")))
-                    .expect("valid table name");
-                store.migrate().await.expect("migrate");
-                Arc::new(store)
-            }
-        })
-    }
+fn transport(provider: &FakeProvider) -> HttpTransport<support::http::HyperClient, ResendCodec> {
+    HttpTransport::new(
+        hyper_client(),
+        ResendCodec::new(API_KEY).base_url(provider.base_url()),
+    )
 }
 
-/// One test per backend for each test body.
-macro_rules! on_every_store {
-    ($($body:ident),* $(,)?) => {
-        mod memory { $( #[tokio::test] async fn $body() { super::$body(super::Backend::Memory).await } )* }
-        mod redis { $( #[tokio::test] async fn $body() { super::$body(super::Backend::Redis).await } )* }
-        mod cluster { $( #[tokio::test] async fn $body() { super::$body(super::Backend::Cluster).await } )* }
-        mod postgres { $( #[tokio::test] async fn $body() { super::$body(super::Backend::Postgres).await } )* }
-    };
+async fn send(provider: &FakeProvider, message: Message) -> Result<Receipt, SendError> {
+    support::send(&mut transport(provider), message).await
 }
 
-on_every_store!(
-    a_500_then_a_repeat_inside_the_window_answers_the_providers_original_id,
-    a_repeat_outside_the_window_answers_the_stored_error,
-    a_connection_broken_before_the_request_left_is_delivered_once_by_the_repeat,
-    concurrent_repeats_inside_the_window_take_the_key_back_once,
-    a_crashed_owner_is_verified_first_and_a_delivered_claim_never_goes_out_twice,
-    a_crashed_owner_inside_the_window_is_sent_again_under_the_same_key,
-    a_crashed_owner_the_provider_never_saw_is_sent_once,
-    a_crashed_owner_the_provider_cannot_vouch_for_is_kept_unsent,
-);
-
-const KEY: &str = "order.created:ord_1:email";
-
-fn order(key: &str) -> Message {
-    support::message(Some(key), "Sold.")
+async fn send_batch(provider: &FakeProvider, messages: Vec<Message>) -> BatchOutcomes {
+    support::send_batch(&mut transport(provider), messages).await
 }
 
-/// The layer's options every test shares, over `store`.
-fn layer(store: &Arc<dyn Store>) -> IdempotencyLayerBuilder {
-    IdempotencyLayer::builder()
-        .shared_store(Arc::clone(store))
-        .namespace("resend")
-        .lease(LEASE)
+fn resend_error(status: u16, name: &str) -> Reply {
+    let body = serde_json::json!({ "statusCode": status, "name": name, "message": "documented" });
+    Reply::json(status, body.to_string())
 }
 
-type Sender = tower::util::BoxCloneService<Message, Receipt, SendError>;
-
-/// The layer over the Resend transport to `provider`, with no retry: every repeat is the
-/// caller's own.
-fn stack(layer: IdempotencyLayer, provider: &FakeProvider) -> Sender {
-    stack_to(layer, provider.base_url())
-}
-
-fn stack_to(layer: IdempotencyLayer, base: http::Uri) -> Sender {
-    let transport = HttpTransport::new(
-        ClientKind::HyperUtil.client(),
-        ResendCodec::new("re_test").base_url(base),
-    );
-    let service = ServiceBuilder::new().layer(layer).service(transport);
-    tower::util::BoxCloneService::new(service)
-}
-
-/// A verification service over what the provider took, by the raw key, counting questions.
-#[derive(Clone)]
-struct Verifier {
-    ledger: Arc<Ledger>,
-    asked: Arc<AtomicUsize>,
-    /// Answers `Unknown` whatever the provider took.
-    blind: bool,
-}
-
-impl Verifier {
-    fn new(ledger: &Arc<Ledger>) -> Self {
-        Self {
-            ledger: Arc::clone(ledger),
-            asked: Arc::default(),
-            blind: false,
-        }
-    }
-
-    fn asked(&self) -> usize {
-        self.asked.load(Ordering::SeqCst)
-    }
-
-    fn service(
-        &self,
-    ) -> impl tower::Service<
-        Verify,
-        Response = Verified,
-        Error = BoxError,
-        Future = std::future::Ready<Result<Verified, BoxError>>,
-    > + Clone
-    + Send
-    + Sync
-    + 'static {
-        let this = self.clone();
-        tower::service_fn(move |question: Verify| {
-            this.asked.fetch_add(1, Ordering::SeqCst);
-            let taken = question
-                .raw_key
-                .as_deref()
-                .and_then(|k| this.ledger.taken(k));
-            std::future::ready(Ok(match taken {
-                _ if this.blind => Verified::Unknown,
-                Some(id) => Verified::Delivered(Receipt::new(id, "resend")),
-                None => Verified::NotSent,
-            }))
-        })
-    }
-}
-
-/// Runs a first send of `message` in a runtime of its own and shuts that runtime down once
-/// the provider received it: the process holding the key dies mid-call, nothing settles
-/// the key (no drop handler runs a settlement on a runtime that is gone), and its lease is
-/// then let pass.
-async fn crash_mid_send(store: &Arc<dyn Store>, provider: &FakeProvider, message: Message) {
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let store = Arc::clone(store);
-    let base = provider.base_url();
-    let received_before = provider.requests().len();
-    let thread = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("a runtime for the process that crashes");
-        runtime.spawn(async move {
-            let service = stack_to(layer(&store).build().expect("valid layer"), base);
-            let _ = started_tx.send(());
-            let _ = service.oneshot(message).await;
-        });
-        // Held until the test has seen the request arrive; then the process is gone.
-        let _ = stop_rx.recv_timeout(DEADLINE);
-        runtime.shutdown_background();
-    });
-    let _ = tokio::time::timeout(DEADLINE, started_rx).await;
-    provider.received(received_before + 1).await;
-    stop_tx.send(()).expect("the crashing process waits");
-    thread.join().expect("the crashing process ends");
-    // The lease passes on the store's clock: a deadline on the server, not synchronisation.
-    tokio::time::sleep(LEASE + LEASE / 2 + Duration::from_millis(50)).await;
-}
-
-async fn a_500_then_a_repeat_inside_the_window_answers_the_providers_original_id(backend: Backend) {
-    let Some(store) = backend.store().await else {
-        return;
-    };
-    let ledger = Ledger::new([Fault::TakeThen500]);
-    let provider = FakeProvider::start(ledger.script()).await;
-    let layer = layer(&store).provider_window(WINDOW).build().unwrap();
-    let stats = layer.clone();
-    let service = stack(layer, &provider);
-
-    let first = service.clone().oneshot(order(KEY)).await.unwrap_err();
-    assert!(
-        first.delivery_unknown(),
-        "a 500 leaves delivery unknown: {first:?}"
-    );
-    let again = service
-        .clone()
-        .oneshot(order(KEY))
-        .await
-        .expect("the repeat is answered");
-    assert_eq!(
-        again.id,
-        ledger.taken(KEY).unwrap(),
-        "the provider's original id"
-    );
-    // Kept: a third send is a replay, the provider not asked again.
-    let third = service.oneshot(order(KEY)).await.unwrap();
-    assert_eq!(third.id, again.id);
-    assert!(third.replayed);
-
-    assert_eq!(ledger.messages(KEY), 1, "one provider message");
-    assert_eq!(
-        provider.requests().len(),
-        2,
-        "the first send and one re-send"
-    );
-    let keys: Vec<_> = provider.requests().iter().map(|r| r.key.clone()).collect();
-    assert_eq!(
-        keys,
-        [Some(KEY.to_owned()), Some(KEY.to_owned())],
-        "the same key forwarded"
-    );
-    assert_eq!(stats.stats().resent, 1);
-}
-
-async fn a_repeat_outside_the_window_answers_the_stored_error(backend: Backend) {
-    let Some(store) = backend.store().await else {
-        return;
-    };
-    let window = Duration::from_millis(300);
-    let ledger = Ledger::new([Fault::TakeThen500]);
-    let provider = FakeProvider::start(ledger.script()).await;
-    let service = stack(
-        layer(&store).provider_window(window).build().unwrap(),
-        &provider,
-    );
-
-    let first = service.clone().oneshot(order(KEY)).await.unwrap_err();
-    // The window passes on the store's clock.
-    tokio::time::sleep(window + window / 2).await;
-    let again = service.oneshot(order(KEY)).await.unwrap_err();
-    assert_eq!(again.code(), first.code(), "today's stored error");
-    assert!(again.is_replayed());
-    assert_eq!(provider.requests().len(), 1, "never sent again");
-    assert_eq!(ledger.messages(KEY), 1);
-}
-
-async fn a_connection_broken_before_the_request_left_is_delivered_once_by_the_repeat(
-    backend: Backend,
-) {
-    let Some(store) = backend.store().await else {
-        return;
-    };
-    let ledger = Ledger::new([]);
-    // The first connection is closed unread: the provider never sees that request.
-    let provider = FakeProvider::start_dropping(ledger.script(), 1).await;
-    let service = stack(
-        layer(&store).provider_window(WINDOW).build().unwrap(),
-        &provider,
-    );
-
-    let first = service.clone().oneshot(order(KEY)).await.unwrap_err();
-    assert!(first.delivery_unknown(), "a broken connection: {first:?}");
-    assert_eq!(ledger.messages(KEY), 0);
-    let again = service
-        .clone()
-        .oneshot(order(KEY))
-        .await
-        .expect("delivered by the repeat");
-    assert_eq!(Some(again.id.clone()), ledger.taken(KEY));
-    let third = service.oneshot(order(KEY)).await.unwrap();
-    assert!(third.replayed);
-    assert_eq!(ledger.messages(KEY), 1, "delivered once");
-    assert_eq!(provider.requests().len(), 1);
-}
-
-async fn concurrent_repeats_inside_the_window_take_the_key_back_once(backend: Backend) {
-    let Some(store) = backend.store().await else {
-        return;
-    };
-    let ledger = Ledger::new([Fault::TakeThen500]);
-    let provider = FakeProvider::start(ledger.script()).await;
-    let layer = layer(&store)
-        .provider_window(WINDOW)
-        .wait_for_in_flight(DEADLINE)
-        .build()
-        .unwrap();
-    let stats = layer.clone();
-    let service = stack(layer, &provider);
-    service.clone().oneshot(order(KEY)).await.unwrap_err();
-
-    let barrier = Arc::new(tokio::sync::Barrier::new(16));
-    let repeats: Vec<_> = (0..16)
-        .map(|_| {
-            let service = service.clone();
-            let barrier = Arc::clone(&barrier);
-            tokio::spawn(async move {
-                barrier.wait().await;
-                service.oneshot(order(KEY)).await
-            })
-        })
+fn batch_ids(ids: &[&str]) -> Reply {
+    let data: Vec<_> = ids
+        .iter()
+        .map(|id| serde_json::json!({ "id": id }))
         .collect();
-    let original = ledger.taken(KEY).unwrap();
-    for repeat in repeats {
-        let receipt = repeat
-            .await
+    Reply::json(200, serde_json::json!({ "data": data }).to_string())
+}
+
+#[tokio::test]
+async fn a_cc_only_message_is_a_validation_error_and_its_batch_neighbours_are_sent() {
+    let provider = resend::answering(batch_ids(&["id-a", "id-c"])).await;
+    let cc_only = Message::builder()
+        .from("hello@marketplace.example")
+        .cc("ops@example.com")
+        .subject("Copy")
+        .text("For the record.")
+        .idempotency_key("b")
+        .build()
+        .unwrap();
+    let messages = vec![
+        email().idempotency_key("a").build().unwrap(),
+        cc_only,
+        email()
+            .to("buyer@example.com")
+            .idempotency_key("c")
+            .build()
+            .unwrap(),
+    ];
+
+    let outcomes = send_batch(&provider, messages).await;
+
+    assert_eq!(outcomes[0].as_ref().unwrap().id, "id-a");
+    let err = outcomes[1].as_ref().unwrap_err();
+    assert_eq!(err.code(), codes::INVALID_REQUEST);
+    assert_eq!(err.category(), Category::Validation);
+    assert!(err.message().contains("`to` is required"), "{err}");
+    assert_eq!(outcomes[2].as_ref().unwrap().id, "id-c");
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 1, "the neighbours went as one batch");
+    assert_eq!(requests[0].json().as_array().unwrap().len(), 2);
+    provider.assert_no_violations();
+}
+
+#[tokio::test]
+async fn a_cc_only_or_bcc_only_message_alone_is_never_sent() {
+    let provider = resend::answering(Reply::accepted(1)).await;
+    for only in [
+        Message::builder().cc("a@example.com"),
+        Message::builder().bcc("a@example.com"),
+    ] {
+        let message = only
+            .from("hello@marketplace.example")
+            .subject("s")
+            .text("t")
+            .build()
+            .unwrap();
+        let err = send(&provider, message).await.unwrap_err();
+        assert_eq!(err.code(), codes::INVALID_REQUEST);
+    }
+    assert!(provider.requests().is_empty());
+}
+
+#[tokio::test]
+async fn fifty_one_to_addresses_are_refused_and_fifty_go() {
+    let provider = resend::answering(Reply::accepted(1)).await;
+    let with_to = |n: usize| {
+        (0..n)
+            .fold(Message::builder(), |b, i| b.to(format!("r{i}@example.com")))
+            .from("hello@marketplace.example")
+            .subject("s")
+            .text("t")
+            .build()
             .unwrap()
-            .expect("every repeat gets the provider's answer");
-        assert_eq!(receipt.id, original);
-    }
-    assert_eq!(
-        stats.stats().resent,
-        1,
-        "exactly one repeat took the key back"
-    );
-    assert_eq!(
-        provider.requests().len(),
-        2,
-        "the first send and one re-send"
-    );
-    assert_eq!(ledger.messages(KEY), 1);
+    };
+
+    let err = send(&provider, with_to(51)).await.unwrap_err();
+    assert_eq!(err.code(), codes::INVALID_REQUEST);
+    assert!(err.message().contains("51"), "{err}");
+    assert!(provider.requests().is_empty());
+
+    send(&provider, with_to(50)).await.unwrap();
+    assert_eq!(provider.requests().len(), 1);
+    provider.assert_no_violations();
 }
 
-async fn a_crashed_owner_is_verified_first_and_a_delivered_claim_never_goes_out_twice(
-    backend: Backend,
-) {
-    let Some(store) = backend.store().await else {
-        return;
-    };
-    let ledger = Ledger::new([Fault::TakeThenStall]);
-    let provider = FakeProvider::start(ledger.script()).await;
-    crash_mid_send(&store, &provider, order(KEY)).await;
-
-    let verifier = Verifier::new(&ledger);
-    let layer = layer(&store)
-        .verify_takeovers(verifier.service())
+#[tokio::test]
+async fn every_documented_limit_is_checked_before_sending() {
+    let provider = resend::answering(Reply::accepted(1)).await;
+    let no_subject = Message::builder()
+        .from("hello@marketplace.example")
+        .to("seller@example.com")
+        .text("t")
         .build()
         .unwrap();
-    let stats = layer.clone();
-    let service = stack(layer, &provider);
-    let next = service
-        .clone()
-        .oneshot(order(KEY))
+    let long_tag = email().metadata("k".repeat(257), "v").build().unwrap();
+    let spaced_tag = email().metadata("order id", "v").build().unwrap();
+    let unicode_value = email().metadata("kind", "größe").build().unwrap();
+    let empty_name = email().metadata("", "v").build().unwrap();
+    let sms = support::sms("hi");
+    for message in [
+        no_subject,
+        long_tag,
+        spaced_tag,
+        unicode_value,
+        empty_name,
+        sms,
+    ] {
+        let err = send(&provider, message).await.unwrap_err();
+        assert_eq!(err.code(), codes::INVALID_REQUEST, "{err}");
+        assert_eq!(err.category(), Category::Validation);
+    }
+    assert!(provider.requests().is_empty());
+
+    // At the limits, it goes.
+    let tag = "a-Z_9".repeat(52);
+    let at_limits = email().metadata(&tag[..256], &tag[..256]).build().unwrap();
+    send(&provider, at_limits).await.unwrap();
+    provider.assert_no_violations();
+}
+
+#[tokio::test]
+async fn every_documented_error_name_maps_to_its_class() {
+    let cases = [
+        (
+            400,
+            "validation_error",
+            resend_codes::VALIDATION_ERROR,
+            Category::Validation,
+        ),
+        (
+            400,
+            "invalid_idempotency_key",
+            resend_codes::VALIDATION_ERROR,
+            Category::Validation,
+        ),
+        (401, "missing_api_key", codes::REJECTED, Category::Permanent),
+        (
+            401,
+            "restricted_api_key",
+            codes::REJECTED,
+            Category::Permanent,
+        ),
+        (403, "invalid_api_key", codes::REJECTED, Category::Permanent),
+        (
+            403,
+            "validation_error",
+            codes::REJECTED,
+            Category::Permanent,
+        ),
+        (404, "not_found", codes::REJECTED, Category::Permanent),
+        (
+            405,
+            "method_not_allowed",
+            codes::REJECTED,
+            Category::Permanent,
+        ),
+        (
+            409,
+            "invalid_idempotent_request",
+            resend_codes::IDEMPOTENCY_KEY_REUSED,
+            Category::Validation,
+        ),
+        (
+            409,
+            "concurrent_idempotent_requests",
+            resend_codes::IDEMPOTENCY_IN_FLIGHT,
+            Category::Unknown,
+        ),
+        (
+            422,
+            "missing_required_field",
+            resend_codes::VALIDATION_ERROR,
+            Category::Validation,
+        ),
+        (
+            422,
+            "invalid_from_address",
+            resend_codes::VALIDATION_ERROR,
+            Category::Validation,
+        ),
+        (
+            422,
+            "invalid_attachment",
+            resend_codes::VALIDATION_ERROR,
+            Category::Validation,
+        ),
+        (
+            422,
+            "invalid_parameter",
+            resend_codes::VALIDATION_ERROR,
+            Category::Validation,
+        ),
+        (
+            429,
+            "rate_limit_exceeded",
+            codes::RATE_LIMITED,
+            Category::Retryable,
+        ),
+        (
+            429,
+            "daily_quota_exceeded",
+            resend_codes::QUOTA_EXCEEDED,
+            Category::Permanent,
+        ),
+        (
+            429,
+            "monthly_quota_exceeded",
+            resend_codes::QUOTA_EXCEEDED,
+            Category::Permanent,
+        ),
+        (451, "security_error", codes::REJECTED, Category::Permanent),
+        (
+            500,
+            "application_error",
+            codes::SERVER_ERROR,
+            Category::Unknown,
+        ),
+        (
+            500,
+            "internal_server_error",
+            codes::SERVER_ERROR,
+            Category::Unknown,
+        ),
+    ];
+    for (status, name, code, category) in cases {
+        let provider = resend::answering(resend_error(status, name)).await;
+        let err = send(&provider, email().build().unwrap()).await.unwrap_err();
+        assert_eq!(
+            (err.code(), err.category()),
+            (code, category),
+            "{status} {name}"
+        );
+        assert!(err.message().contains(name), "{status} {name}: {err}");
+        provider.assert_no_violations();
+    }
+}
+
+#[tokio::test]
+async fn quota_exceeded_is_not_retried_and_does_not_count_against_the_provider() {
+    let provider =
+        resend::answering(resend_error(429, "daily_quota_exceeded").header("retry-after", "3600"))
+            .await;
+    let mut service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::in_memory())
+        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(5)))
+        .service(transport(&provider));
+
+    let err = ServiceExt::<Message>::ready(&mut service)
         .await
-        .expect("the provider's receipt");
-    assert_eq!(verifier.asked(), 1, "asked before the send");
-    assert_eq!(Some(next.id.clone()), ledger.taken(KEY));
-    assert!(next.replayed, "answered, not sent");
-    for _ in 0..3 {
-        let again = service.clone().oneshot(order(KEY)).await.unwrap();
-        assert_eq!(again.id, next.id);
-        assert!(again.replayed);
-    }
-    assert_eq!(verifier.asked(), 1, "kept: nothing left to verify");
-    assert_eq!(provider.requests().len(), 1, "no second send");
-    assert_eq!(ledger.messages(KEY), 1);
-    let stats = stats.stats();
-    assert_eq!(
-        (stats.taken_over, stats.verified_delivered, stats.sent),
-        (1, 1, 0)
-    );
-}
-
-async fn a_crashed_owner_inside_the_window_is_sent_again_under_the_same_key(backend: Backend) {
-    let Some(store) = backend.store().await else {
-        return;
-    };
-    let ledger = Ledger::new([Fault::TakeThenStall]);
-    let provider = FakeProvider::start(ledger.script()).await;
-    crash_mid_send(&store, &provider, order(KEY)).await;
-
-    // The window is tried before the verification service: it is not asked.
-    let verifier = Verifier::new(&ledger);
-    let layer = layer(&store)
-        .provider_window(WINDOW)
-        .verify_takeovers(verifier.service())
-        .build()
-        .unwrap();
-    let stats = layer.clone();
-    let next = stack(layer, &provider).oneshot(order(KEY)).await.unwrap();
-    assert_eq!(
-        Some(next.id),
-        ledger.taken(KEY),
-        "the provider's original message"
-    );
-    assert_eq!(verifier.asked(), 0);
-    assert_eq!(provider.requests().len(), 2, "re-sent under the same key");
-    assert_eq!(ledger.messages(KEY), 1, "deduplicated by the provider");
-    assert_eq!((stats.stats().taken_over, stats.stats().resent), (1, 1));
-}
-
-async fn a_crashed_owner_the_provider_never_saw_is_sent_once(backend: Backend) {
-    let Some(store) = backend.store().await else {
-        return;
-    };
-    // The crashed send reaches a provider that never takes it (another key's ledger).
-    let elsewhere = Ledger::new([Fault::TakeThenStall]);
-    let stalled = FakeProvider::start(elsewhere.script()).await;
-    crash_mid_send(&store, &stalled, order(KEY)).await;
-
-    let ledger = Ledger::new([]);
-    let provider = FakeProvider::start(ledger.script()).await;
-    let verifier = Verifier::new(&ledger);
-    let layer = layer(&store)
-        .verify_takeovers(verifier.service())
-        .build()
-        .unwrap();
-    let service = stack(layer, &provider);
-    let sent = service.clone().oneshot(order(KEY)).await.unwrap();
-    assert!(!sent.replayed, "sent by this call");
-    assert_eq!(verifier.asked(), 1);
-    let again = service.oneshot(order(KEY)).await.unwrap();
-    assert!(again.replayed);
-    assert_eq!(ledger.messages(KEY), 1, "sent once");
-}
-
-async fn a_crashed_owner_the_provider_cannot_vouch_for_is_kept_unsent(backend: Backend) {
-    let Some(store) = backend.store().await else {
-        return;
-    };
-    let ledger = Ledger::new([Fault::TakeThenStall]);
-    let provider = FakeProvider::start(ledger.script()).await;
-    crash_mid_send(&store, &provider, order(KEY)).await;
-
-    let mut verifier = Verifier::new(&ledger);
-    verifier.blind = true;
-    let layer = layer(&store)
-        .verify_takeovers(verifier.service())
-        .build()
-        .unwrap();
-    let stats = layer.clone();
-    let service = stack(layer, &provider);
-    let error = service.clone().oneshot(order(KEY)).await.unwrap_err();
-    assert_eq!(error.code(), codes::UNVERIFIED);
-    assert!(error.delivery_unknown());
-    // Kept as unknown delivery: the repeat gets the stored error, nothing sent.
-    let again = service.oneshot(order(KEY)).await.unwrap_err();
-    assert_eq!(again.code(), codes::UNVERIFIED);
-    assert!(again.is_replayed());
-    assert_eq!(provider.requests().len(), 1);
-    assert_eq!(stats.stats().verify_inconclusive, 1);
-}
-
-/// A third-party store written before `Store::retake` existed keeps today's behaviour: the
-/// kept error is replayed, nothing is sent again.
-#[tokio::test]
-async fn a_store_without_retake_replays_the_kept_error_as_before() {
-    let store = support::TestStore::default();
-    let ledger = Ledger::new([Fault::TakeThen500]);
-    let provider = FakeProvider::start(ledger.script()).await;
-    let layer = IdempotencyLayer::builder()
-        .store(store)
-        .namespace("resend")
-        .provider_window(WINDOW)
-        .build()
-        .unwrap();
-    let stats = layer.clone();
-    let service = stack(layer, &provider);
-    let first = service.clone().oneshot(order(KEY)).await.unwrap_err();
-    let again = service.oneshot(order(KEY)).await.unwrap_err();
-    assert_eq!(again.code(), first.code());
-    assert!(again.is_replayed());
-    assert_eq!(provider.requests().len(), 1);
-    assert_eq!(stats.stats().resent, 0);
-}
-
-/// A verification service that does not answer within the verify timeout counts as unknown:
-/// the taken-over key is kept, nothing is sent.
-#[tokio::test]
-async fn a_verifier_that_does_not_answer_in_time_keeps_the_key_unsent() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let ledger = Ledger::new([Fault::TakeThenStall]);
-    let provider = FakeProvider::start(ledger.script()).await;
-    crash_mid_send(&store, &provider, order(KEY)).await;
-
-    let silent =
-        tower::service_fn(|_question: Verify| std::future::pending::<Result<Verified, BoxError>>());
-    let layer = layer(&store)
-        .verify_takeovers(silent)
-        .verify_timeout(Duration::from_millis(50))
-        .build()
-        .unwrap();
-    let stats = layer.clone();
-    let error = stack(layer, &provider)
-        .oneshot(order(KEY))
+        .unwrap()
+        .call(email().idempotency_key("quota:1").build().unwrap())
         .await
         .unwrap_err();
-    assert_eq!(error.code(), codes::UNVERIFIED);
-    assert_eq!(provider.requests().len(), 1, "not sent again");
-    assert_eq!(stats.stats().verify_inconclusive, 1);
+
+    assert_eq!(err.code(), resend_codes::QUOTA_EXCEEDED);
+    assert!(!err.is_retryable());
+    assert!(!counts_against_provider(&Err::<(), _>(err.clone())));
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(3600)));
+    assert_eq!(provider.requests().len(), 1, "no retry");
+
+    // A rate limit, by contrast, is retried and counts.
+    let limited = resend::provider(vec![
+        resend_error(429, "rate_limit_exceeded").header("retry-after", "0"),
+        Reply::accepted(7),
+    ])
+    .await;
+    let receipt = ServiceBuilder::new()
+        .layer(RetryLayer::new(RetryPolicy::new()))
+        .service(transport(&limited))
+        .oneshot(email().build().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(receipt.id, "msg-7");
+}
+
+#[tokio::test]
+async fn concurrent_idempotent_request_is_retried_under_the_same_key_and_gets_the_outcome() {
+    let provider = resend::provider(vec![
+        resend_error(409, "concurrent_idempotent_requests"),
+        Reply::accepted(1),
+    ])
+    .await;
+    let layer = IdempotencyLayer::builder()
+        .store(MemoryStore::new())
+        .namespace("mail")
+        .build()
+        .unwrap();
+    let stored = layer.stored_key_for("order:42").unwrap();
+    let policy = RetryPolicy::new().base_delay(Duration::from_millis(1));
+    let mut service = ServiceBuilder::new()
+        .layer(layer)
+        .layer(RetryLayer::new(policy))
+        .service(transport(&provider));
+
+    let receipt = ServiceExt::<Message>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(email().idempotency_key("order:42").build().unwrap())
+        .await
+        .unwrap();
+
+    assert_eq!(receipt.id, "msg-1");
+    let keys: Vec<_> = provider.requests().into_iter().map(|r| r.key).collect();
+    assert_eq!(keys, [Some(stored.clone()), Some(stored)]);
+    provider.assert_no_violations();
+}
+
+#[tokio::test]
+async fn a_base_url_with_a_query_string_keeps_it_after_the_path() {
+    let provider = resend::answering(Reply::accepted(1)).await;
+    let base = format!("http://{}/resend/?tenant=7", provider.addr);
+    let codec = ResendCodec::new(API_KEY).base_url(base.parse().unwrap());
+
+    HttpTransport::new(hyper_client(), codec)
+        .oneshot(email().build().unwrap())
+        .await
+        .unwrap();
+
+    let uri = &provider.requests()[0].uri;
+    assert_eq!(uri.path(), "/resend/emails");
+    assert_eq!(uri.query(), Some("tenant=7"));
+}
+
+// ---- The key Resend sees is the key the layer holds. ----
+
+#[tokio::test]
+async fn idempotency_key_is_the_layers_stored_key_under_two_namespaces() {
+    let provider = resend::provider(vec![Reply::accepted(1), Reply::accepted(2)]).await;
+    let layer = |namespace: &str| {
+        IdempotencyLayer::builder()
+            .store(MemoryStore::new())
+            .namespace(namespace)
+            .build()
+            .unwrap()
+    };
+    let (shop, billing) = (layer("shop"), layer("billing"));
+    let message = email().idempotency_key("order.created:42").build().unwrap();
+
+    for layer in [&shop, &billing] {
+        ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(transport(&provider))
+            .oneshot(message.clone())
+            .await
+            .unwrap();
+    }
+
+    let keys: Vec<_> = provider.requests().into_iter().map(|r| r.key).collect();
+    assert_eq!(
+        keys,
+        [
+            Some(shop.stored_key_for("order.created:42").unwrap()),
+            Some(billing.stored_key_for("order.created:42").unwrap()),
+        ]
+    );
+    assert_ne!(keys[0], keys[1], "two namespaces, two key spaces at Resend");
+    provider.assert_no_violations();
+}
+
+#[tokio::test]
+async fn idempotency_key_is_the_layers_stored_key_with_a_key_function() {
+    let provider = resend::answering(Reply::accepted(1)).await;
+    let layer = IdempotencyLayer::builder()
+        .store(MemoryStore::new())
+        .namespace("welcome")
+        .key(|m: &Message| Some(format!("welcome:{}", m.to()[0])))
+        .build()
+        .unwrap();
+    let expected = layer.stored_key_for("welcome:seller@example.com").unwrap();
+
+    // The message has no key of its own: only the key function gives it one.
+    ServiceBuilder::new()
+        .layer(layer)
+        .service(transport(&provider))
+        .oneshot(email().build().unwrap())
+        .await
+        .unwrap();
+
+    assert_eq!(
+        provider.requests()[0].key.as_deref(),
+        Some(expected.as_str())
+    );
+}
+
+#[tokio::test]
+async fn a_stored_key_resend_cannot_take_is_sent_as_its_digest_and_unkeyed_sends_carry_none() {
+    let provider = resend::answering(Reply::accepted(1)).await;
+    let layer = IdempotencyLayer::builder()
+        .store(MemoryStore::new())
+        .namespace("shop")
+        .build()
+        .unwrap();
+    // 256 bytes of key and the namespace: longer than Resend's 256.
+    let long = "k".repeat(256);
+    let accented = "commande:été";
+    let service = || {
+        ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(transport(&provider))
+    };
+    for key in [long.as_str(), accented] {
+        service()
+            .oneshot(email().idempotency_key(key).build().unwrap())
+            .await
+            .unwrap();
+    }
+    service().oneshot(email().build().unwrap()).await.unwrap();
+
+    let keys: Vec<_> = provider.requests().into_iter().map(|r| r.key).collect();
+    for (key, sent) in [long.as_str(), accented].iter().zip(&keys) {
+        let sent = sent.as_deref().unwrap();
+        assert!(sent.starts_with("sha256-") && sent.len() == 71, "{sent}");
+        assert_ne!(sent, layer.stored_key_for(key).unwrap());
+    }
+    assert_ne!(keys[0], keys[1]);
+    assert_eq!(keys[2], None, "an unkeyed message carries no key");
+    provider.assert_no_violations();
+}
+
+#[tokio::test]
+async fn a_message_the_key_function_leaves_unkeyed_carries_no_key_despite_its_own() {
+    let provider = resend::answering(Reply::accepted(1)).await;
+    let layer = IdempotencyLayer::builder()
+        .store(MemoryStore::new())
+        .namespace("digest")
+        .key(|_: &Message| None)
+        .build()
+        .unwrap();
+
+    ServiceBuilder::new()
+        .layer(layer)
+        .service(transport(&provider))
+        .oneshot(email().idempotency_key("own:1").build().unwrap())
+        .await
+        .unwrap();
+
+    assert_eq!(provider.requests()[0].key, None);
 }

@@ -114,8 +114,9 @@ where
     let counters = &config.counters;
     let store_key = match store_key(&config, &request) {
         KeyOf::Unkeyed => {
+            // Unkeyed for the layer, so for the provider too.
             return inner
-                .call(request)
+                .call(request.with_stored_key(None))
                 .await
                 .map_err(|e| into_send_error(&config.classifier, e.into()));
         }
@@ -164,6 +165,8 @@ where
         }
     };
 
+    // The provider sees the key the store holds.
+    let request = request.with_stored_key(Some(&store_key));
     let held = Held {
         key: store_key,
         token,

@@ -1,6 +1,16 @@
 //! The one fake HTTP provider, a real axum server on 127.0.0.1:0 that records every request
 //! and answers by a script, and the two real clients (hyper-util's legacy client, reqwest) as
 //! `Service<http::Request<Bytes>>`.
+//!
+//! A provider started with a [`Schema`] ([`FakeProvider::enforcing`]) checks every request
+//! against that provider's published request description first, and answers a request the
+//! real provider would refuse with the provider's own validation error, keeping the
+//! violation ([`FakeProvider::violations`]). One module per provider holds its schema:
+//! [`resend`], [`twilio`], [`postmark`].
+
+pub mod postmark;
+pub mod resend;
+pub mod twilio;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -132,8 +142,14 @@ impl Recorded {
     }
 }
 
+/// A provider's published request rules: `Ok` for a request the real provider takes, else
+/// its answer to the request (its documented validation error) and why.
+pub type Schema = fn(&Recorded) -> Result<(), (Reply, String)>;
+
 /// What the provider has seen, which scripts read to decide when to answer.
 pub struct ProviderState {
+    schema: Option<Schema>,
+    violations: Mutex<Vec<String>>,
     requests: Mutex<Vec<Recorded>>,
     received: watch::Sender<usize>,
     in_flight: AtomicUsize,
@@ -205,13 +221,40 @@ impl axum::serve::Listener for Dropping {
 impl FakeProvider {
     /// Starts a provider that answers by `script`: a [`script`] or a list of replies.
     pub async fn start(script: impl Into<Script>) -> Self {
-        Self::start_dropping(script, 0).await
+        Self::serve(None, script.into(), 0).await
     }
 
     /// [`start`](Self::start), closing the first `drop` connections unread.
     pub async fn start_dropping(script: impl Into<Script>, drop: usize) -> Self {
-        let script = script.into();
+        Self::serve(None, script.into(), drop).await
+    }
+
+    /// Starts a provider that checks every request against `schema` first: a request that
+    /// breaks it is answered the provider's validation error (the script is not asked) and
+    /// kept in [`violations`](Self::violations).
+    pub async fn enforcing(schema: Schema, script: impl Into<Script>) -> Self {
+        Self::serve(Some(schema), script.into(), 0).await
+    }
+
+    /// What the schema refused, in order; empty when every request was one the real provider
+    /// takes.
+    pub fn violations(&self) -> Vec<String> {
+        self.state.violations.lock().unwrap().clone()
+    }
+
+    /// Fails the test when any request broke the schema.
+    pub fn assert_no_violations(&self) {
+        let violations = self.violations();
+        assert!(
+            violations.is_empty(),
+            "the provider would have refused: {violations:?}"
+        );
+    }
+
+    async fn serve(schema: Option<Schema>, script: Script, drop: usize) -> Self {
         let state = Arc::new(ProviderState {
+            schema,
+            violations: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
             received: watch::Sender::new(0),
             in_flight: AtomicUsize::new(0),
@@ -316,7 +359,17 @@ async fn record_and_answer(
         requests.len()
     };
     state.received.send_replace(n);
-    let reply = script(n, Arc::clone(&state)).await;
+    let refusal = state.schema.and_then(|schema| {
+        let requests = state.requests.lock().unwrap();
+        schema(&requests[n - 1]).err()
+    });
+    let reply = match refusal {
+        Some((reply, why)) => {
+            state.violations.lock().unwrap().push(why);
+            reply
+        }
+        None => script(n, Arc::clone(&state)).await,
+    };
     if reply.stall {
         std::future::pending::<()>().await;
     }
@@ -325,6 +378,18 @@ async fn record_and_answer(
         response.headers_mut().insert(name, value.parse().unwrap());
     }
     response
+}
+
+/// Sends `message` through an `HttpTransport` over hyper-util with `codec`, once.
+pub async fn send_with<C>(
+    codec: C,
+    message: tower_idempotency::Message,
+) -> Result<tower_idempotency::Receipt, tower_idempotency::SendError>
+where
+    C: tower_idempotency::http::Codec,
+{
+    let mut transport = tower_idempotency::http::HttpTransport::new(hyper_client(), codec);
+    super::send(&mut transport, message).await
 }
 
 // ---------------------------------------------------------------------------------------------
