@@ -209,11 +209,11 @@ pub use layer::{Idempotency, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use message::{Attachment, Envelope, IdempotencyKey, Message, MessageBuilder, RawMessage};
 pub use outcome::{BoxError, Category, Outcome, Receipt, SendError};
 pub use retry::RetryPolicy;
-pub use store::{MemoryStore, Store, StoreError};
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
+pub use store::{MemoryStore, Store, StoreError};
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
