@@ -75,10 +75,8 @@ async fn post_email(
     message: Message,
     slow: bool,
 ) -> Result<Receipt, BoxError> {
-    let key = message
-        .idempotency_key()
-        .map(|k| k.as_str().to_owned())
-        .unwrap_or_default();
+    // The key the layer holds for this send (namespaced), as `HttpTransport` sends it.
+    let key = message.provider_key().unwrap_or_default().to_owned();
     let mut request = http
         .post(format!("{base}/emails"))
         .header("idempotency-key", key);
@@ -147,24 +145,22 @@ async fn main() -> Result<(), BoxError> {
         blocked.is_replayed()
     );
 
-    // The verification service: asks the provider what it accepted under the message's key.
+    // The verification service: asks the provider what it accepted under the key.
     let verify = tower::service_fn(move |question: Verify| {
         let (http, base) = (http.clone(), base.clone());
         async move {
-            // Raw keys here; with hashed keys, match `question.stored_key` instead.
-            let Some(key) = question.raw_key else {
-                return Ok::<_, BoxError>(Verified::Unknown);
-            };
+            // The provider was sent the stored key, so the stored key finds the message,
+            // with raw and hashed keys alike.
             let body = http
                 .get(format!("{base}/emails"))
-                .header("idempotency-key", key)
+                .header("idempotency-key", question.stored_key)
                 .send()
                 .await?
                 .error_for_status()?
                 .text()
                 .await?;
             let listed: serde_json::Value = serde_json::from_str(&body)?;
-            Ok(match listed["data"][0]["id"].as_str() {
+            Ok::<_, BoxError>(match listed["data"][0]["id"].as_str() {
                 Some(id) => Verified::Delivered(Receipt::new(id, "fake")),
                 None => Verified::NotSent,
             })

@@ -27,12 +27,12 @@ fn provider(
     tower::service_fn(move |message: Message| {
         let (client, url) = (client.clone(), url.clone());
         async move {
-            let key = message.idempotency_key().map(|k| k.as_str().to_owned());
+            // The key the layer holds for this send (namespaced), for the provider's own net.
+            let key = message.provider_key().unwrap_or_default().to_owned();
             let body = serde_json::json!({ "to": message.to(), "text": message.text() });
             let response = client
                 .post(&url)
-                // A provider that deduplicates on it is a second net behind the store.
-                .header("Idempotency-Key", key.unwrap_or_default())
+                .header("Idempotency-Key", key)
                 .header("content-type", "application/json")
                 .body(body.to_string())
                 .send()

@@ -142,7 +142,8 @@ impl fmt::Debug for Classifier {
 /// | `status()`: 500 and any other 5xx or status | [`Unknown`](Category::Unknown) |
 /// | anything else: a timeout after the request left, a body that failed, a redirect | [`Unknown`](Category::Unknown) |
 ///
-/// The statuses are placed as `http::HttpTransport` places them. `error_for_status()` drops
+/// The statuses are placed as `http::HttpTransport`'s status mapping places them (a codec may
+/// place its provider's error names more precisely). `error_for_status()` drops
 /// the response's `Retry-After`; `HttpTransport` over a reqwest client keeps it.
 pub fn default_classifier(error: &(dyn Error + 'static)) -> Category {
     #[cfg(feature = "reqwest")]
@@ -172,8 +173,8 @@ fn reqwest_category(error: &(dyn Error + 'static)) -> Option<Category> {
     })
 }
 
-/// The category `HttpTransport` gives a provider's answer of `status` (its mapping table; the
-/// tests hold the two together).
+/// The category `HttpTransport`'s status mapping gives a provider's answer of `status` (the
+/// table in the `http` module docs, which tests/reqwest_client.rs holds this to).
 #[cfg(feature = "reqwest")]
 fn status_category(status: u16) -> Category {
     match status {

@@ -34,7 +34,7 @@ use std::time::UNIX_EPOCH;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
-use crate::message::{Message, RawMessage};
+use crate::message::{Channel, Message, RawMessage, SmsSender};
 
 // Written with a trailing NUL by `Encoder::new`.
 const MESSAGE_DOMAIN: &str = "tower-idempotency/message/v1";
@@ -148,7 +148,7 @@ pub trait Fingerprinted {
 
 impl Fingerprinted for Message {
     fn fingerprint(&self) -> Fingerprint {
-        let m = &*self.0;
+        let m = &*self.parts;
         let mut e = Encoder::new(MESSAGE_DOMAIN);
         e.tag(0x01).str(&m.from);
         e.tag(0x02).list(&m.to);
@@ -187,6 +187,14 @@ impl Fingerprinted for Message {
         e.tag(0x10).len(m.metadata.len());
         for (name, value) in &m.metadata {
             e.str(name).str(value);
+        }
+        // Only an SMS says its channel, so every email keeps the fingerprint it always had.
+        if let Channel::Sms(sender) = m.channel {
+            e.tag(0x11).byte(match sender {
+                SmsSender::Number => 1,
+                SmsSender::AlphanumericId => 2,
+                SmsSender::MessagingService => 3,
+            });
         }
         e.finish()
     }

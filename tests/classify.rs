@@ -20,6 +20,7 @@ fn message() -> Message {
     Message::builder()
         .from("shop@example.com")
         .to("seller@example.com")
+        .subject("Hi")
         .text("hi")
         .idempotency_key("k")
         .build()

@@ -18,8 +18,10 @@ fn golden_messages() -> Vec<(&'static str, Message)> {
         ("minimal", base().build().unwrap()),
         (
             "sms",
-            Message::builder()
-                .from("+15550100")
+            // An SMS is built as one since SMS exist; the email builder that held this one
+            // before refuses phone numbers, so no record can be looked up by the old value.
+            Message::sms()
+                .from_number("+15550100")
                 .to("+15550199")
                 .text("Your code is 123456")
                 .idempotency_key("otp:42")
@@ -91,7 +93,7 @@ const GOLDEN: &[(&str, &str)] = &[
     ),
     (
         "sms",
-        "356054e96c535d9775702b9b87c90669952c9d901a0a77100b3c125807e49e9b",
+        "8a4fd25b15e385197474ec42666df813d95c0bc6a1027c6020fa2d94d083cc50",
     ),
     (
         "full",
@@ -155,8 +157,8 @@ fn text_moved_across_a_field_boundary_changes_the_fingerprint() {
     let b = base().subject("a").text("bc").build().unwrap();
     assert_ne!(Fingerprint::of(&a), Fingerprint::of(&b));
     // The same across list elements and between lists.
-    let a = base().to("ab").to("c").build().unwrap();
-    let b = base().to("a").to("bc").build().unwrap();
+    let a = base().to("x@ab").to("c@d").build().unwrap();
+    let b = base().to("x@a").to("bc@d").build().unwrap();
     assert_ne!(Fingerprint::of(&a), Fingerprint::of(&b));
     let a = base().cc("x@y").build().unwrap();
     let b = base().bcc("x@y").build().unwrap();
@@ -236,12 +238,14 @@ fn build(p: &Parts, changed: Option<(Field, &str)>) -> Message {
         }
     };
     let is = |f: Field| matches!(changed, Some((c, _)) if std::mem::discriminant(&c) == std::mem::discriminant(&f));
+    // Addresses must be mailboxes: the drawn text becomes the local part.
+    let address = |i: usize, f: Field| format!("{}@example.com", s(i, f).replace(['@', '.'], "_"));
     Message::builder()
-        .from(s(0, Field::From))
-        .to(s(1, Field::To))
-        .cc(s(2, Field::Cc))
-        .bcc(s(3, Field::Bcc))
-        .reply_to(s(4, Field::ReplyTo))
+        .from(address(0, Field::From))
+        .to(address(1, Field::To))
+        .cc(address(2, Field::Cc))
+        .bcc(address(3, Field::Bcc))
+        .reply_to(address(4, Field::ReplyTo))
         .subject(s(5, Field::Subject))
         .text(s(6, Field::Text))
         .html(s(7, Field::Html))

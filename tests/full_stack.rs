@@ -13,7 +13,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::breaker_error;
-use support::http::{FakeProvider, Reply, hyper_client, script};
+use support::http::{FakeProvider, Reply, hyper_client, resend, script};
 use tokio::task::JoinSet;
 use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -45,6 +45,11 @@ impl Default for Options {
                 .base_delay(Duration::from_millis(10)),
         }
     }
+}
+
+/// The key the provider sees: the key the layer's store holds (default namespace).
+fn stored_key(key: &str) -> String {
+    IdempotencyLayer::in_memory().stored_key_for(key).unwrap()
 }
 
 /// The stack the README's "Production stack" section describes, over `provider`.
@@ -93,7 +98,7 @@ fn order_email(order: &str) -> Message {
 
 #[tokio::test]
 async fn rate_limited_send_waits_for_retry_after_and_resends_under_the_same_key() {
-    let provider = FakeProvider::start(script(|n, _| async move {
+    let provider = resend::provider(script(|n, _| async move {
         if n == 1 {
             Reply::json(
                 429,
@@ -114,8 +119,8 @@ async fn rate_limited_send_waits_for_retry_after_and_resends_under_the_same_key(
     let arrivals = provider.requests();
     assert_eq!(arrivals.len(), 2, "one 429, one resend");
     assert_eq!(
-        arrivals[0].key.as_deref(),
-        Some("order.created:ord_1:email")
+        arrivals[0].key,
+        Some(stored_key("order.created:ord_1:email"))
     );
     assert_eq!(arrivals[1].key, arrivals[0].key);
     assert_eq!(arrivals[1].body, arrivals[0].body, "the same message");
@@ -128,7 +133,7 @@ async fn rate_limited_send_waits_for_retry_after_and_resends_under_the_same_key(
 
 #[tokio::test]
 async fn unavailable_three_times_fails_retryable_and_frees_the_key() {
-    let provider = FakeProvider::start(script(|n, _| async move {
+    let provider = resend::provider(script(|n, _| async move {
         if n <= 3 {
             Reply::json(
                 503,
@@ -162,7 +167,7 @@ async fn unavailable_three_times_fails_retryable_and_frees_the_key() {
     assert!(
         arrivals
             .iter()
-            .all(|a| a.key.as_deref() == Some("order.created:ord_2:email"))
+            .all(|a| a.key == Some(stored_key("order.created:ord_2:email")))
     );
     assert_eq!(layer.stats().sent, 2);
 }
@@ -170,7 +175,7 @@ async fn unavailable_three_times_fails_retryable_and_frees_the_key() {
 #[tokio::test]
 async fn attempt_timeout_is_unknown_delivery_and_keeps_the_key() {
     // The provider takes the request and never answers until the test ends.
-    let provider = FakeProvider::start(script(|n, provider| async move {
+    let provider = resend::provider(script(|n, provider| async move {
         provider.released().await;
         Reply::accepted(n)
     }))
@@ -219,7 +224,7 @@ async fn concurrency_limit_bounds_requests_the_provider_holds_at_once() {
     // Each request waits for the rest of its group of 4 to arrive (bounded), so that the
     // requests really overlap: a group cannot fill unless 4 are in flight together, and the
     // next group cannot start until one of this group is answered.
-    let provider = FakeProvider::start(script(|n, provider| async move {
+    let provider = resend::provider(script(|n, provider| async move {
         let group_end = n.div_ceil(LIMIT) * LIMIT;
         provider.arrived(group_end.min(MESSAGES)).await;
         Reply::accepted(n)
@@ -254,7 +259,7 @@ async fn concurrency_limit_bounds_requests_the_provider_holds_at_once() {
 async fn concurrent_duplicates_through_the_stack_reach_the_provider_once() {
     const DUPLICATES: usize = 50;
     // The provider holds the one send until the test has every other answer.
-    let provider = FakeProvider::start(script(|n, provider| async move {
+    let provider = resend::provider(script(|n, provider| async move {
         provider.released().await;
         Reply::accepted(n)
     }))
@@ -285,8 +290,8 @@ async fn concurrent_duplicates_through_the_stack_reach_the_provider_once() {
     let arrivals = provider.requests();
     assert_eq!(arrivals.len(), 1);
     assert_eq!(
-        arrivals[0].key.as_deref(),
-        Some("order.created:ord_5:email")
+        arrivals[0].key,
+        Some(stored_key("order.created:ord_5:email"))
     );
     assert_eq!(layer.stats().sent, 1);
 }

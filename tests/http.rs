@@ -8,7 +8,7 @@ mod support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use support::http::{AnyClient, ClientKind, FakeProvider, Reply, hyper_client};
+use support::http::{AnyClient, ClientKind, FakeProvider, Reply, hyper_client, resend};
 use tower::timeout::TimeoutLayer;
 use tower::timeout::error::Elapsed;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -53,7 +53,7 @@ fn transport(kind: ClientKind, provider: &FakeProvider) -> HttpTransport<AnyClie
 
 /// Sends `order_email()` to a provider that answers `reply`, and returns the error.
 async fn error_for(kind: ClientKind, reply: Reply) -> SendError {
-    let provider = FakeProvider::answering(reply).await;
+    let provider = resend::answering(reply).await;
     let mut transport = transport(kind, &provider);
     let result = ServiceExt::<Message>::ready(&mut transport)
         .await
@@ -72,7 +72,7 @@ fn resend_error(status: u16, name: &str, message: &str) -> Reply {
 }
 
 async fn sends_resend_json_with_authorization_and_idempotency_key(kind: ClientKind) {
-    let provider = FakeProvider::answering(Reply::new(
+    let provider = resend::answering(Reply::new(
         200,
         r#"{"id":"49a3999c-0ce1-4ea6-ab68-afcd6dc2e794"}"#,
     ))
@@ -131,7 +131,7 @@ async fn sends_resend_json_with_authorization_and_idempotency_key(kind: ClientKi
 }
 
 async fn message_without_key_goes_without_idempotency_key_header(kind: ClientKind) {
-    let provider = FakeProvider::answering(Reply::new(200, r#"{"id":"m1"}"#)).await;
+    let provider = resend::answering(Reply::new(200, r#"{"id":"m1"}"#)).await;
     let message = Message::builder()
         .from("shop@example.com")
         .to("user@example.com")
@@ -148,7 +148,7 @@ async fn message_without_key_goes_without_idempotency_key_header(kind: ClientKin
 
 async fn every_attempt_of_a_message_carries_the_same_idempotency_key(kind: ClientKind) {
     let provider =
-        FakeProvider::start(vec![Reply::new(503, ""), Reply::new(200, r#"{"id":"m1"}"#)]).await;
+        resend::provider(vec![Reply::new(503, ""), Reply::new(200, r#"{"id":"m1"}"#)]).await;
     let mut transport = transport(kind, &provider);
     let message = order_email();
 
@@ -243,7 +243,7 @@ async fn request_timeout_408_is_retryable(kind: ClientKind) {
     assert_eq!(err.category(), Category::Retryable);
 }
 
-async fn conflict_409_concurrent_idempotent_requests_leaves_delivery_unknown(kind: ClientKind) {
+async fn conflict_409_concurrent_idempotent_requests_is_unknown_but_retryable(kind: ClientKind) {
     let reply = resend_error(
         409,
         "concurrent_idempotent_requests",
@@ -251,7 +251,10 @@ async fn conflict_409_concurrent_idempotent_requests_leaves_delivery_unknown(kin
     );
     let err = error_for(kind, reply).await;
     assert_eq!(err.code(), resend_codes::IDEMPOTENCY_IN_FLIGHT);
+    // An earlier request under the key may send; a retry under the same key is answered its
+    // outcome by Resend, so it is safe and the retry policy takes it.
     assert_eq!(err.category(), Category::Unknown);
+    assert!(err.is_retryable());
 }
 
 async fn conflict_409_invalid_idempotent_request_is_a_validation_error(kind: ClientKind) {
@@ -271,11 +274,13 @@ async fn conflict_409_the_codec_does_not_know_is_permanent(kind: ClientKind) {
     assert_eq!(err.category(), Category::Permanent);
 }
 
-async fn unprocessable_422_is_permanent_with_the_providers_text_and_no_content(kind: ClientKind) {
+async fn unprocessable_422_is_a_validation_error_with_the_providers_text_and_no_content(
+    kind: ClientKind,
+) {
     let reply = resend_error(422, "validation_error", "Invalid `from` field.");
     let err = error_for(kind, reply).await;
-    assert_eq!(err.code(), codes::REJECTED);
-    assert_eq!(err.category(), Category::Permanent);
+    assert_eq!(err.code(), resend_codes::VALIDATION_ERROR);
+    assert_eq!(err.category(), Category::Validation);
     let text = format!("{err} {err:?}");
     assert!(text.contains("422"), "{text}");
     assert!(
@@ -295,7 +300,7 @@ async fn success_with_a_garbage_body_is_a_bad_response_of_unknown_delivery(kind:
 }
 
 async fn success_with_an_oversized_body_is_a_bad_response(kind: ClientKind) {
-    let provider = FakeProvider::answering(Reply::new(
+    let provider = resend::answering(Reply::new(
         200,
         format!(r#"{{"id":"{}"}}"#, "x".repeat(4096)),
     ))
@@ -327,7 +332,7 @@ async fn connection_refused_is_retryable_and_not_sent(kind: ClientKind) {
 }
 
 async fn stalled_provider_behind_a_timeout_layer_gives_elapsed(kind: ClientKind) {
-    let provider = FakeProvider::answering(Reply::stall()).await;
+    let provider = resend::answering(Reply::stall()).await;
     let service = ServiceBuilder::new()
         .layer(TimeoutLayer::new(Duration::from_millis(200)))
         .service(transport(kind, &provider));
@@ -341,7 +346,7 @@ async fn stalled_provider_behind_a_timeout_layer_gives_elapsed(kind: ClientKind)
 async fn stalled_provider_with_a_timeout_around_the_client_leaves_delivery_unknown(
     kind: ClientKind,
 ) {
-    let provider = FakeProvider::answering(Reply::stall()).await;
+    let provider = resend::answering(Reply::stall()).await;
     let client = ServiceBuilder::new()
         .layer(TimeoutLayer::new(Duration::from_millis(200)))
         .service(kind.client());
@@ -414,7 +419,7 @@ fn assert_every_error(outcomes: &BatchOutcomes, n: usize, code: &str, category: 
 async fn batch_goes_as_one_json_array_to_emails_batch_and_receipts_follow_its_order(
     kind: ClientKind,
 ) {
-    let provider = FakeProvider::answering(batch_ids(&["id-a", "id-b", "id-c"])).await;
+    let provider = resend::answering(batch_ids(&["id-a", "id-b", "id-c"])).await;
 
     let outcomes = send_batch(kind, &provider, welcomes(&["a", "b", "c"])).await;
 
@@ -459,7 +464,7 @@ async fn batch_goes_as_one_json_array_to_emails_batch_and_receipts_follow_its_or
 }
 
 async fn every_attempt_of_a_batch_carries_the_same_key_and_another_batch_another(kind: ClientKind) {
-    let provider = FakeProvider::start(vec![
+    let provider = resend::provider(vec![
         Reply::new(503, ""),
         batch_ids(&["id-a", "id-b"]),
         batch_ids(&["id-a", "id-c"]),
@@ -504,10 +509,11 @@ async fn every_attempt_of_a_batch_carries_the_same_key_and_another_batch_another
 }
 
 async fn batch_with_an_unkeyed_message_goes_without_idempotency_key(kind: ClientKind) {
-    let provider = FakeProvider::answering(batch_ids(&["id-a", "id-x"])).await;
+    let provider = resend::answering(batch_ids(&["id-a", "id-x"])).await;
     let unkeyed = Message::builder()
         .from("hello@marketplace.example")
         .to("someone@example.com")
+        .subject("Hello")
         .text("Your code is 123456")
         .build()
         .unwrap();
@@ -519,7 +525,7 @@ async fn batch_with_an_unkeyed_message_goes_without_idempotency_key(kind: Client
 }
 
 async fn batch_answered_with_too_few_ids_leaves_every_message_unknown(kind: ClientKind) {
-    let provider = FakeProvider::answering(batch_ids(&["id-a", "id-b"])).await;
+    let provider = resend::answering(batch_ids(&["id-a", "id-b"])).await;
 
     let outcomes = send_batch(kind, &provider, welcomes(&["a", "b", "c"])).await;
 
@@ -532,7 +538,7 @@ async fn batch_answered_with_too_few_ids_leaves_every_message_unknown(kind: Clie
 }
 
 async fn batch_answered_with_a_garbage_body_leaves_every_message_unknown(kind: ClientKind) {
-    let provider = FakeProvider::answering(Reply::new(200, r#"{"id":"single"}"#)).await;
+    let provider = resend::answering(Reply::new(200, r#"{"id":"single"}"#)).await;
 
     let outcomes = send_batch(kind, &provider, welcomes(&["a", "b"])).await;
 
@@ -543,7 +549,7 @@ async fn batch_answered_with_a_garbage_body_leaves_every_message_unknown(kind: C
 async fn rate_limited_batch_makes_every_message_retryable_with_retry_after(kind: ClientKind) {
     let reply =
         resend_error(429, "rate_limit_exceeded", "Too many requests.").header("retry-after", "3");
-    let provider = FakeProvider::answering(reply).await;
+    let provider = resend::answering(reply).await;
 
     let outcomes = send_batch(kind, &provider, welcomes(&["a", "b", "c"])).await;
 
@@ -557,8 +563,7 @@ async fn rate_limited_batch_makes_every_message_retryable_with_retry_after(kind:
 }
 
 async fn server_error_500_on_a_batch_leaves_every_message_unknown(kind: ClientKind) {
-    let provider =
-        FakeProvider::answering(resend_error(500, "internal_server_error", "oops")).await;
+    let provider = resend::answering(resend_error(500, "internal_server_error", "oops")).await;
 
     let outcomes = send_batch(kind, &provider, welcomes(&["a", "b"])).await;
 
@@ -566,7 +571,7 @@ async fn server_error_500_on_a_batch_leaves_every_message_unknown(kind: ClientKi
 }
 
 async fn status_999_on_a_batch_leaves_every_message_unknown(kind: ClientKind) {
-    let provider = FakeProvider::answering(Reply::new(999, "")).await;
+    let provider = resend::answering(Reply::new(999, "")).await;
 
     let outcomes = send_batch(kind, &provider, welcomes(&["a", "b"])).await;
 
@@ -574,7 +579,7 @@ async fn status_999_on_a_batch_leaves_every_message_unknown(kind: ClientKind) {
 }
 
 async fn more_than_100_messages_is_a_validation_error_and_nothing_is_sent(kind: ClientKind) {
-    let provider = FakeProvider::answering(batch_ids(&["never"])).await;
+    let provider = resend::answering(batch_ids(&["never"])).await;
     let keys: Vec<String> = (0..=RESEND_MAX_BATCH).map(|i| format!("k{i}")).collect();
     let batch: Batch = keys.iter().map(|k| welcome(k)).collect();
     assert_eq!(batch.len(), 101);
@@ -588,7 +593,7 @@ async fn more_than_100_messages_is_a_validation_error_and_nothing_is_sent(kind: 
 async fn exactly_100_messages_go_in_one_request(kind: ClientKind) {
     let ids_sent: Vec<String> = (0..RESEND_MAX_BATCH).map(|i| format!("id-{i}")).collect();
     let id_refs: Vec<&str> = ids_sent.iter().map(String::as_str).collect();
-    let provider = FakeProvider::answering(batch_ids(&id_refs)).await;
+    let provider = resend::answering(batch_ids(&id_refs)).await;
     let keys: Vec<String> = (0..RESEND_MAX_BATCH).map(|i| format!("k{i}")).collect();
 
     let outcomes = send_batch(kind, &provider, keys.iter().map(|k| welcome(k)).collect()).await;
@@ -600,10 +605,11 @@ async fn exactly_100_messages_go_in_one_request(kind: ClientKind) {
 async fn messages_with_attachments_or_a_schedule_are_left_out_of_the_batch_with_a_validation_error(
     kind: ClientKind,
 ) {
-    let provider = FakeProvider::answering(batch_ids(&["id-a", "id-d"])).await;
+    let provider = resend::answering(batch_ids(&["id-a", "id-d"])).await;
     let with_attachment = Message::builder()
         .from("hello@marketplace.example")
         .to("user_b@example.com")
+        .subject("Hello")
         .text("Your invoice.")
         .attachment(Attachment::new("invoice.txt", "text/plain", &b"foobar"[..]))
         .idempotency_key("b")
@@ -612,6 +618,7 @@ async fn messages_with_attachments_or_a_schedule_are_left_out_of_the_batch_with_
     let scheduled = Message::builder()
         .from("hello@marketplace.example")
         .to("user_c@example.com")
+        .subject("Hello")
         .text("Later.")
         .send_at(SystemTime::now() + Duration::from_secs(3600))
         .idempotency_key("c")
@@ -654,10 +661,11 @@ async fn messages_with_attachments_or_a_schedule_are_left_out_of_the_batch_with_
 }
 
 async fn batch_of_nothing_sendable_makes_no_request(kind: ClientKind) {
-    let provider = FakeProvider::answering(batch_ids(&["never"])).await;
+    let provider = resend::answering(batch_ids(&["never"])).await;
     let with_attachment = Message::builder()
         .from("hello@marketplace.example")
         .to("user_b@example.com")
+        .subject("Hello")
         .text("Your invoice.")
         .attachment(Attachment::new("invoice.txt", "text/plain", &b"foobar"[..]))
         .build()
@@ -707,10 +715,10 @@ over_both_clients!(
     status_999_the_transport_cannot_place_leaves_delivery_unknown,
     see_other_303_is_not_followed_and_leaves_delivery_unknown,
     request_timeout_408_is_retryable,
-    conflict_409_concurrent_idempotent_requests_leaves_delivery_unknown,
+    conflict_409_concurrent_idempotent_requests_is_unknown_but_retryable,
     conflict_409_invalid_idempotent_request_is_a_validation_error,
     conflict_409_the_codec_does_not_know_is_permanent,
-    unprocessable_422_is_permanent_with_the_providers_text_and_no_content,
+    unprocessable_422_is_a_validation_error_with_the_providers_text_and_no_content,
     success_with_a_garbage_body_is_a_bad_response_of_unknown_delivery,
     success_with_an_oversized_body_is_a_bad_response,
     connection_refused_is_retryable_and_not_sent,
@@ -761,7 +769,7 @@ async fn hyper_util_connect_errors_can_be_judged_not_sent() {
 
 #[tokio::test]
 async fn second_send_through_the_stack_is_replayed_and_the_provider_sees_one_request() {
-    let provider = FakeProvider::answering(Reply::new(200, r#"{"id":"m1"}"#)).await;
+    let provider = resend::answering(Reply::new(200, r#"{"id":"m1"}"#)).await;
     let codec = ResendCodec::new(API_KEY).base_url(provider.base_url());
     let layer = IdempotencyLayer::builder()
         .store(MemoryStore::new())
@@ -795,7 +803,7 @@ async fn second_send_through_the_stack_is_replayed_and_the_provider_sees_one_req
 
 #[tokio::test]
 async fn timeout_through_the_stack_keeps_the_key_and_the_provider_sees_one_request() {
-    let provider = FakeProvider::answering(Reply::stall()).await;
+    let provider = resend::answering(Reply::stall()).await;
     let codec = ResendCodec::new(API_KEY).base_url(provider.base_url());
     let mut service = ServiceBuilder::new()
         .layer(IdempotencyLayer::new(MemoryStore::new()))
@@ -826,7 +834,7 @@ async fn timeout_through_the_stack_keeps_the_key_and_the_provider_sees_one_reque
 /// kept, so a repeat is answered from the store and the provider sees one request.
 #[tokio::test]
 async fn status_999_through_the_stack_keeps_the_key_and_the_provider_sees_one_request() {
-    let provider = FakeProvider::start(vec![Reply::new(999, ""), Reply::accepted(2)]).await;
+    let provider = resend::provider(vec![Reply::new(999, ""), Reply::accepted(2)]).await;
     let codec = ResendCodec::new(API_KEY).base_url(provider.base_url());
     let mut service = ServiceBuilder::new()
         .layer(IdempotencyLayer::new(MemoryStore::new()))
@@ -872,7 +880,7 @@ async fn refused_connection_through_the_stack_frees_the_key_for_a_later_send() {
     assert_eq!(err.code(), codes::CONNECT);
 
     // The same key, through the same store, once the provider is up: it sends.
-    let provider = FakeProvider::answering(Reply::new(200, r#"{"id":"m2"}"#)).await;
+    let provider = resend::answering(Reply::new(200, r#"{"id":"m2"}"#)).await;
     let codec = ResendCodec::new(API_KEY).base_url(provider.base_url());
     let mut up = ServiceBuilder::new()
         .layer(layer)
@@ -890,7 +898,7 @@ async fn refused_connection_through_the_stack_frees_the_key_for_a_later_send() {
 
 #[tokio::test]
 async fn batch_through_the_stack_sends_only_new_messages_and_replays_the_next_identical_batch() {
-    let provider = FakeProvider::start(vec![
+    let provider = resend::provider(vec![
         Reply::new(200, r#"{"id":"id-seen"}"#),
         batch_ids(&["id-a", "id-b", "id-c"]),
     ])
@@ -901,6 +909,7 @@ async fn batch_through_the_stack_sends_only_new_messages_and_replays_the_next_id
         .namespace("resend")
         .build()
         .unwrap();
+    let keys = layer.clone();
     let mut service = ServiceBuilder::new()
         .layer(layer)
         .timeout(Duration::from_secs(10))
@@ -949,9 +958,21 @@ async fn batch_through_the_stack_sends_only_new_messages_and_replays_the_next_id
             "user_c@example.com"
         ]
     );
+    // Derived from the keys the layer's store holds (namespaced), in order.
+    let under_stored_key = |k: &str| {
+        let stored = keys.stored_key_for(k).unwrap();
+        Message::builder()
+            .from("a@example.com")
+            .to("b@example.com")
+            .text("only the key counts")
+            .idempotency_key(stored)
+            .build()
+            .unwrap()
+    };
+    let expected = ["a", "b", "c"].map(under_stored_key);
     assert_eq!(
         request.header("idempotency-key").map(str::to_owned),
-        batch_idempotency_key(welcomes(&["a", "b", "c"]).as_slice())
+        batch_idempotency_key(&expected)
     );
 
     // The same batch again: every message answered from the store, no request.
@@ -972,7 +993,7 @@ async fn batch_through_the_stack_sends_only_new_messages_and_replays_the_next_id
 
 #[tokio::test]
 async fn batch_left_out_message_frees_its_key_through_the_stack_for_a_single_send() {
-    let provider = FakeProvider::start(vec![
+    let provider = resend::provider(vec![
         batch_ids(&["id-a"]),
         Reply::new(200, r#"{"id":"id-invoice"}"#),
     ])
@@ -984,6 +1005,7 @@ async fn batch_left_out_message_frees_its_key_through_the_stack_for_a_single_sen
     let invoice = Message::builder()
         .from("hello@marketplace.example")
         .to("user_b@example.com")
+        .subject("Hello")
         .text("Your invoice.")
         .attachment(Attachment::new("invoice.txt", "text/plain", &b"foobar"[..]))
         .idempotency_key("invoice:b")

@@ -1,7 +1,7 @@
 //! The HTTP provider transport: [`HttpTransport`] sends a [`Message`](crate::Message) through
 //! any HTTP client that is a `tower::Service<http::Request<Bytes>>`, in the API a [`Codec`]
-//! describes. The codecs, one module per provider, are in [`codec`]; [`ResendCodec`] is
-//! Resend's.
+//! describes. The codecs, one module per provider, are in [`codec`]: [`ResendCodec`] and
+//! [`PostmarkCodec`] (email), [`TwilioCodec`] (SMS).
 //!
 //! Enabled by the `http` feature.
 //!
@@ -46,9 +46,15 @@
 //!
 //! 1. The codec encodes the message ([`Codec::encode`]); a message it cannot express fails
 //!    as a validation error and the client is not called.
-//! 2. The transport sets `Idempotency-Key` to the message's key (and removes it when the
-//!    message has none), so every attempt of a retried message carries the same key and the
-//!    provider can deduplicate too: the second net behind the idempotency store.
+//! 2. The transport sets `Idempotency-Key` to the message's
+//!    [`provider_key`](crate::Message::provider_key): under
+//!    [`IdempotencyLayer`](crate::IdempotencyLayer) the very key the layer's store holds
+//!    (after its key function and namespace, so two namespaces on one provider account never
+//!    share a key), else the message's own key; the codec fits it to the provider's limits
+//!    ([`Codec::idempotency_key`]: a digest when too long or not ASCII) or says the provider
+//!    takes none. An unkeyed message goes without the header. Every attempt of a retried
+//!    message carries the same key, and the provider can deduplicate too: the second net
+//!    behind the idempotency store.
 //! 3. The client sends it. The response body is read up to [`DEFAULT_MAX_RESPONSE_BODY`]
 //!    bytes ([`HttpTransport::max_response_body`]).
 //! 4. The answer is mapped to an outcome:
@@ -57,6 +63,7 @@
 //! |---|---|---|---|
 //! | 2xx, body decodes | the codec's [`Receipt`](crate::Receipt) | delivered | |
 //! | 2xx, body does not decode, is cut off or too long | error | unknown (the provider said yes) | `provider.bad_response` |
+//! | 4xx/5xx the codec reads from the body ([`Codec::failure`]; Resend: a quota, a 422) | the codec's error | the codec's | the codec's |
 //! | 408 Request Timeout | error | retryable | `provider.request_timeout` |
 //! | 409 Conflict | [`Codec::conflict`] decides; when it does not know | permanent | `provider.conflict` |
 //! | 429 Too Many Requests | error, with `Retry-After` | retryable | `provider.rate_limited` |
@@ -69,12 +76,9 @@
 //! | any other client error (the request may have been written) | error | unknown | `provider.unknown` |
 //! | the client's `poll_ready` fails | error | retryable | `provider.not_sent` |
 //!
-//! With [`ResendCodec`], a 409 named `concurrent_idempotent_requests` is of unknown delivery
-//! ([`provider.idempotency_in_flight`](codec::resend::codes::IDEMPOTENCY_IN_FLIGHT): Resend
-//! holds the key for a request in flight) and one named `invalid_idempotent_request` a
-//! validation error
-//! ([`provider.idempotency_key_reused`](codec::resend::codes::IDEMPOTENCY_KEY_REUSED): the key
-//! was used at Resend for another payload).
+//! Each codec documents how it reads its provider's error names, next to the limits it
+//! checks: [`codec::resend`](codec::resend#limits), [`codec::postmark`](codec::postmark#limits),
+//! [`codec::twilio`](codec::twilio#limits).
 //!
 //! Decisions:
 //! - **408** is retryable under its own code, `provider.request_timeout`, not the
@@ -111,13 +115,14 @@
 //!    [`RESEND_MAX_BATCH`](codec::resend::RESEND_MAX_BATCH), 100) is a validation error for
 //!    every message, [`provider.batch_too_large`](codes::BATCH_TOO_LARGE), and nothing is
 //!    sent: split it before, so no half of it goes by surprise.
-//! 2. A message the codec cannot put in a batch ([`BatchCodec::batchable`]; Resend: one with
-//!    attachments or a `send_at`) is answered a validation error,
-//!    [`provider.not_batchable`](codes::NOT_BATCHABLE), and left out; the rest go. The error
+//! 2. A message the codec cannot put in a batch ([`BatchCodec::batchable`]; Resend: one that
+//!    breaks a documented limit, or has attachments or a `send_at`) is answered a validation
+//!    error ([`provider.invalid_request`](codes::INVALID_REQUEST),
+//!    [`provider.not_batchable`](codes::NOT_BATCHABLE)), and left out; the rest go. The error
 //!    lands on the message at fault and says what to do (send it alone); failing its
 //!    neighbours too would only make the caller find which one was at fault.
 //! 3. The rest go as **one** request ([`BatchCodec::encode_batch`]), with one
-//!    `Idempotency-Key` derived from their keys in order ([`batch_idempotency_key`]): the
+//!    `Idempotency-Key` derived from their provider keys in order ([`batch_idempotency_key`]): the
 //!    same on every attempt of the same batch, different for any other. A batch holding a
 //!    message without a key goes without the header, as that message would alone.
 //! 4. The answer maps as in the table above, to **every** message of the request: a 429 makes
@@ -147,7 +152,7 @@
 //! #     Ok::<_, std::convert::Infallible>(http::Response::new(body))
 //! # });
 //! let mut resend = HttpTransport::new(client, ResendCodec::new("re_123"));
-//! let m = |to: &str| Message::builder().from("hello@shop.example").to(to).text("Welcome!");
+//! let m = |to: &str| Message::builder().from("hello@shop.example").to(to).subject("Hi").text("Welcome!");
 //! let batch = Batch::from(vec![
 //!     m("a@example.com").idempotency_key("welcome:a").build()?,
 //!     m("b@example.com").idempotency_key("invoice:b")
@@ -181,12 +186,15 @@ mod transport;
 
 // The codec traits and each provider's codec type are re-exported here, where the transport
 // that takes them is; a provider's constants and codes stay in its module under `codec`.
+pub use codec::postmark::PostmarkCodec;
 pub use codec::resend::ResendCodec;
+pub use codec::twilio::TwilioCodec;
 pub use codec::{BatchCodec, Codec};
 pub use future::{BatchResponseFuture, ResponseFuture};
 pub use status::{connection_refused, parse_retry_after};
 pub use transport::{
     DEFAULT_MAX_RESPONSE_BODY, HttpTransport, IDEMPOTENCY_KEY, batch_idempotency_key,
+    fit_idempotency_key,
 };
 
 /// The stable codes of the errors [`HttpTransport`] makes from the provider's answer (see the
@@ -222,8 +230,9 @@ pub mod codes {
     /// Unknown delivery: the key is kept, since the provider may have taken the message.
     pub const UNEXPECTED_STATUS: &str = "provider.unexpected_status";
     /// The message cannot be expressed as the provider's request
-    /// ([`Codec::encode`](super::Codec::encode)) or carry its key in the `Idempotency-Key`
-    /// header. Validation; nothing is sent.
+    /// ([`Codec::encode`](super::Codec::encode)): it breaks one of the provider's documented
+    /// limits (the text says which), or its key cannot go in the `Idempotency-Key` header.
+    /// Validation; nothing is sent.
     pub const INVALID_REQUEST: &str = "provider.invalid_request";
     /// The batch holds more messages than the provider takes in one request
     /// ([`BatchCodec::max_batch`](super::BatchCodec::max_batch)). Validation, for every

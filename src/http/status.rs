@@ -121,6 +121,12 @@ pub(crate) fn from_batch_response<C: BatchCodec + ?Sized>(
 fn from_status<C: Codec + ?Sized>(codec: &C, response: &http::Response<Bytes>) -> SendError {
     let status = response.status();
     let headers = response.headers();
+    if status != StatusCode::CONFLICT
+        && (status.is_client_error() || status.is_server_error())
+        && let Some(error) = codec.failure(response)
+    {
+        return with_retry_after(error, headers);
+    }
     match status {
         StatusCode::TOO_MANY_REQUESTS => with_retry_after(
             SendError::retryable(

@@ -22,7 +22,8 @@ use crate::outcome::{self, BoxError, Receipt, SendError};
 /// The default bound on a provider's response body: 1 MiB.
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
 
-/// The name of the header that carries the message's idempotency key to the provider.
+/// The name of the header that carries the message's
+/// [`provider_key`](Message::provider_key) to the provider.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// A provider client: sends a [`Message`] through an HTTP client `S` in the API a [`Codec`]
@@ -31,8 +32,9 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// `S` is any `Service<http::Request<Bytes>>` whose response body is an [`http_body::Body`]:
 /// hyper-util's legacy client (behind a `map_request` that wraps the body in
 /// `http_body_util::Full`), reqwest's `Client` behind a small adapter, or a test double. The
-/// transport sets the `Idempotency-Key` header from [`Message::idempotency_key`] on every
-/// request, so every attempt of a retried message carries the same key, reads the body up
+/// transport sets the `Idempotency-Key` header from [`Message::provider_key`] (the key the
+/// idempotency layer holds) on every request, so every attempt of a retried message carries
+/// the same key, reads the body up
 /// to [`DEFAULT_MAX_RESPONSE_BODY`] bytes, and maps the status as the
 /// [module docs](super) describe.
 ///
@@ -195,7 +197,7 @@ where
         let request = match self
             .codec
             .encode(&message)
-            .and_then(|r| with_key(r, &message))
+            .and_then(|r| with_key(&*self.codec, r, message.provider_key()))
         {
             Ok(request) => request,
             // The client stays ready and untouched: nothing was sent.
@@ -213,18 +215,29 @@ where
     }
 }
 
-/// Sets the `Idempotency-Key` header from the message's key; a message without a key goes
-/// without the header.
-fn with_key(
+/// Sets the `Idempotency-Key` header from the message's
+/// [`provider_key`](Message::provider_key) as the codec fits it
+/// ([`Codec::idempotency_key`]); an unkeyed message, or a codec whose provider takes no key,
+/// goes without the header.
+fn with_key<C: Codec + ?Sized>(
+    codec: &C,
+    request: http::Request<Bytes>,
+    key: Option<&str>,
+) -> Result<http::Request<Bytes>, SendError> {
+    let key = key.and_then(|key| codec.idempotency_key(key));
+    set_key(request, key.as_deref())
+}
+
+fn set_key(
     mut request: http::Request<Bytes>,
-    message: &Message,
+    key: Option<&str>,
 ) -> Result<http::Request<Bytes>, SendError> {
     let headers = request.headers_mut();
     headers.remove(IDEMPOTENCY_KEY);
-    if let Some(key) = message.idempotency_key() {
-        // Keys hold no control characters, so this only fails on a key the header grammar
-        // cannot carry; report it rather than send without the provider's dedup.
-        let value = HeaderValue::from_bytes(key.as_str().as_bytes()).map_err(|e| {
+    if let Some(key) = key {
+        // A fitted key is visible ASCII, so this only fails for a codec that fits keys its
+        // own way; report it rather than send without the provider's dedup.
+        let value = HeaderValue::from_str(key).map_err(|e| {
             SendError::validation(
                 super::codes::INVALID_REQUEST,
                 "the idempotency key cannot be sent as an HTTP header",
@@ -234,6 +247,41 @@ fn with_key(
         headers.insert(IDEMPOTENCY_KEY, value);
     }
     Ok(request)
+}
+
+/// `key` as an `Idempotency-Key` header value of at most `max_len` bytes: as it is when it is
+/// printable ASCII (spaces inside only) and short enough, else `sha256-` and the 64 hex digits
+/// of its SHA-256. The same key always gives the same value, so every attempt carries the same
+/// header; two keys give two values, short of a SHA-256 collision or a key that is itself
+/// `sha256-` and the digest of another (a stored key starts with the layer's namespace).
+///
+/// The default of [`Codec::idempotency_key`], with the 256 bytes Resend and most providers
+/// take.
+///
+/// ```
+/// use tower_idempotency::http::fit_idempotency_key;
+///
+/// assert_eq!(fit_idempotency_key("emails:order.created:42", 256), "emails:order.created:42");
+/// let long = fit_idempotency_key(&"k".repeat(300), 256);
+/// assert!(long.starts_with("sha256-") && long.len() == 71);
+/// assert!(fit_idempotency_key("emails:bestellung:größe", 256).starts_with("sha256-"));
+/// ```
+pub fn fit_idempotency_key(key: &str, max_len: usize) -> String {
+    let fits = key.len() <= max_len
+        && !key.is_empty()
+        && key.bytes().all(|b| (0x20..=0x7e).contains(&b))
+        && !key.starts_with(' ')
+        && !key.ends_with(' ');
+    if fits {
+        return key.to_owned();
+    }
+    let digest = Sha256::digest(key.as_bytes());
+    let mut fitted = String::with_capacity(71);
+    fitted.push_str("sha256-");
+    for b in digest {
+        fitted.push_str(&format!("{b:02x}"));
+    }
+    fitted
 }
 
 /// One batch request: answers one outcome per message, in order; see
@@ -285,7 +333,10 @@ where
         if sent.is_empty() {
             return BatchResponseFuture::answered(codec, answers);
         }
-        let request = match codec.encode_batch(&sent).map(|r| with_batch_key(r, &sent)) {
+        let request = match codec
+            .encode_batch(&sent)
+            .and_then(|r| with_key(&*codec, r, batch_idempotency_key(&sent).as_deref()))
+        {
             Ok(request) => request,
             // The client stays ready and untouched: nothing was sent.
             Err(error) => {
@@ -311,8 +362,10 @@ where
 /// The `Idempotency-Key` of a batch request holding `messages`, in order, or `None` when one
 /// of them has no key.
 ///
+/// It is derived from each message's [`provider_key`](Message::provider_key): under the
+/// idempotency layer the key the layer's store holds for it, else the message's own key.
 /// The key is `batch-` and 32 hex digits: the first 16 bytes of the SHA-256 of a domain
-/// prefix (`tower-idempotency/http-batch/v1\0`) and the messages' keys, each as its length
+/// prefix (`tower-idempotency/http-batch/v1\0`) and those keys, each as its length
 /// (little-endian `u64`) then its bytes, so no two lists of keys share an encoding. It is
 /// therefore:
 ///
@@ -345,7 +398,7 @@ pub fn batch_idempotency_key(messages: &[Message]) -> Option<String> {
     digest.update(DOMAIN);
     digest.update((messages.len() as u64).to_le_bytes());
     for message in messages {
-        let key = message.idempotency_key()?.as_str().as_bytes();
+        let key = message.provider_key()?.as_bytes();
         digest.update((key.len() as u64).to_le_bytes());
         digest.update(key);
     }
@@ -356,18 +409,4 @@ pub fn batch_idempotency_key(messages: &[Message]) -> Option<String> {
         key.push_str(&format!("{b:02x}"));
     }
     Some(key)
-}
-
-/// Sets the batch's `Idempotency-Key` ([`batch_idempotency_key`]); a batch with an unkeyed
-/// message goes without the header.
-fn with_batch_key(mut request: http::Request<Bytes>, messages: &[Message]) -> http::Request<Bytes> {
-    let headers = request.headers_mut();
-    headers.remove(IDEMPOTENCY_KEY);
-    if let Some(key) = batch_idempotency_key(messages) {
-        // `batch-` and hex digits: always a valid header value.
-        if let Ok(value) = HeaderValue::from_str(&key) {
-            headers.insert(IDEMPOTENCY_KEY, value);
-        }
-    }
-    request
 }

@@ -122,6 +122,8 @@ where
     let mut kept = Vec::with_capacity(held.len());
     for (i, item) in items.into_iter().enumerate() {
         if let Plan::Send(held_at) = plans[i] {
+            // The provider sees the key the store holds, and none for an unkeyed message.
+            let item = item.with_stored_key(held_at.and_then(|h| held.get(h)).map(|h| &*h.key));
             if held_at.is_some() {
                 kept.push(item.clone());
             }
@@ -256,7 +258,9 @@ async fn reserve_keyed<R: IdempotentRequest>(
             continue;
         };
         *plan = match reservation {
-            Ok(Reservation::Reserved { token }) => {
+            // A batch sends a taken-over key as before: the takeover check (re-send inside
+            // the provider's window, the verification service) is for single sends.
+            Ok(Reservation::Reserved { token } | Reservation::TakenOver { token, .. }) => {
                 judged[k] = Some(Judged::Reserved(*fingerprint));
                 held.push(Held {
                     key: Arc::clone(key),

@@ -73,6 +73,22 @@ pub trait IdempotentRequest: Fingerprinted + Clone + Send + Sync + 'static {
     fn recipients(&self) -> Vec<&str> {
         Vec::new()
     }
+
+    /// This request, told the key the layer reserved for it: its stored key (after the key
+    /// function and the namespace, see
+    /// [`IdempotencyLayer::stored_key_for`](super::IdempotencyLayer::stored_key_for)), or
+    /// `None` when the layer sends it unkeyed (no key, or a key function that answered
+    /// `None`). The layer calls it just before it hands the request to the inner service, so
+    /// a provider client can send the provider the very key the store holds, and none for an
+    /// unkeyed send.
+    ///
+    /// The default ignores it. [`Message`] keeps it for its transport
+    /// ([`Message::provider_key`]).
+    #[must_use]
+    fn with_stored_key(self, key: Option<&str>) -> Self {
+        let _ = key;
+        self
+    }
 }
 
 /// The message's own key, `to`, `cc` and `bcc` in order.
@@ -83,6 +99,10 @@ impl IdempotentRequest for Message {
 
     fn recipients(&self) -> Vec<&str> {
         Message::recipients(self).collect()
+    }
+
+    fn with_stored_key(self, key: Option<&str>) -> Self {
+        self.with_provider_key(key)
     }
 }
 

@@ -15,12 +15,12 @@
 //! Empty lists and maps and absent values are left out; attachment content is padded base64.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use crate::base64;
-use crate::message::{Attachment, Message, Tracking};
+use crate::message::{Attachment, Channel, Message, SmsSender, Tracking};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// The version this release writes, and the only one it reads.
@@ -61,6 +61,10 @@ struct StoredMessage {
     tracking: StoredTracking,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     metadata: BTreeMap<String, String>,
+    /// An SMS's sender kind (`number`, `sender_id`, `messaging_service`); absent for an email,
+    /// as in every row written before SMS existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sms: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -135,6 +139,12 @@ pub(crate) fn encode(message: &Message) -> Result<String, StoreError> {
             clicks: tracking.clicks,
         },
         metadata: message.metadata().clone(),
+        sms: match message.channel() {
+            Channel::Sms(SmsSender::Number) => Some("number".to_owned()),
+            Channel::Sms(SmsSender::AlphanumericId) => Some("sender_id".to_owned()),
+            Channel::Sms(SmsSender::MessagingService) => Some("messaging_service".to_owned()),
+            _ => None,
+        },
     };
     serde_json::to_string(&stored)
         .map_err(|e| StoreError::corrupt("the message could not be encoded").with_source(e))
@@ -142,13 +152,16 @@ pub(crate) fn encode(message: &Message) -> Result<String, StoreError> {
 
 /// The message back from its stored form; a form this release cannot read is corrupt.
 pub(crate) fn decode(text: &str) -> Result<Message, StoreError> {
-    let stored: StoredMessage = serde_json::from_str(text)
+    let mut stored: StoredMessage = serde_json::from_str(text)
         .map_err(|e| corrupt("an outbox row's message does not decode").with_source(e))?;
     if stored.v != VERSION {
         return Err(corrupt(format!(
             "an outbox row's message is of version {}; this release reads version {VERSION}",
             stored.v
         )));
+    }
+    if let Some(sender) = stored.sms.take() {
+        return decode_sms(sender, stored);
     }
     let mut builder = Message::builder()
         .from(stored.from)
@@ -191,10 +204,7 @@ pub(crate) fn decode(text: &str) -> Result<Message, StoreError> {
     for id in stored.references {
         builder = builder.reference(id);
     }
-    if let Some(ms) = stored.send_at_ms {
-        let at = UNIX_EPOCH
-            .checked_add(Duration::from_millis(ms))
-            .ok_or_else(|| corrupt("an outbox row's schedule is out of range"))?;
+    if let Some(at) = send_at(stored.send_at_ms)? {
         builder = builder.send_at(at);
     }
     builder = builder.tracking(Tracking {
@@ -207,6 +217,41 @@ pub(crate) fn decode(text: &str) -> Result<Message, StoreError> {
     builder
         .build()
         .map_err(|e| corrupt("an outbox row's message is not a valid message").with_source(e))
+}
+
+fn send_at(ms: Option<u64>) -> Result<Option<SystemTime>, StoreError> {
+    ms.map(|ms| {
+        UNIX_EPOCH
+            .checked_add(Duration::from_millis(ms))
+            .ok_or_else(|| corrupt("an outbox row's schedule is out of range"))
+    })
+    .transpose()
+}
+
+fn decode_sms(sender: String, stored: StoredMessage) -> Result<Message, StoreError> {
+    let builder = Message::sms();
+    let mut builder = match sender.as_str() {
+        "number" => builder.from_number(stored.from),
+        "sender_id" => builder.from_sender_id(stored.from),
+        "messaging_service" => builder.messaging_service(stored.from),
+        _ => return Err(corrupt("an outbox row's SMS sender kind is unknown")),
+    }
+    .idempotency_key(stored.key);
+    for to in stored.to {
+        builder = builder.to(to);
+    }
+    if let Some(text) = stored.text {
+        builder = builder.text(text);
+    }
+    if let Some(at) = send_at(stored.send_at_ms)? {
+        builder = builder.send_at(at);
+    }
+    for (name, value) in stored.metadata {
+        builder = builder.metadata(name, value);
+    }
+    builder
+        .build()
+        .map_err(|e| corrupt("an outbox row's SMS is not a valid message").with_source(e))
 }
 
 #[cfg(test)]
@@ -276,6 +321,23 @@ mod tests {
         // jsonb reorders keys and spacing: any order decodes.
         let reordered = r#"{"text": "t", "to": ["b@x"], "from": "a@x", "key": "k", "v": 1}"#;
         assert_eq!(decode(reordered).unwrap().text(), Some("t"));
+    }
+
+    #[test]
+    fn an_sms_comes_back_an_sms_and_an_email_row_names_no_channel() {
+        let sms = Message::sms()
+            .from_sender_id("MyShop")
+            .to("+15558675310")
+            .text("Your code is 314159")
+            .idempotency_key("login:u_42:otp")
+            .build()
+            .unwrap();
+        let text = encode(&sms).unwrap();
+        assert!(text.contains(r#""sms":"sender_id""#), "{text}");
+        let back = decode(&text).unwrap();
+        assert_eq!(back.channel(), Channel::Sms(SmsSender::AlphanumericId));
+        assert_eq!(back.fingerprint(), sms.fingerprint());
+        assert!(!encode(&full()).unwrap().contains("sms"));
     }
 
     #[test]

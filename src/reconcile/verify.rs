@@ -23,11 +23,16 @@ use crate::store::admin::{Expiry, Inspected, KeyState};
 /// messages the provider lists with [`StoredKeys::of`](crate::layer::StoredKeys::of) and
 /// matching them against `stored_key`.
 ///
+/// A message sent through the idempotency layer and
+/// [`HttpTransport`](crate::http::HttpTransport) reached the provider under its stored key
+/// ([`Message::provider_key`](crate::Message::provider_key), fitted by the codec), so the
+/// stored key finds it, raw or hashed:
+///
 /// ```
 /// use tower_idempotency::reconcile::Verify;
 ///
-/// fn provider_key(question: &Verify) -> Option<&str> {
-///     question.raw_key.as_deref()
+/// fn provider_key(question: &Verify) -> &str {
+///     &question.stored_key
 /// }
 /// # let _ = provider_key;
 /// ```

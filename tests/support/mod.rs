@@ -23,6 +23,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use tokio::sync::Semaphore;
+use tower_idempotency::batch::{Batch, BatchOutcomes};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::Outcome;
 use tower_idempotency::store::{Reservation, Store, StoreError, StoreErrorKind, Token};
@@ -359,6 +360,16 @@ pub fn capture() -> (Captured, CaptureGuard) {
     (captured, CaptureGuard)
 }
 
+/// An SMS from a number to a number, with `text`.
+pub fn sms(text: &str) -> Message {
+    Message::sms()
+        .from_number("+14155552345")
+        .to("+15558675310")
+        .text(text)
+        .build()
+        .unwrap()
+}
+
 /// Sends `m` through `service` once it is ready, as a caller of the layer does.
 pub async fn send<S>(service: &mut S, m: Message) -> Result<Receipt, SendError>
 where
@@ -366,6 +377,20 @@ where
 {
     use tower::ServiceExt;
     service.ready().await?.call(m).await
+}
+
+/// Sends `messages` as one batch through `service` once it is ready; the batch's outcomes.
+pub async fn send_batch<S>(service: &mut S, messages: Vec<Message>) -> BatchOutcomes
+where
+    S: tower::Service<Batch, Response = BatchOutcomes, Error = SendError>,
+{
+    use tower::ServiceExt;
+    ServiceExt::<Batch>::ready(service)
+        .await
+        .expect("the service becomes ready")
+        .call(Batch::from(messages))
+        .await
+        .expect("a batch call fails only when the service is not ready")
 }
 
 /// Yields until `condition` holds; fails the test after 5 s instead of hanging it.

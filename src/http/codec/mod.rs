@@ -1,8 +1,11 @@
 //! What a provider's HTTP API looks like: the [`Codec`] and [`BatchCodec`] traits, and one
 //! module per provider with its codec, its constants and the codes of the errors only it
-//! makes ([`resend`]).
+//! makes ([`resend`], [`twilio`], [`postmark`]).
 
+pub mod postmark;
 pub mod resend;
+pub mod twilio;
+mod wire;
 
 use bytes::Bytes;
 
@@ -18,6 +21,8 @@ use crate::outcome::{BoxError, Receipt, SendError};
 /// outcomes (see the [module docs](super)). It asks the codec only for what differs:
 ///
 /// - [`encode`](Self::encode) every message;
+/// - [`idempotency_key`](Self::idempotency_key) fits the key to the provider's limits, or
+///   says the provider takes none;
 /// - [`decode`](Self::decode) the body of a 2xx answer;
 /// - [`conflict`](Self::conflict) decides a 409, which providers use for their own
 ///   idempotency answers;
@@ -74,9 +79,28 @@ pub trait Codec {
         response: &http::Response<Bytes>,
     ) -> Result<Receipt, BoxError>;
 
+    /// The `Idempotency-Key` header value for `key`, the message's
+    /// [`provider_key`](Message::provider_key) (under the idempotency layer, the key its
+    /// store holds), or `None` when the provider takes no idempotency key: the header is then
+    /// not sent, and the idempotency store is the only net.
+    ///
+    /// The default fits it to 256 bytes of printable ASCII
+    /// ([`fit_idempotency_key`](super::fit_idempotency_key)).
+    fn idempotency_key(&self, key: &str) -> Option<String> {
+        Some(super::fit_idempotency_key(key, 256))
+    }
+
     /// What a 409 Conflict means, or `None` when the codec does not know; the transport then
     /// answers a permanent [`provider.conflict`](super::codes::CONFLICT).
     fn conflict(&self, response: &http::Response<Bytes>) -> Option<SendError> {
+        let _ = response;
+        None
+    }
+
+    /// What a 4xx or 5xx other than 409 means, when the provider's body says more than the
+    /// status (a quota, not a rate limit; a field error, not a rejection); `None` lets the
+    /// transport map the status (see the [module docs](super)).
+    fn failure(&self, response: &http::Response<Bytes>) -> Option<SendError> {
         let _ = response;
         None
     }
@@ -104,8 +128,16 @@ impl<C: Codec + ?Sized> Codec for std::sync::Arc<C> {
         (**self).decode(message, response)
     }
 
+    fn idempotency_key(&self, key: &str) -> Option<String> {
+        (**self).idempotency_key(key)
+    }
+
     fn conflict(&self, response: &http::Response<Bytes>) -> Option<SendError> {
         (**self).conflict(response)
+    }
+
+    fn failure(&self, response: &http::Response<Bytes>) -> Option<SendError> {
+        (**self).failure(response)
     }
 
     fn error_detail(&self, response: &http::Response<Bytes>) -> Option<String> {

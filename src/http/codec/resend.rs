@@ -1,31 +1,86 @@
 //! [`ResendCodec`]: Resend's email API (`POST /emails` and `POST /emails/batch`), with its
-//! constants and the [`codes`] of the errors only it makes.
+//! documented [limits](self#limits) and the [`codes`] of the errors only it makes.
+//!
+//! # Limits
+//!
+//! What Resend documents, and the codec checks before it sends: a message that breaks one is
+//! a validation error, code [`provider.invalid_request`](http_codes::INVALID_REQUEST), and is
+//! not sent (in a batch, it alone is left out). Sources: the
+//! [OpenAPI description](https://github.com/resend/resend-openapi/blob/main/resend.yaml)
+//! (`info.version` 1.5.0: `SendEmailRequest`, `Tag`, the `Idempotency-Key` parameter), the
+//! [batch page](https://resend.com/docs/api-reference/emails/send-batch-emails) and the
+//! [errors page](https://resend.com/docs/api-reference/errors).
+//!
+//! | rule | constant |
+//! |---|---|
+//! | `from`, `to` (1 at least) and `subject` are required: a cc-only or bcc-only message is refused | |
+//! | at most 50 `to` addresses | [`RESEND_MAX_TO`] |
+//! | tag names and values: ASCII letters, digits, `_` and `-`, at most 256 characters; a name is not empty | [`RESEND_MAX_TAG_LEN`] |
+//! | `Idempotency-Key`: 1 to 256 characters (a longer or non-ASCII key is sent as its digest) | [`RESEND_MAX_IDEMPOTENCY_KEY`] |
+//! | `scheduled_at`: an ISO 8601 time, written RFC 3339 in UTC; nothing before 1970 | |
+//! | batch: at most 100 emails, none with attachments or `scheduled_at` | [`RESEND_MAX_BATCH`] |
+//! | email only: an SMS ([`Channel::Sms`]) is refused | |
+//!
+//! And what each documented error becomes:
+//!
+//! | status | `name` | outcome | code |
+//! |---|---|---|---|
+//! | 400 | `validation_error`, `invalid_idempotency_key` | validation | [`provider.validation_error`](codes::VALIDATION_ERROR) |
+//! | 422 | any (`missing_required_field`, `invalid_from_address`, `invalid_attachment`, …) | validation | [`provider.validation_error`](codes::VALIDATION_ERROR) |
+//! | 409 | `concurrent_idempotent_requests` | unknown delivery, **retryable** | [`provider.idempotency_in_flight`](codes::IDEMPOTENCY_IN_FLIGHT) |
+//! | 409 | `invalid_idempotent_request` | validation | [`provider.idempotency_key_reused`](codes::IDEMPOTENCY_KEY_REUSED) |
+//! | 429 | `daily_quota_exceeded`, `monthly_quota_exceeded` | permanent | [`provider.quota_exceeded`](codes::QUOTA_EXCEEDED) |
+//! | 429 | `rate_limit_exceeded` (or none) | retryable, with `Retry-After` | [`provider.rate_limited`](http_codes::RATE_LIMITED) |
+//! | 401, 403, 404, 405, 451 | `missing_api_key`, `invalid_api_key`, `restricted_api_key`, `validation_error`, `not_found`, `method_not_allowed`, `security_error` | permanent | [`provider.rejected`](http_codes::REJECTED) |
+//! | 500 | `application_error`, `internal_server_error` | unknown delivery | [`provider.server_error`](http_codes::SERVER_ERROR) |
+//!
+//! Why:
+//! - **409 `concurrent_idempotent_requests`**: Resend is still handling an earlier request
+//!   under this key, and documents the answer as "try the request again later". That earlier
+//!   request may send, so delivery is unknown; but a retry under the same key is safe, as
+//!   Resend answers it the earlier request's outcome. The error is therefore of unknown
+//!   delivery and [`is_retryable`](SendError::is_retryable): a
+//!   [`RetryPolicy`](crate::RetryPolicy) inside the idempotency layer retries it (with its
+//!   backoff) under the same key and gets the real outcome; only when every retry meets the
+//!   same answer does the layer keep it, as any unknown delivery.
+//! - **Quota exceeded** is not a rate limit: retrying within seconds cannot succeed, and it
+//!   says nothing about Resend's health. It is permanent (the message certainly did not go, so
+//!   the key is freed; no retry policy retries it; a circuit breaker does not count it), with
+//!   its own code so it can be alerted on, and `Retry-After` when Resend gives one.
+//! - **422** names a field of the message Resend refused: the message is invalid, not
+//!   rejected by the provider's policy.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
-use http::{HeaderValue, Method, Uri};
+use http::{StatusCode, Uri};
 use serde::{Deserialize, Serialize};
 
+use super::wire::{self, refused, rfc3339, truncate};
 use super::{BatchCodec, Codec};
 use crate::base64::encode as base64;
 use crate::http::codes as http_codes;
-use crate::message::Message;
-use crate::outcome::{BoxError, Receipt, SendError};
+use crate::message::{Channel, Message};
+use crate::outcome::{BoxError, Category, Receipt, SendError};
 
-/// The stable codes of the errors only [`ResendCodec`] makes: what Resend's own 409 answers
-/// mean. Its other answers get the transport's codes ([`http::codes`](crate::http::codes)).
+/// The stable codes of the errors only [`ResendCodec`] makes: what Resend's own error names
+/// mean (see the [table](self#limits)). Its other answers get the transport's codes
+/// ([`http::codes`](crate::http::codes)).
 pub mod codes {
     /// Resend is still handling a request under this idempotency key (its 409
-    /// `concurrent_idempotent_requests`). Unknown delivery.
+    /// `concurrent_idempotent_requests`). Unknown delivery, retryable under the same key.
     pub const IDEMPOTENCY_IN_FLIGHT: &str = "provider.idempotency_in_flight";
     /// Resend holds this idempotency key for a different request (its 409
     /// `invalid_idempotent_request`). Validation.
     pub const IDEMPOTENCY_KEY_REUSED: &str = "provider.idempotency_key_reused";
+    /// The account's daily or monthly sending quota is used up (its 429
+    /// `daily_quota_exceeded` / `monthly_quota_exceeded`). Permanent: not sent, not retried,
+    /// not a provider failure.
+    pub const QUOTA_EXCEEDED: &str = "provider.quota_exceeded";
+    /// Resend found the message invalid (its 422, or 400 `validation_error`). Validation.
+    pub const VALIDATION_ERROR: &str = "provider.validation_error";
 }
 
 /// Resend's API, where [`ResendCodec::new`] points.
@@ -36,6 +91,15 @@ pub const RESEND: &str = "resend";
 
 /// The most emails Resend's `POST /emails/batch` takes in one request.
 pub const RESEND_MAX_BATCH: usize = 100;
+
+/// The most `to` addresses of one email (`maxItems: 50`).
+pub const RESEND_MAX_TO: usize = 50;
+
+/// The longest tag name or value, in characters.
+pub const RESEND_MAX_TAG_LEN: usize = 256;
+
+/// The longest `Idempotency-Key` Resend takes (`maxLength: 256`).
+pub const RESEND_MAX_IDEMPOTENCY_KEY: usize = 256;
 
 /// The [`Codec`] of [Resend](https://resend.com/docs/api-reference/emails/send-email)'s
 /// `POST /emails`.
@@ -55,23 +119,25 @@ pub const RESEND_MAX_BATCH: usize = 100;
 /// fields are left out.
 ///
 /// The answer `{"id": "…"}` becomes `Receipt { id, transport: "resend", accepted }` with the
-/// message's to, cc and bcc. A 409 is read by its `name`: `concurrent_idempotent_requests`
-/// (Resend is still handling a request under this key) is of unknown delivery,
-/// [`provider.idempotency_in_flight`](codes::IDEMPOTENCY_IN_FLIGHT);
-/// `invalid_idempotent_request` (the key was used with another payload) is a validation
-/// error, [`provider.idempotency_key_reused`](codes::IDEMPOTENCY_KEY_REUSED). Error texts are
-/// taken from the body's `name` and `message`.
+/// message's to, cc and bcc. The `Idempotency-Key` header carries the message's
+/// [`provider_key`](Message::provider_key) (under the idempotency layer, the key its store
+/// holds), as its SHA-256 digest when it is longer than 256 characters or not ASCII. Before
+/// sending, the message is checked against every [documented limit](self#limits); error
+/// answers are read by their `name` as the [table](self#limits) says. Error texts are taken
+/// from the body's `name` and `message`.
 ///
 /// # Batches
 ///
 /// As a [`BatchCodec`], it sends to [`POST /emails/batch`](https://resend.com/docs/api-reference/emails/send-batch-emails):
 /// a JSON array of the same email objects, at most [`RESEND_MAX_BATCH`] (100) of them, answered
-/// `{"data": [{"id": "…"}, …]}` in the order sent. Resend's batch endpoint takes neither
-/// attachments nor `scheduled_at`, so a message with attachments or a `send_at` is not
-/// [`batchable`](BatchCodec::batchable): it is answered a validation error,
-/// [`provider.not_batchable`](http_codes::NOT_BATCHABLE), and the rest of the batch goes
-/// without it. That error lands on the message at fault, never on its neighbours, and says
-/// what to do: send that message on its own (its key was not used, so the layer has freed it).
+/// `{"data": [{"id": "…"}, …]}` in the order sent. Resend validates a batch strictly: one
+/// invalid email fails the whole request. So every message is checked alone first
+/// ([`batchable`](BatchCodec::batchable)): one that breaks a [limit](self#limits) is answered
+/// its validation error, [`provider.invalid_request`](http_codes::INVALID_REQUEST), and one
+/// with attachments or a `send_at` (which the batch endpoint does not take)
+/// [`provider.not_batchable`](http_codes::NOT_BATCHABLE); the rest of the batch goes without
+/// it. The error lands on the message at fault, never on its neighbours, and says what to do
+/// (fix it, or send it on its own; its key was not used, so the layer has freed it).
 ///
 /// ```
 /// use tower_idempotency::http::ResendCodec;
@@ -102,20 +168,6 @@ impl ResendCodec {
     pub fn base_url(mut self, base_url: Uri) -> Self {
         self.base_url = base_url;
         self
-    }
-
-    fn endpoint(&self, path: &str) -> Result<Uri, SendError> {
-        let base = self.base_url.to_string();
-        format!("{}{path}", base.trim_end_matches('/'))
-            .parse::<Uri>()
-            .ok()
-            .filter(|uri| uri.scheme().is_some() && uri.authority().is_some())
-            .ok_or_else(|| {
-                SendError::validation(
-                    http_codes::INVALID_REQUEST,
-                    "the Resend base URL is not an absolute http(s) URL",
-                )
-            })
     }
 }
 
@@ -190,13 +242,66 @@ fn resend_error(response: &http::Response<Bytes>) -> Option<ResendError> {
     serde_json::from_slice(response.body()).ok()
 }
 
-fn invalid(text: &'static str) -> impl FnOnce(http::Error) -> SendError {
-    move |e| SendError::validation(http_codes::INVALID_REQUEST, text).with_source(e)
+/// Whether a tag name or value is in Resend's charset and length.
+fn is_tag_text(text: &str) -> bool {
+    text.len() <= RESEND_MAX_TAG_LEN
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl ResendCodec {
+    /// Checks `message` against Resend's documented limits (the [table](self#limits)).
+    fn check(&self, message: &Message) -> Result<(), SendError> {
+        if message.channel() != Channel::Email {
+            return Err(refused(
+                "Resend",
+                "Resend sends email, and this message is an SMS",
+            ));
+        }
+        if message.to().is_empty() {
+            return Err(refused(
+                "Resend",
+                "`to` is required and the message has only cc or bcc recipients",
+            ));
+        }
+        if message.to().len() > RESEND_MAX_TO {
+            return Err(refused(
+                "Resend",
+                format_args!(
+                    "it has {} `to` addresses and Resend takes at most {RESEND_MAX_TO}",
+                    message.to().len()
+                ),
+            ));
+        }
+        if message.subject().is_none() {
+            return Err(refused("Resend", "`subject` is required"));
+        }
+        for (name, value) in message.metadata() {
+            if name.is_empty() || !is_tag_text(name) || !is_tag_text(value) {
+                return Err(refused(
+                    "Resend",
+                    format_args!(
+                        "metadata become tags, whose names and values hold only ASCII \
+                         letters, digits, `_` and `-`, at most {RESEND_MAX_TAG_LEN} of them"
+                    ),
+                ));
+            }
+        }
+        if let Some(at) = message.send_at()
+            && rfc3339(at).is_none()
+        {
+            return Err(refused(
+                "Resend",
+                "it is scheduled before 1970, which Resend cannot take",
+            ));
+        }
+        Ok(())
+    }
+
     /// The JSON object of one email, as `/emails` and `/emails/batch` both take it.
     fn email<'a>(&self, message: &'a Message) -> Result<Email<'a>, SendError> {
+        self.check(message)?;
         let mut headers: BTreeMap<&str, Cow<'_, str>> = message
             .headers()
             .iter()
@@ -212,15 +317,6 @@ impl ResendCodec {
         if !threading.references.is_empty() {
             headers.insert("References", Cow::Owned(threading.references.join(" ")));
         }
-        let scheduled_at = match message.send_at() {
-            Some(at) => Some(rfc3339(at).ok_or_else(|| {
-                SendError::validation(
-                    http_codes::INVALID_REQUEST,
-                    "the message is scheduled before 1970, which Resend cannot take",
-                )
-            })?),
-            None => None,
-        };
         Ok(Email {
             from: message.from(),
             to: message.to(),
@@ -245,38 +341,14 @@ impl ResendCodec {
                 .iter()
                 .map(|(name, value)| Tag { name, value })
                 .collect(),
-            scheduled_at,
+            scheduled_at: message.send_at().and_then(rfc3339),
         })
     }
 
     /// A JSON `POST` to `path` with the API key.
     fn post(&self, path: &str, body: &impl Serialize) -> Result<http::Request<Bytes>, SendError> {
-        let body = serde_json::to_vec(body).map_err(|e| {
-            SendError::validation(
-                http_codes::INVALID_REQUEST,
-                "the message cannot be encoded as JSON",
-            )
-            .with_source(e)
-        })?;
-        let mut authorization = HeaderValue::from_str(&self.authorization).map_err(|e| {
-            SendError::validation(
-                http_codes::INVALID_REQUEST,
-                "the Resend API key cannot be sent as an HTTP header",
-            )
-            .with_source(e)
-        })?;
-        authorization.set_sensitive(true);
-        http::Request::builder()
-            .method(Method::POST)
-            .uri(self.endpoint(path)?)
-            .header(AUTHORIZATION, authorization)
-            .header(CONTENT_TYPE, "application/json")
-            .header(
-                USER_AGENT,
-                concat!("tower-idempotency/", env!("CARGO_PKG_VERSION")),
-            )
-            .body(Bytes::from(body))
-            .map_err(invalid("the Resend request cannot be built"))
+        let uri = wire::endpoint(&self.base_url, path, "Resend")?;
+        wire::post_json(uri, &self.authorization, body, "Resend")
     }
 }
 
@@ -297,15 +369,26 @@ impl Codec for ResendCodec {
         Ok(Receipt::new(created.id, RESEND).with_accepted(message.recipients()))
     }
 
+    fn idempotency_key(&self, key: &str) -> Option<String> {
+        Some(crate::http::fit_idempotency_key(
+            key,
+            RESEND_MAX_IDEMPOTENCY_KEY,
+        ))
+    }
+
     fn conflict(&self, response: &http::Response<Bytes>) -> Option<SendError> {
         let error = resend_error(response)?;
         let detail = error.message.unwrap_or_default();
         match error.name.as_deref()? {
-            "concurrent_idempotent_requests" => Some(SendError::unknown_delivery(
+            // Retryable although of unknown delivery: see the module docs.
+            "concurrent_idempotent_requests" => Some(SendError::new(
                 codes::IDEMPOTENCY_IN_FLIGHT,
+                Category::Unknown,
+                true,
                 format!(
-                    "Resend is still handling a request under this idempotency key; \
-                     the message may have gone (HTTP 409 concurrent_idempotent_requests: {})",
+                    "Resend is still handling an earlier request under this idempotency key, \
+                     which may send the message; retry later under the same key to get its \
+                     outcome (HTTP 409 concurrent_idempotent_requests: {})",
                     truncate(&detail)
                 ),
             )),
@@ -317,6 +400,41 @@ impl Codec for ResendCodec {
                     truncate(&detail)
                 ),
             )),
+            _ => None,
+        }
+    }
+
+    fn failure(&self, response: &http::Response<Bytes>) -> Option<SendError> {
+        let status = response.status();
+        let error = resend_error(response);
+        let name = error.as_ref().and_then(|e| e.name.as_deref());
+        let detail = || {
+            self.error_detail(response)
+                .map(|d| truncate(&d))
+                .unwrap_or_default()
+        };
+        match (status, name) {
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                Some(name @ ("daily_quota_exceeded" | "monthly_quota_exceeded")),
+            ) => Some(SendError::permanent(
+                codes::QUOTA_EXCEEDED,
+                format!(
+                    "the Resend account's sending quota is used up; not sent, and no retry \
+                     will send it before the quota resets (HTTP 429 {name}: {})",
+                    detail()
+                ),
+            )),
+            (StatusCode::UNPROCESSABLE_ENTITY, _)
+            | (StatusCode::BAD_REQUEST, Some("validation_error" | "invalid_idempotency_key")) => {
+                Some(SendError::validation(
+                    codes::VALIDATION_ERROR,
+                    format!(
+                        "Resend found the message invalid; not sent (HTTP {status}: {})",
+                        detail()
+                    ),
+                ))
+            }
             _ => None,
         }
     }
@@ -336,6 +454,7 @@ impl BatchCodec for ResendCodec {
     }
 
     fn batchable(&self, message: &Message) -> Result<(), SendError> {
+        self.check(message)?;
         let refused = match (message.attachments().is_empty(), message.send_at()) {
             (false, _) => "attachments",
             (true, Some(_)) => "a schedule (send_at)",
@@ -386,67 +505,5 @@ impl BatchCodec for ResendCodec {
                 Ok(Receipt::new(created.id, RESEND).with_accepted(message.recipients()))
             })
             .collect())
-    }
-}
-
-fn truncate(text: &str) -> String {
-    text.chars().take(300).collect()
-}
-
-/// `at` as RFC 3339 in UTC with whole seconds (`2025-03-01T09:30:00Z`); `None` before 1970.
-fn rfc3339(at: SystemTime) -> Option<String> {
-    let secs = at.duration_since(UNIX_EPOCH).ok()?.as_secs();
-    let (year, month, day) = civil_from_days(secs / 86_400);
-    let time = secs % 86_400;
-    Some(format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        time / 3600,
-        time % 3600 / 60,
-        time % 60
-    ))
-}
-
-/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`,
-/// for non-negative day counts).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    #[test]
-    fn rfc3339_formats_utc_dates_with_leap_days() {
-        let at = |secs| UNIX_EPOCH + Duration::from_secs(secs);
-        assert_eq!(rfc3339(at(0)).unwrap(), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(at(784_111_777)).unwrap(), "1994-11-06T08:49:37Z");
-        assert_eq!(rfc3339(at(951_782_400)).unwrap(), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339(at(1_709_210_096)).unwrap(), "2024-02-29T12:34:56Z");
-        assert_eq!(rfc3339(at(4_102_444_800)).unwrap(), "2100-01-01T00:00:00Z");
-        assert_eq!(rfc3339(UNIX_EPOCH - Duration::from_secs(1)), None);
-        // Cross-check a day a week for 200 years against httpdate's IMF-fixdate.
-        const MONTHS: [&str; 12] = [
-            "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-        ];
-        for day in (0..73_000).step_by(7) {
-            let t = at(day * 86_400 + 3_723);
-            let imf = httpdate::fmt_http_date(t); // "Sun, 06 Nov 1994 01:02:03 GMT"
-            let parts: Vec<&str> = imf.split_whitespace().collect();
-            let month = MONTHS.iter().position(|m| *m == parts[2]).unwrap() + 1;
-            let expected = format!("{}-{month:02}-{}T{}Z", parts[3], parts[1], parts[4]);
-            assert_eq!(rfc3339(t).unwrap(), expected);
-        }
     }
 }

@@ -1,7 +1,18 @@
 //! The one fake HTTP provider, a real axum server on 127.0.0.1:0 that records every request
 //! and answers by a script, and the two real clients (hyper-util's legacy client, reqwest) as
 //! `Service<http::Request<Bytes>>`.
+//!
+//! A provider started with a [`Schema`] ([`FakeProvider::enforcing`]) checks every request
+//! against that provider's published request description first, and answers a request the
+//! real provider would refuse with the provider's own validation error, keeping the
+//! violation ([`FakeProvider::violations`]). One module per provider holds its schema:
+//! [`resend`], [`twilio`], [`postmark`].
 
+pub mod postmark;
+pub mod resend;
+pub mod twilio;
+
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -131,8 +142,14 @@ impl Recorded {
     }
 }
 
+/// A provider's published request rules: `Ok` for a request the real provider takes, else
+/// its answer to the request (its documented validation error) and why.
+pub type Schema = fn(&Recorded) -> Result<(), (Reply, String)>;
+
 /// What the provider has seen, which scripts read to decide when to answer.
 pub struct ProviderState {
+    schema: Option<Schema>,
+    violations: Mutex<Vec<String>>,
     requests: Mutex<Vec<Recorded>>,
     received: watch::Sender<usize>,
     in_flight: AtomicUsize,
@@ -162,11 +179,82 @@ pub struct FakeProvider {
     server: tokio::task::JoinHandle<()>,
 }
 
+impl ProviderState {
+    /// The `n`-th request (from 1), once it arrived.
+    pub fn nth(&self, n: usize) -> Option<Recorded> {
+        self.requests
+            .lock()
+            .unwrap()
+            .get(n.checked_sub(1)?)
+            .cloned()
+    }
+}
+
+/// A listener that closes its first `drop` connections as soon as they are accepted, before
+/// a byte is read: requests on them never reach the provider, and the client sees the
+/// connection break after it connected (not a refused connection).
+struct Dropping {
+    inner: tokio::net::TcpListener,
+    drop: usize,
+}
+
+impl axum::serve::Listener for Dropping {
+    type Io = tokio::net::TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let accepted = axum::serve::Listener::accept(&mut self.inner).await;
+            if self.drop == 0 {
+                return accepted;
+            }
+            self.drop -= 1;
+            drop(accepted);
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
 impl FakeProvider {
     /// Starts a provider that answers by `script`: a [`script`] or a list of replies.
     pub async fn start(script: impl Into<Script>) -> Self {
-        let script = script.into();
+        Self::serve(None, script.into(), 0).await
+    }
+
+    /// [`start`](Self::start), closing the first `drop` connections unread.
+    pub async fn start_dropping(script: impl Into<Script>, drop: usize) -> Self {
+        Self::serve(None, script.into(), drop).await
+    }
+
+    /// Starts a provider that checks every request against `schema` first: a request that
+    /// breaks it is answered the provider's validation error (the script is not asked) and
+    /// kept in [`violations`](Self::violations).
+    pub async fn enforcing(schema: Schema, script: impl Into<Script>) -> Self {
+        Self::serve(Some(schema), script.into(), 0).await
+    }
+
+    /// What the schema refused, in order; empty when every request was one the real provider
+    /// takes.
+    pub fn violations(&self) -> Vec<String> {
+        self.state.violations.lock().unwrap().clone()
+    }
+
+    /// Fails the test when any request broke the schema.
+    pub fn assert_no_violations(&self) {
+        let violations = self.violations();
+        assert!(
+            violations.is_empty(),
+            "the provider would have refused: {violations:?}"
+        );
+    }
+
+    async fn serve(schema: Option<Schema>, script: Script, drop: usize) -> Self {
         let state = Arc::new(ProviderState {
+            schema,
+            violations: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
             received: watch::Sender::new(0),
             in_flight: AtomicUsize::new(0),
@@ -178,6 +266,10 @@ impl FakeProvider {
             .with_state((Arc::clone(&state), script.0));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let listener = Dropping {
+            inner: listener,
+            drop,
+        };
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -267,7 +359,17 @@ async fn record_and_answer(
         requests.len()
     };
     state.received.send_replace(n);
-    let reply = script(n, Arc::clone(&state)).await;
+    let refusal = state.schema.and_then(|schema| {
+        let requests = state.requests.lock().unwrap();
+        schema(&requests[n - 1]).err()
+    });
+    let reply = match refusal {
+        Some((reply, why)) => {
+            state.violations.lock().unwrap().push(why);
+            reply
+        }
+        None => script(n, Arc::clone(&state)).await,
+    };
     if reply.stall {
         std::future::pending::<()>().await;
     }
@@ -276,6 +378,97 @@ async fn record_and_answer(
         response.headers_mut().insert(name, value.parse().unwrap());
     }
     response
+}
+
+/// Sends `message` through an `HttpTransport` over hyper-util with `codec`, once.
+pub async fn send_with<C>(
+    codec: C,
+    message: tower_idempotency::Message,
+) -> Result<tower_idempotency::Receipt, tower_idempotency::SendError>
+where
+    C: tower_idempotency::http::Codec,
+{
+    let mut transport = tower_idempotency::http::HttpTransport::new(hyper_client(), codec);
+    super::send(&mut transport, message).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// A provider that deduplicates on the idempotency key, like Resend
+// ---------------------------------------------------------------------------------------------
+
+/// What the deduplicating provider does with a request whose key it has not taken yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Takes the message and answers 200 with its id.
+    None,
+    /// Takes the message, then answers 500 (a proxy that lost the answer).
+    TakeThen500,
+    /// Takes the message and never answers.
+    TakeThenStall,
+}
+
+/// The messages a deduplicating provider took, by idempotency key: a request under a key it
+/// took before is answered 200 with the first message's id and takes nothing, as Resend
+/// answers a repeat of a request within its 24-hour window. Requests without a key are
+/// taken each time.
+#[derive(Default)]
+pub struct Ledger {
+    taken: Mutex<HashMap<String, String>>,
+    messages: Mutex<HashMap<String, usize>>,
+    faults: Mutex<VecDeque<Fault>>,
+    next_id: AtomicUsize,
+}
+
+impl Ledger {
+    /// A ledger whose first new messages meet `faults`, in order; later ones are taken and
+    /// answered.
+    pub fn new(faults: impl IntoIterator<Item = Fault>) -> Arc<Self> {
+        Arc::new(Self {
+            faults: Mutex::new(faults.into_iter().collect()),
+            ..Self::default()
+        })
+    }
+
+    /// The provider's script over this ledger.
+    pub fn script(self: &Arc<Self>) -> Script {
+        let ledger = Arc::clone(self);
+        script(move |n, state| {
+            let ledger = Arc::clone(&ledger);
+            async move {
+                let key = state.nth(n).and_then(|r| r.key).unwrap_or_default();
+                if let Some(id) = ledger.taken(&key) {
+                    return Reply::json(200, format!(r#"{{"id":"{id}"}}"#));
+                }
+                let fault = ledger.faults.lock().unwrap().pop_front();
+                let id = format!("msg-{}", ledger.next_id.fetch_add(1, Ordering::SeqCst) + 1);
+                ledger.taken.lock().unwrap().insert(key.clone(), id.clone());
+                *ledger.messages.lock().unwrap().entry(key).or_default() += 1;
+                match fault.unwrap_or(Fault::None) {
+                    Fault::None => Reply::json(200, format!(r#"{{"id":"{id}"}}"#)),
+                    Fault::TakeThen500 => Reply::json(
+                        500,
+                        r#"{"statusCode":500,"name":"internal_server_error","message":"oops"}"#,
+                    ),
+                    Fault::TakeThenStall => Reply::stall(),
+                }
+            }
+        })
+    }
+
+    /// The id of the message taken under `key`, if one was.
+    pub fn taken(&self, key: &str) -> Option<String> {
+        self.taken.lock().unwrap().get(key).cloned()
+    }
+
+    /// How many messages the provider took under `key`: more than one is a duplicate.
+    pub fn messages(&self, key: &str) -> usize {
+        self.messages.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    /// How many messages it took in all.
+    pub fn total_messages(&self) -> usize {
+        self.messages.lock().unwrap().values().sum()
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,164 +2,40 @@
 //! [`Envelope`]), their builder and the [`IdempotencyKey`] they may carry.
 //!
 //! Messages are validated when they are built, so a message that reaches a transport always has a
-//! sender, at least one recipient, a body and, when it has one, a well-formed key. Both message
-//! types keep their fields behind an [`Arc`], so cloning one for a retry is a reference-count
-//! increment, not a copy of the bodies.
+//! sender, at least one recipient, a body and, when it has one, a well-formed key; its
+//! addresses are RFC 5322 mailboxes (an SMS's numbers E.164, see [`SmsBuilder`]), its header
+//! names RFC 5322 field names, and no field that ends up in an email header (header values,
+//! subject, addresses, display names, attachment names, threading ids) holds a CR or LF, so no
+//! header can be injected. Both message types keep their fields behind an [`Arc`], so cloning
+//! one for a retry is a reference-count increment, not a copy of the bodies.
+
+mod address;
+mod error;
+mod key;
+mod raw;
+mod sms;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-/// The longest idempotency key accepted, in bytes.
-pub const MAX_KEY_LEN: usize = 256;
+use address::{has_line_break, is_field_name, is_mailbox};
+pub use error::MessageError;
+pub(crate) use key::validate_key;
+pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use raw::{Envelope, RawMessage};
+pub use sms::{Channel, SmsBuilder, SmsSender};
 
-/// A validated idempotency key: 1 to [`MAX_KEY_LEN`] bytes, no control characters.
-///
-/// Derive it from the business event, never from the clock or a random id: a key made at call
-/// time is different on every retry and deduplicates nothing.
-///
-/// ```
-/// use tower_idempotency::IdempotencyKey;
-///
-/// let key = IdempotencyKey::new("order.created:ord_20481:email")?;
-/// assert_eq!(key.as_str(), "order.created:ord_20481:email");
-/// assert!(IdempotencyKey::new("").is_err());
-/// # Ok::<(), tower_idempotency::message::KeyError>(())
-/// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct IdempotencyKey(Arc<str>);
+/// The latest `send_at` a message takes, after the Unix epoch: 9999-12-31T23:59:59Z, the last
+/// second RFC 3339 (four-digit years) can write. Providers take schedules as RFC 3339 text.
+pub const MAX_SEND_AT: Duration = Duration::from_secs(253_402_300_799);
 
-impl IdempotencyKey {
-    /// Validates `key` and wraps it.
-    pub fn new(key: impl AsRef<str>) -> Result<Self, KeyError> {
-        let key = key.as_ref();
-        validate_key(key)?;
-        Ok(Self(Arc::from(key)))
-    }
-
-    /// The key as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-/// Checks the rules of [`IdempotencyKey`] without allocating.
-pub(crate) fn validate_key(key: &str) -> Result<(), KeyError> {
-    if key.is_empty() {
-        return Err(KeyError::Empty);
-    }
-    if key.len() > MAX_KEY_LEN {
-        return Err(KeyError::TooLong { len: key.len() });
-    }
-    if let Some(position) = key
-        .char_indices()
-        .find(|(_, c)| c.is_control())
-        .map(|(i, _)| i)
-    {
-        return Err(KeyError::ControlCharacter { position });
-    }
-    Ok(())
-}
-
-impl fmt::Debug for IdempotencyKey {
-    // Keys often embed an address; Debug output lands in logs, so show only its length.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "IdempotencyKey(<{} bytes>)", self.0.len())
-    }
-}
-
-impl AsRef<str> for IdempotencyKey {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-/// Why a key was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyError {
-    /// The key is the empty string.
-    Empty,
-    /// The key is longer than [`MAX_KEY_LEN`] bytes.
-    TooLong {
-        /// Its length in bytes.
-        len: usize,
-    },
-    /// The key holds a control character (newline, NUL, …).
-    ControlCharacter {
-        /// The byte offset of the first one.
-        position: usize,
-    },
-}
-
-impl fmt::Display for KeyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Empty => f.write_str("idempotency key is empty"),
-            Self::TooLong { len } => write!(
-                f,
-                "idempotency key is {len} bytes long, the limit is {MAX_KEY_LEN}"
-            ),
-            Self::ControlCharacter { position } => {
-                write!(
-                    f,
-                    "idempotency key holds a control character at byte {position}"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for KeyError {}
-
-/// Why a message could not be built.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MessageError {
-    /// No sender was given.
-    MissingSender,
-    /// No recipient was given (`to`, `cc` and `bcc` are all empty).
-    MissingRecipient,
-    /// Neither a text nor an HTML body was given.
-    MissingBody,
-    /// An address field holds an empty string.
-    EmptyAddress {
-        /// The field: `from`, `to`, `cc`, `bcc` or `reply_to`.
-        field: &'static str,
-    },
-    /// The idempotency key was refused.
-    InvalidKey(KeyError),
-}
-
-impl fmt::Display for MessageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::MissingSender => f.write_str("message has no sender"),
-            Self::MissingRecipient => f.write_str("message has no recipient (to, cc or bcc)"),
-            Self::MissingBody => f.write_str("message has neither a text nor an html body"),
-            Self::EmptyAddress { field } => write!(f, "message has an empty address in `{field}`"),
-            Self::InvalidKey(e) => write!(f, "invalid idempotency key: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for MessageError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::InvalidKey(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
-impl From<KeyError> for MessageError {
-    fn from(e: KeyError) -> Self {
-        Self::InvalidKey(e)
-    }
-}
+/// The earliest `send_at` a message takes, before the Unix epoch: 0000-01-01T00:00:00Z, the
+/// first second RFC 3339 can write.
+pub const MIN_SEND_AT: Duration = Duration::from_secs(62_167_219_200);
 
 /// A file attached to an email. Its bytes are sent but not fingerprinted: two messages whose
 /// attachments differ only in content are the same message (see [`crate::fingerprint`]).
@@ -225,6 +101,7 @@ pub(crate) struct MessageParts {
     pub(crate) tracking: Tracking,
     pub(crate) metadata: BTreeMap<String, String>,
     pub(crate) idempotency_key: Option<IdempotencyKey>,
+    pub(crate) channel: Channel,
 }
 
 /// An email or SMS, with an optional idempotency key.
@@ -252,82 +129,163 @@ pub(crate) struct MessageParts {
 /// assert_eq!(err, tower_idempotency::message::MessageError::MissingRecipient);
 /// # Ok::<(), tower_idempotency::message::MessageError>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Message(pub(crate) Arc<MessageParts>);
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub(crate) parts: Arc<MessageParts>,
+    // What the idempotency layer said of this send's key, just before it called the
+    // provider; outside the shared parts, so setting it copies no body.
+    layer_key: LayerKey,
+}
+
+/// The key the idempotency layer holds for a send.
+#[derive(Clone, Debug, Default)]
+enum LayerKey {
+    /// The message did not pass through a layer: its own key stands.
+    #[default]
+    NotSet,
+    /// The layer's stored key.
+    Stored(ProviderKey),
+    /// The layer sends it unkeyed (a key function answered `None`).
+    Unkeyed,
+}
+
+/// The layer's key for a send. Debug shows its length only, as [`IdempotencyKey`]'s does:
+/// keys often embed an address.
+#[derive(Clone)]
+struct ProviderKey(Arc<str>);
+
+impl fmt::Debug for ProviderKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ProviderKey(<{} bytes>)", self.0.len())
+    }
+}
+
+/// Two messages are equal when their content and own key are; the layer's key for a send is
+/// not part of the message.
+impl PartialEq for Message {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts == other.parts
+    }
+}
+
+impl Eq for Message {}
 
 impl Message {
-    /// Starts a message.
+    pub(crate) fn from_parts(parts: MessageParts) -> Self {
+        Self {
+            parts: Arc::new(parts),
+            layer_key: LayerKey::NotSet,
+        }
+    }
+
+    /// Starts an email.
     pub fn builder() -> MessageBuilder {
         MessageBuilder::default()
     }
 
+    /// Starts an SMS; see [`SmsBuilder`].
+    pub fn sms() -> SmsBuilder {
+        SmsBuilder::default()
+    }
+
+    /// Whether it is an email or an SMS, and for an SMS what its sender is.
+    pub fn channel(&self) -> Channel {
+        self.parts.channel
+    }
+
+    /// The key a provider should deduplicate this send by: the key the idempotency layer
+    /// reserved for it (its stored key, after the key function and the namespace), `None` when
+    /// the layer sends it unkeyed, or, for a message that did not pass through a layer, its
+    /// own key.
+    ///
+    /// Transports send it as the provider's idempotency key
+    /// ([`HttpTransport`](crate::http::HttpTransport) through its codec), so the provider's
+    /// own deduplication covers exactly what the layer's store does.
+    pub fn provider_key(&self) -> Option<&str> {
+        match &self.layer_key {
+            LayerKey::NotSet => self.idempotency_key().map(IdempotencyKey::as_str),
+            LayerKey::Stored(key) => Some(&key.0),
+            LayerKey::Unkeyed => None,
+        }
+    }
+
+    /// This message, to be sent under the layer's stored `key` (`None`: unkeyed); see
+    /// [`provider_key`](Self::provider_key).
+    pub(crate) fn with_provider_key(mut self, key: Option<&str>) -> Self {
+        self.layer_key = match key {
+            Some(key) => LayerKey::Stored(ProviderKey(Arc::from(key))),
+            None => LayerKey::Unkeyed,
+        };
+        self
+    }
+
     /// The sender: an address, a phone number or a sender id.
     pub fn from(&self) -> &str {
-        &self.0.from
+        &self.parts.from
     }
     /// The `to` recipients.
     pub fn to(&self) -> &[String] {
-        &self.0.to
+        &self.parts.to
     }
     /// The `cc` recipients.
     pub fn cc(&self) -> &[String] {
-        &self.0.cc
+        &self.parts.cc
     }
     /// The `bcc` recipients.
     pub fn bcc(&self) -> &[String] {
-        &self.0.bcc
+        &self.parts.bcc
     }
     /// The `reply-to` addresses.
     pub fn reply_to(&self) -> &[String] {
-        &self.0.reply_to
+        &self.parts.reply_to
     }
     /// The subject (absent for SMS).
     pub fn subject(&self) -> Option<&str> {
-        self.0.subject.as_deref()
+        self.parts.subject.as_deref()
     }
     /// The plain-text body.
     pub fn text(&self) -> Option<&str> {
-        self.0.text.as_deref()
+        self.parts.text.as_deref()
     }
     /// The HTML body.
     pub fn html(&self) -> Option<&str> {
-        self.0.html.as_deref()
+        self.parts.html.as_deref()
     }
     /// Extra header fields, by name.
     pub fn headers(&self) -> &BTreeMap<String, String> {
-        &self.0.headers
+        &self.parts.headers
     }
     /// The attachments, in order.
     pub fn attachments(&self) -> &[Attachment] {
-        &self.0.attachments
+        &self.parts.attachments
     }
     /// The threading headers.
     pub fn threading(&self) -> &Threading {
-        &self.0.threading
+        &self.parts.threading
     }
     /// When the provider should send it, if scheduled.
     pub fn send_at(&self) -> Option<SystemTime> {
-        self.0.send_at
+        self.parts.send_at
     }
     /// The tracking flags.
     pub fn tracking(&self) -> Tracking {
-        self.0.tracking
+        self.parts.tracking
     }
     /// Metadata (tags) passed to the provider.
     pub fn metadata(&self) -> &BTreeMap<String, String> {
-        &self.0.metadata
+        &self.parts.metadata
     }
     /// The idempotency key, if the message has one.
     pub fn idempotency_key(&self) -> Option<&IdempotencyKey> {
-        self.0.idempotency_key.as_ref()
+        self.parts.idempotency_key.as_ref()
     }
     /// Every recipient: `to`, then `cc`, then `bcc`.
     pub fn recipients(&self) -> impl Iterator<Item = &str> {
-        self.0
+        self.parts
             .to
             .iter()
-            .chain(&self.0.cc)
-            .chain(&self.0.bcc)
+            .chain(&self.parts.cc)
+            .chain(&self.parts.bcc)
             .map(String::as_str)
     }
 }
@@ -444,22 +402,42 @@ impl MessageBuilder {
     ///
     /// # Errors
     /// [`MessageError`] when the sender, every recipient or both bodies are missing, an address
-    /// is empty, or the key breaks the rules of [`IdempotencyKey`].
-    pub fn build(self) -> Result<Message, MessageError> {
-        let from = match self.from {
+    /// is empty or not an RFC 5322 mailbox, a header name is not an RFC 5322 field name, a
+    /// header value, the subject, an address, an attachment's name or type or a threading id
+    /// holds a CR or LF, `send_at` is outside what RFC 3339 can write, or the key breaks the
+    /// rules of [`IdempotencyKey`].
+    ///
+    /// ```
+    /// use tower_idempotency::Message;
+    /// use tower_idempotency::message::MessageError;
+    ///
+    /// let email = || Message::builder().from("shop@example.com").to("ann@example.com").text("Hi");
+    /// // A header injection is refused before any provider sees it:
+    /// assert_eq!(
+    ///     email().header("X-Note", "hi\r\nBcc: victim@example.com").build(),
+    ///     Err(MessageError::LineBreak { field: "header" })
+    /// );
+    /// assert_eq!(email().header("X-A\r\nBcc", "x").build(), Err(MessageError::InvalidHeaderName));
+    /// assert_eq!(
+    ///     email().cc("a@b@c").build(),
+    ///     Err(MessageError::InvalidAddress { field: "cc", index: 0 })
+    /// );
+    /// assert!(email().cc("Ann Lee <ann.lee@example.com>").build().is_ok());
+    /// ```
+    pub fn build(mut self) -> Result<Message, MessageError> {
+        let from = match self.from.take() {
             Some(from) if !from.is_empty() => from,
             Some(_) => return Err(MessageError::EmptyAddress { field: "from" }),
             None => return Err(MessageError::MissingSender),
         };
+        check_mailboxes("from", std::slice::from_ref(&from))?;
         for (field, list) in [
             ("to", &self.to),
             ("cc", &self.cc),
             ("bcc", &self.bcc),
             ("reply_to", &self.reply_to),
         ] {
-            if list.iter().any(String::is_empty) {
-                return Err(MessageError::EmptyAddress { field });
-            }
+            check_mailboxes(field, list)?;
         }
         if self.to.is_empty() && self.cc.is_empty() && self.bcc.is_empty() {
             return Err(MessageError::MissingRecipient);
@@ -467,8 +445,10 @@ impl MessageBuilder {
         if self.text.is_none() && self.html.is_none() {
             return Err(MessageError::MissingBody);
         }
+        check_header_fields(&self)?;
+        check_send_at(self.send_at)?;
         let idempotency_key = self.key.map(IdempotencyKey::new).transpose()?;
-        Ok(Message(Arc::new(MessageParts {
+        Ok(Message::from_parts(MessageParts {
             from,
             to: self.to,
             cc: self.cc,
@@ -484,88 +464,62 @@ impl MessageBuilder {
             tracking: self.tracking,
             metadata: self.metadata,
             idempotency_key,
-        })))
+            channel: Channel::Email,
+        }))
     }
 }
 
-/// Who a raw message is from and to, as given to the relay (SMTP `MAIL FROM` / `RCPT TO`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Envelope {
-    from: String,
-    to: Vec<String>,
+/// Every address of `field` is a non-empty RFC 5322 mailbox without line breaks.
+fn check_mailboxes(field: &'static str, list: &[String]) -> Result<(), MessageError> {
+    for (index, address) in list.iter().enumerate() {
+        if address.is_empty() {
+            return Err(MessageError::EmptyAddress { field });
+        }
+        if has_line_break(address) {
+            return Err(MessageError::LineBreak { field });
+        }
+        if !is_mailbox(address) {
+            return Err(MessageError::InvalidAddress { field, index });
+        }
+    }
+    Ok(())
 }
 
-impl Envelope {
-    /// An envelope from a sender and its recipients.
-    ///
-    /// # Errors
-    /// [`MessageError`] when the sender or every recipient is missing, or an address is empty.
-    pub fn new<I, S>(from: impl Into<String>, to: I) -> Result<Self, MessageError>
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        let from = from.into();
-        if from.is_empty() {
-            return Err(MessageError::MissingSender);
+/// Header names are field names; nothing that becomes a header line holds CR or LF.
+fn check_header_fields(b: &MessageBuilder) -> Result<(), MessageError> {
+    for (name, value) in &b.headers {
+        if !is_field_name(name) {
+            return Err(MessageError::InvalidHeaderName);
         }
-        let to: Vec<String> = to.into_iter().map(Into::into).collect();
-        if to.is_empty() {
-            return Err(MessageError::MissingRecipient);
+        if has_line_break(value) {
+            return Err(MessageError::LineBreak { field: "header" });
         }
-        if to.iter().any(String::is_empty) {
-            return Err(MessageError::EmptyAddress { field: "to" });
-        }
-        Ok(Self { from, to })
     }
-
-    /// The sender.
-    pub fn from(&self) -> &str {
-        &self.from
+    let line_break = |field, text: Option<&str>| match text {
+        Some(text) if has_line_break(text) => Err(MessageError::LineBreak { field }),
+        _ => Ok(()),
+    };
+    line_break("subject", b.subject.as_deref())?;
+    for a in &b.attachments {
+        line_break("attachment", Some(&a.filename))?;
+        line_break("attachment", Some(&a.content_type))?;
     }
-
-    /// The recipients.
-    pub fn to(&self) -> &[String] {
-        &self.to
+    line_break("message_id", b.threading.message_id.as_deref())?;
+    line_break("in_reply_to", b.threading.in_reply_to.as_deref())?;
+    for reference in &b.threading.references {
+        line_break("references", Some(reference))?;
     }
+    Ok(())
 }
 
-/// A message already encoded (RFC 5322 bytes, say), sent with its [`Envelope`].
-///
-/// It has no key field: only a key function on the layer gives it one. Its fingerprint is its
-/// envelope's.
-///
-/// ```
-/// use tower_idempotency::{Envelope, RawMessage};
-///
-/// let envelope = Envelope::new("shop@example.com", ["user@example.com"])?;
-/// let raw = RawMessage::new(envelope, &b"Subject: Welcome\r\n\r\nHello"[..]);
-/// assert_eq!(raw.envelope().to(), ["user@example.com"]);
-/// # Ok::<(), tower_idempotency::message::MessageError>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RawMessage {
-    envelope: Arc<Envelope>,
-    bytes: Bytes,
-}
-
-impl RawMessage {
-    /// A raw message from its envelope and bytes.
-    pub fn new(envelope: Envelope, bytes: impl Into<Bytes>) -> Self {
-        Self {
-            envelope: Arc::new(envelope),
-            bytes: bytes.into(),
-        }
-    }
-
-    /// The envelope.
-    pub fn envelope(&self) -> &Envelope {
-        &self.envelope
-    }
-
-    /// The encoded message.
-    pub fn bytes(&self) -> &Bytes {
-        &self.bytes
+/// `send_at` is within what RFC 3339 writes: [`MIN_SEND_AT`] before the epoch to
+/// [`MAX_SEND_AT`] after it.
+pub(crate) fn check_send_at(send_at: Option<SystemTime>) -> Result<(), MessageError> {
+    match send_at.map(|at| at.duration_since(UNIX_EPOCH)) {
+        None => Ok(()),
+        Some(Ok(since)) if since <= MAX_SEND_AT => Ok(()),
+        Some(Err(before)) if before.duration() <= MIN_SEND_AT => Ok(()),
+        Some(_) => Err(MessageError::SendAtOutOfRange),
     }
 }
 
@@ -635,24 +589,92 @@ mod tests {
     }
 
     #[test]
-    fn key_debug_output_hides_the_key() {
-        let key = IdempotencyKey::new("welcome:seller@example.com").unwrap();
-        assert!(!format!("{key:?}").contains("seller"));
+    fn a_line_break_in_any_header_bound_field_is_refused() {
+        let lb = |field| Err(MessageError::LineBreak { field });
+        assert_eq!(base().header("X-A", "1\r\nBcc: x@y").build(), lb("header"));
+        assert_eq!(base().header("X-A", "1\nBcc: x@y").build(), lb("header"));
+        assert_eq!(base().subject("Hi\r\nBcc: x@y").build(), lb("subject"));
+        assert_eq!(base().to("b@x\r\nBcc: c@y").build(), lb("to"));
+        assert_eq!(base().reply_to("\"A\r\n\" <a@x>").build(), lb("reply_to"));
+        let attachment = Attachment::new("a.pdf\r\nX-B: 1", "application/pdf", &b"%"[..]);
+        assert_eq!(base().attachment(attachment).build(), lb("attachment"));
+        assert_eq!(base().message_id("<a@x>\r\nX: 1").build(), lb("message_id"));
+        assert_eq!(base().in_reply_to("<a@x>\n").build(), lb("in_reply_to"));
+        assert_eq!(base().reference("<a@x>\r").build(), lb("references"));
+        assert_eq!(
+            base().header("X-A\r\nBcc", "v").build(),
+            Err(MessageError::InvalidHeaderName)
+        );
+        assert_eq!(
+            base().header("", "v").build(),
+            Err(MessageError::InvalidHeaderName)
+        );
+        let err = base().subject("a\r\nb").build().unwrap_err().to_string();
+        assert!(!err.contains('\r') && !err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn addresses_are_rfc_5322_mailboxes() {
+        assert_eq!(
+            base().cc("ok@x").cc("a@b@c").build(),
+            Err(MessageError::InvalidAddress {
+                field: "cc",
+                index: 1
+            })
+        );
+        assert_eq!(
+            Message::builder()
+                .from("nobody")
+                .to("b@x")
+                .text("t")
+                .build(),
+            Err(MessageError::InvalidAddress {
+                field: "from",
+                index: 0
+            })
+        );
+        assert!(base().to("\"Lee, Ann\" <ann@example.com>").build().is_ok());
+        assert_eq!(
+            Envelope::new("Ann <a@x>", ["b@x"]),
+            Err(MessageError::InvalidAddress {
+                field: "from",
+                index: 0
+            })
+        );
+    }
+
+    #[test]
+    fn send_at_must_be_writable_as_rfc_3339() {
+        let last = UNIX_EPOCH + MAX_SEND_AT;
+        assert!(base().send_at(last).build().is_ok());
+        assert_eq!(
+            base().send_at(last + Duration::from_secs(1)).build(),
+            Err(MessageError::SendAtOutOfRange)
+        );
+        let first = UNIX_EPOCH - MIN_SEND_AT;
+        assert!(base().send_at(first).build().is_ok());
+        assert_eq!(
+            base().send_at(first - Duration::from_secs(1)).build(),
+            Err(MessageError::SendAtOutOfRange)
+        );
+    }
+
+    #[test]
+    fn the_layer_key_is_the_provider_key_and_the_own_key_otherwise() {
+        let own = base().idempotency_key("k").build().unwrap();
+        assert_eq!(own.provider_key(), Some("k"));
+        let sent = own.clone().with_provider_key(Some("ns:k"));
+        assert_eq!(sent.provider_key(), Some("ns:k"));
+        assert_eq!(sent, own, "the layer's key is not part of the message");
+        assert!(!format!("{sent:?}").contains("ns:k"), "Debug hides the key");
+        assert_eq!(own.with_provider_key(None).provider_key(), None);
+        assert_eq!(base().build().unwrap().provider_key(), None);
     }
 
     #[test]
     fn clones_share_their_fields() {
         let m = base().build().unwrap();
         let c = m.clone();
-        assert!(Arc::ptr_eq(&m.0, &c.0));
-    }
-
-    #[test]
-    fn envelope_needs_a_sender_and_a_recipient() {
-        assert_eq!(Envelope::new("", ["b@x"]), Err(MessageError::MissingSender));
-        assert_eq!(
-            Envelope::new("a@x", Vec::<String>::new()),
-            Err(MessageError::MissingRecipient)
-        );
+        assert!(Arc::ptr_eq(&m.parts, &c.parts));
     }
 }

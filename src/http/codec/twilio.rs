@@ -1,0 +1,297 @@
+//! [`TwilioCodec`]: Twilio's Programmable Messaging API (`POST
+//! /2010-04-01/Accounts/{AccountSid}/Messages.json`), with its documented [limits](self#limits)
+//! and the [`codes`] of the errors only it makes.
+//!
+//! # No idempotency key at Twilio
+//!
+//! Twilio's Messages resource takes no idempotency key: a request sent twice is two text
+//! messages. The codec therefore sends no `Idempotency-Key`
+//! ([`Codec::idempotency_key`] answers `None`), and the idempotency store is the only net.
+//! What follows from that: never put a [`RetryPolicy`](crate::RetryPolicy) with
+//! [`retry_unknown_delivery(true)`](crate::RetryPolicy::retry_unknown_delivery) in front of
+//! Twilio (a timeout after the request left would send twice), and keep the store's lease
+//! longer than the transport's timeout.
+//!
+//! # Limits
+//!
+//! What Twilio documents, and the codec checks before it sends: a message that breaks one is a
+//! validation error, code [`provider.invalid_request`](http_codes::INVALID_REQUEST), and is
+//! not sent. Source: Twilio's
+//! [OpenAPI description](https://github.com/twilio/twilio-oai/blob/main/spec/yaml/twilio_api_v2010.yaml)
+//! (`CreateMessage`, `CreateMessageRequest`).
+//!
+//! | rule | constant |
+//! |---|---|
+//! | SMS only: an email ([`Channel::Email`]) is refused | |
+//! | one `To` per request: an SMS to several numbers is refused (send one message each) | |
+//! | `Body` at most 1,600 characters | [`TWILIO_MAX_BODY_CHARS`] |
+//! | `From` a number or alphanumeric id; a messaging service goes as `MessagingServiceSid` (`MG` and 32 hex digits) | |
+//! | `SendAt` (RFC 3339) only through a messaging service, with `ScheduleType=fixed` | |
+//! | the account SID is `AC` and 32 hex digits | |
+//!
+//! Metadata are not sent. What Twilio's error answers (`{"code", "message", "more_info",
+//! "status"}`) become:
+//!
+//! | status | `code` | outcome | code |
+//! |---|---|---|---|
+//! | 429 | 20429 (or none) | retryable, with `Retry-After` | [`provider.rate_limited`](http_codes::RATE_LIMITED) |
+//! | 400 | 21610 (the recipient replied STOP) | permanent | [`provider.recipient_unsubscribed`](codes::RECIPIENT_UNSUBSCRIBED) |
+//! | 400 | 21408, 21612, 21614 (region not enabled, unroutable, not a mobile number) | permanent | [`provider.rejected`](http_codes::REJECTED) |
+//! | 400 | any other (21211 invalid `To`, 21602 `Body` required, 21617 body too long, …) | validation | [`provider.validation_error`](codes::VALIDATION_ERROR) |
+//! | 401, 403, 404 | 20003, 20404, … | permanent | [`provider.rejected`](http_codes::REJECTED) |
+//! | 5xx | | as the transport maps it | |
+
+use std::fmt;
+
+use bytes::Bytes;
+use http::header::AUTHORIZATION;
+use http::{StatusCode, Uri};
+use serde::Deserialize;
+
+use super::Codec;
+use super::wire::{self, refused, rfc3339, truncate};
+use crate::http::codes as http_codes;
+use crate::message::{Channel, Message, SmsSender};
+use crate::outcome::{BoxError, Receipt, SendError};
+
+/// The stable codes of the errors only [`TwilioCodec`] makes (see the
+/// [table](self#limits)). Its other answers get the transport's codes
+/// ([`http::codes`](crate::http::codes)).
+pub mod codes {
+    /// Twilio refused the parameters (a 400 other than the policy refusals). Validation.
+    pub const VALIDATION_ERROR: &str = "provider.validation_error";
+    /// The recipient opted out (replied STOP; Twilio error 21610). Permanent.
+    pub const RECIPIENT_UNSUBSCRIBED: &str = "provider.recipient_unsubscribed";
+}
+
+/// Twilio's API, where [`TwilioCodec::new`] points.
+pub const TWILIO_API: &str = "https://api.twilio.com";
+
+/// The transport name in receipts from [`TwilioCodec`].
+pub const TWILIO: &str = "twilio";
+
+/// The longest `Body`, in characters.
+pub const TWILIO_MAX_BODY_CHARS: usize = 1600;
+
+/// The [`Codec`] of Twilio's
+/// [Messages resource](https://www.twilio.com/docs/messaging/api/message-resource#create-a-message-resource):
+/// sends an SMS ([`Message::sms`]) as one form-encoded `POST` with HTTP Basic authentication
+/// (account SID and auth token).
+///
+/// | message | form field |
+/// |---|---|
+/// | to (one number) | `To` |
+/// | from: a number or a sender id | `From` |
+/// | from: a messaging service | `MessagingServiceSid` |
+/// | text | `Body` |
+/// | send_at | `SendAt` (RFC 3339, UTC) and `ScheduleType=fixed` |
+///
+/// The `201 Created` answer's `sid` becomes `Receipt { id, transport: "twilio", accepted }`
+/// with the recipient. Twilio takes no idempotency key: see [the module docs](self).
+///
+/// ```
+/// use tower_idempotency::http::TwilioCodec;
+///
+/// let codec = TwilioCodec::new("AC0123456789abcdef0123456789abcdef", "auth-token");
+/// assert!(!format!("{codec:?}").contains("auth-token"));
+/// ```
+#[derive(Clone)]
+pub struct TwilioCodec {
+    account_sid: String,
+    authorization: String,
+    base_url: Uri,
+}
+
+impl TwilioCodec {
+    /// A codec that sends to [`TWILIO_API`] for `account_sid`, authenticated with the
+    /// account's `auth_token`.
+    pub fn new(account_sid: impl Into<String>, auth_token: impl AsRef<str>) -> Self {
+        let account_sid = account_sid.into();
+        Self::with_credentials(account_sid.clone(), &account_sid, auth_token.as_ref())
+    }
+
+    /// A codec that sends for `account_sid`, authenticated with an API key (`SK…`) and its
+    /// secret instead of the auth token.
+    pub fn with_api_key(
+        account_sid: impl Into<String>,
+        api_key_sid: impl AsRef<str>,
+        secret: impl AsRef<str>,
+    ) -> Self {
+        Self::with_credentials(account_sid.into(), api_key_sid.as_ref(), secret.as_ref())
+    }
+
+    fn with_credentials(account_sid: String, user: &str, password: &str) -> Self {
+        let basic = crate::base64::encode(format!("{user}:{password}").as_bytes());
+        Self {
+            account_sid,
+            authorization: format!("Basic {basic}"),
+            base_url: Uri::from_static(TWILIO_API),
+        }
+    }
+
+    /// Sends to `base_url` instead of [`TWILIO_API`] (a test server, a proxy).
+    #[must_use]
+    pub fn base_url(mut self, base_url: Uri) -> Self {
+        self.base_url = base_url;
+        self
+    }
+
+    /// The form fields of `message`, checked against Twilio's [limits](self#limits).
+    fn fields<'a>(&self, message: &'a Message) -> Result<Vec<(&'static str, Cow<'a>)>, SendError> {
+        let Channel::Sms(sender) = message.channel() else {
+            return Err(refused(
+                "Twilio",
+                "Twilio's Messages API sends SMS, and this message is an email",
+            ));
+        };
+        let [to] = message.to() else {
+            return Err(refused(
+                "Twilio",
+                format_args!(
+                    "a request takes one `To` and this SMS has {}; send one message per number",
+                    message.to().len()
+                ),
+            ));
+        };
+        let body = message.text().unwrap_or_default();
+        let chars = body.chars().count();
+        if chars > TWILIO_MAX_BODY_CHARS {
+            return Err(refused(
+                "Twilio",
+                format_args!(
+                    "the text is {chars} characters and Twilio takes at most \
+                     {TWILIO_MAX_BODY_CHARS}"
+                ),
+            ));
+        }
+        let mut fields = vec![("To", Cow::Borrowed(to.as_str()))];
+        fields.push(match sender {
+            SmsSender::MessagingService => ("MessagingServiceSid", Cow::Borrowed(message.from())),
+            _ => ("From", Cow::Borrowed(message.from())),
+        });
+        fields.push(("Body", Cow::Borrowed(body)));
+        if let Some(at) = message.send_at() {
+            if sender != SmsSender::MessagingService {
+                return Err(refused(
+                    "Twilio",
+                    "Twilio schedules only messages sent through a messaging service",
+                ));
+            }
+            let at = rfc3339(at).ok_or_else(|| refused("Twilio", "it is scheduled before 1970"))?;
+            fields.push(("SendAt", Cow::Owned(at)));
+            fields.push(("ScheduleType", Cow::Borrowed("fixed")));
+        }
+        Ok(fields)
+    }
+
+    fn is_account_sid(&self) -> bool {
+        self.account_sid
+            .strip_prefix("AC")
+            .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    }
+}
+
+type Cow<'a> = std::borrow::Cow<'a, str>;
+
+impl fmt::Debug for TwilioCodec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TwilioCodec")
+            .field("account_sid", &self.account_sid)
+            .field("auth", &"<redacted>")
+            .field("base_url", &self.base_url)
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+struct Created {
+    sid: String,
+}
+
+#[derive(Deserialize)]
+struct TwilioError {
+    #[serde(default)]
+    code: Option<u32>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+fn twilio_error(response: &http::Response<Bytes>) -> Option<TwilioError> {
+    serde_json::from_slice(response.body()).ok()
+}
+
+impl Codec for TwilioCodec {
+    fn encode(&self, message: &Message) -> Result<http::Request<Bytes>, SendError> {
+        let fields = self.fields(message)?;
+        if !self.is_account_sid() {
+            return Err(refused(
+                "Twilio",
+                "the account SID is not `AC` and 32 hex digits",
+            ));
+        }
+        let path = format!("/2010-04-01/Accounts/{}/Messages.json", self.account_sid);
+        let uri = wire::endpoint(&self.base_url, &path, "Twilio")?;
+        let pairs: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_ref())).collect();
+        wire::post(
+            uri,
+            AUTHORIZATION,
+            &self.authorization,
+            "application/x-www-form-urlencoded",
+            wire::form(&pairs),
+            "Twilio",
+        )
+    }
+
+    fn decode(
+        &self,
+        message: &Message,
+        response: &http::Response<Bytes>,
+    ) -> Result<Receipt, BoxError> {
+        let created: Created = serde_json::from_slice(response.body())?;
+        if created.sid.is_empty() {
+            return Err("Twilio answered an empty message sid".into());
+        }
+        Ok(Receipt::new(created.sid, TWILIO).with_accepted(message.to()))
+    }
+
+    /// Twilio's Messages resource takes no idempotency key.
+    fn idempotency_key(&self, _key: &str) -> Option<String> {
+        None
+    }
+
+    fn failure(&self, response: &http::Response<Bytes>) -> Option<SendError> {
+        if response.status() != StatusCode::BAD_REQUEST {
+            return None;
+        }
+        let code = twilio_error(response).and_then(|e| e.code);
+        let detail = self
+            .error_detail(response)
+            .map(|d| truncate(&d))
+            .unwrap_or_default();
+        Some(match code {
+            Some(21610) => SendError::permanent(
+                codes::RECIPIENT_UNSUBSCRIBED,
+                format!(
+                    "the recipient opted out of messages from this sender; not sent (HTTP 400 {detail})"
+                ),
+            ),
+            Some(21408 | 21612 | 21614) => SendError::permanent(
+                http_codes::REJECTED,
+                format!("Twilio cannot deliver to this number; not sent (HTTP 400 {detail})"),
+            ),
+            _ => SendError::validation(
+                codes::VALIDATION_ERROR,
+                format!("Twilio refused the message's parameters; not sent (HTTP 400 {detail})"),
+            ),
+        })
+    }
+
+    fn error_detail(&self, response: &http::Response<Bytes>) -> Option<String> {
+        let error = twilio_error(response)?;
+        match (error.code, error.message) {
+            (Some(code), Some(message)) => Some(format!("{code}: {message}")),
+            (Some(code), None) => Some(code.to_string()),
+            (None, message) => message,
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! SMS through Twilio: `TwilioCodec` against a fake Twilio that enforces Twilio's published
+//! `CreateMessage` schema (tests/support/http/twilio.rs). An SMS is sent once and replayed; a
+//! message Twilio would refuse never leaves the codec; Twilio's error codes map to outcomes;
+//! no idempotency key is sent, as Twilio takes none.
+#![cfg(feature = "http")]
+
+mod support;
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use support::http::twilio::{self, created, decode_form, error};
+use support::http::{FakeProvider, Reply, hyper_client, send_with};
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_idempotency::http::codec::twilio::codes as twilio_codes;
+use tower_idempotency::http::{HttpTransport, TwilioCodec, codes};
+use tower_idempotency::outcome::Category;
+use tower_idempotency::{IdempotencyLayer, Message};
+
+const ACCOUNT: &str = "AC0123456789abcdef0123456789abcdef";
+const SERVICE: &str = "MGfedcba9876543210fedcba9876543210";
+
+fn codec(provider: &FakeProvider) -> TwilioCodec {
+    TwilioCodec::new(ACCOUNT, "auth-token").base_url(provider.base_url())
+}
+
+fn otp() -> tower_idempotency::message::SmsBuilder {
+    Message::sms()
+        .from_number("+14155552345")
+        .to("+15558675310")
+        .text("Your code is 314159")
+}
+
+#[tokio::test]
+async fn an_sms_through_twilio_is_sent_once_and_replayed() {
+    let provider = twilio::provider(vec![created(1)]).await;
+    let mut service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::in_memory())
+        .service(HttpTransport::new(hyper_client(), codec(&provider)));
+    let message = otp().idempotency_key("login:u_42:otp:1").build().unwrap();
+
+    let first = ServiceExt::<Message>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(message.clone())
+        .await
+        .unwrap();
+    let again = ServiceExt::<Message>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(message)
+        .await
+        .unwrap();
+
+    assert_eq!(first.id, format!("SM{:032x}", 1));
+    assert_eq!(first.transport, "twilio");
+    assert_eq!(first.accepted, ["+15558675310"]);
+    assert!(!first.replayed);
+    assert_eq!(again.id, first.id);
+    assert!(again.replayed);
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 1, "the store is the only net, and it held");
+    let request = &requests[0];
+    assert_eq!(
+        request.uri.path(),
+        format!("/2010-04-01/Accounts/{ACCOUNT}/Messages.json")
+    );
+    assert_eq!(
+        request.header("authorization"),
+        Some("Basic QUMwMTIzNDU2Nzg5YWJjZGVmMDEyMzQ1Njc4OWFiY2RlZjphdXRoLXRva2Vu")
+    );
+    assert_eq!(request.key, None, "Twilio takes no idempotency key");
+    let form = decode_form(&request.body).unwrap();
+    assert_eq!(form["To"], "+15558675310");
+    assert_eq!(form["From"], "+14155552345");
+    assert_eq!(form["Body"], "Your code is 314159");
+    assert_eq!(form.len(), 3);
+    provider.assert_no_violations();
+}
+
+#[tokio::test]
+async fn a_messaging_service_sends_and_schedules_through_twilio() {
+    let provider = twilio::provider(vec![created(1)]).await;
+    let message = Message::sms()
+        .messaging_service(SERVICE)
+        .to("+15558675310")
+        .text("Your parcel arrives tomorrow.")
+        .send_at(UNIX_EPOCH + Duration::from_secs(1_709_210_096))
+        .build()
+        .unwrap();
+
+    send_with(codec(&provider), message).await.unwrap();
+
+    let form = decode_form(&provider.requests()[0].body).unwrap();
+    assert_eq!(form["MessagingServiceSid"], SERVICE);
+    assert!(!form.contains_key("From"));
+    assert_eq!(form["SendAt"], "2024-02-29T12:34:56Z");
+    assert_eq!(form["ScheduleType"], "fixed");
+    provider.assert_no_violations();
+}
+
+#[tokio::test]
+async fn what_twilio_would_refuse_never_leaves_the_codec() {
+    let provider = twilio::provider(vec![created(1)]).await;
+    let email = Message::builder()
+        .from("shop@example.com")
+        .to("user@example.com")
+        .text("hi")
+        .build()
+        .unwrap();
+    let two_numbers = otp().to("+15558675311").build().unwrap();
+    let too_long = otp().text("x".repeat(1601)).build().unwrap();
+    let scheduled_from_a_number = otp()
+        .send_at(UNIX_EPOCH + Duration::from_secs(1_709_210_096))
+        .build()
+        .unwrap();
+    for (message, what) in [
+        (email, "email"),
+        (two_numbers, "one `To`"),
+        (too_long, "1601"),
+        (scheduled_from_a_number, "messaging service"),
+    ] {
+        let err = send_with(codec(&provider), message).await.unwrap_err();
+        assert_eq!(err.code(), codes::INVALID_REQUEST, "{what}");
+        assert_eq!(err.category(), Category::Validation);
+        assert!(err.message().contains(what), "{what}: {err}");
+    }
+    let bad_account = TwilioCodec::new("AC123", "t").base_url(provider.base_url());
+    let err = HttpTransport::new(hyper_client(), bad_account)
+        .oneshot(otp().build().unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), codes::INVALID_REQUEST);
+    assert!(provider.requests().is_empty());
+
+    // At the limit, it goes; unicode counts by characters.
+    send_with(
+        codec(&provider),
+        otp().text("é".repeat(1600)).build().unwrap(),
+    )
+    .await
+    .unwrap();
+    provider.assert_no_violations();
+}
+
+#[tokio::test]
+async fn twilio_error_codes_map_to_outcomes() {
+    let cases = [
+        (
+            error(429, 20429, "Too Many Requests"),
+            codes::RATE_LIMITED,
+            Category::Retryable,
+        ),
+        (
+            error(400, 21610, "Attempt to send to unsubscribed recipient"),
+            twilio_codes::RECIPIENT_UNSUBSCRIBED,
+            Category::Permanent,
+        ),
+        (
+            error(400, 21614, "'To' number is not a valid mobile number"),
+            codes::REJECTED,
+            Category::Permanent,
+        ),
+        (
+            error(
+                400,
+                21408,
+                "Permission to send an SMS has not been enabled for the region",
+            ),
+            codes::REJECTED,
+            Category::Permanent,
+        ),
+        (
+            error(400, 21211, "Invalid 'To' Phone Number"),
+            twilio_codes::VALIDATION_ERROR,
+            Category::Validation,
+        ),
+        (
+            error(401, 20003, "Authenticate"),
+            codes::REJECTED,
+            Category::Permanent,
+        ),
+        (
+            error(500, 20500, "Internal Server Error"),
+            codes::SERVER_ERROR,
+            Category::Unknown,
+        ),
+        (
+            error(503, 20503, "Service Unavailable"),
+            codes::UNAVAILABLE,
+            Category::Retryable,
+        ),
+    ];
+    for (reply, code, category) in cases {
+        let provider = twilio::provider(vec![reply.clone()]).await;
+        let err = send_with(codec(&provider), otp().build().unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!((err.code(), err.category()), (code, category), "{reply:?}");
+        provider.assert_no_violations();
+    }
+    // A 429 carries Twilio's wait.
+    let provider = twilio::provider(vec![
+        error(429, 20429, "Too Many Requests").header("retry-after", "2"),
+    ])
+    .await;
+    let err = send_with(codec(&provider), otp().build().unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
+}
+
+#[tokio::test]
+async fn a_refusal_of_the_fake_is_twilios_own_error() {
+    // The schema is real: a request without `To` is answered 400 21604, as Twilio would.
+    let provider = twilio::provider(vec![Reply::new(500, "never")]).await;
+    let client = hyper_client();
+    let request = http::Request::post(format!(
+        "{}2010-04-01/Accounts/{ACCOUNT}/Messages.json",
+        provider.base_url()
+    ))
+    .header("authorization", "Basic eDp5")
+    .header("content-type", "application/x-www-form-urlencoded")
+    .body(bytes::Bytes::from_static(b"Body=hi&From=%2B14155552345"))
+    .unwrap();
+    let response = client.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 400);
+    assert_eq!(provider.violations(), ["`To` is required"]);
+}
