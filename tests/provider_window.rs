@@ -107,6 +107,9 @@ on_every_store!(
 );
 
 const KEY: &str = "order.created:ord_1:email";
+/// The key the provider sees: the layer's stored key (`namespace:key`), which the fake
+/// provider deduplicates on.
+const SENT_KEY: &str = "resend:order.created:ord_1:email";
 
 fn order(key: &str) -> Message {
     support::message(Some(key), "Sold.")
@@ -173,10 +176,8 @@ impl Verifier {
         let this = self.clone();
         tower::service_fn(move |question: Verify| {
             this.asked.fetch_add(1, Ordering::SeqCst);
-            let taken = question
-                .raw_key
-                .as_deref()
-                .and_then(|k| this.ledger.taken(k));
+            // The provider knows the message by the key it was sent under: the stored key.
+            let taken = this.ledger.taken(&question.stored_key);
             std::future::ready(Ok(match taken {
                 _ if this.blind => Verified::Unknown,
                 Some(id) => Verified::Delivered(Receipt::new(id, "resend")),
@@ -227,6 +228,7 @@ async fn a_500_then_a_repeat_inside_the_window_answers_the_providers_original_id
     let provider = FakeProvider::start(ledger.script()).await;
     let layer = layer(&store).provider_window(WINDOW).build().unwrap();
     let stats = layer.clone();
+    assert_eq!(layer.stored_key_for(KEY).unwrap(), SENT_KEY);
     let service = stack(layer, &provider);
 
     let first = service.clone().oneshot(order(KEY)).await.unwrap_err();
@@ -241,7 +243,7 @@ async fn a_500_then_a_repeat_inside_the_window_answers_the_providers_original_id
         .expect("the repeat is answered");
     assert_eq!(
         again.id,
-        ledger.taken(KEY).unwrap(),
+        ledger.taken(SENT_KEY).unwrap(),
         "the provider's original id"
     );
     // Kept: a third send is a replay, the provider not asked again.
@@ -249,7 +251,7 @@ async fn a_500_then_a_repeat_inside_the_window_answers_the_providers_original_id
     assert_eq!(third.id, again.id);
     assert!(third.replayed);
 
-    assert_eq!(ledger.messages(KEY), 1, "one provider message");
+    assert_eq!(ledger.messages(SENT_KEY), 1, "one provider message");
     assert_eq!(
         provider.requests().len(),
         2,
@@ -258,7 +260,7 @@ async fn a_500_then_a_repeat_inside_the_window_answers_the_providers_original_id
     let keys: Vec<_> = provider.requests().iter().map(|r| r.key.clone()).collect();
     assert_eq!(
         keys,
-        [Some(KEY.to_owned()), Some(KEY.to_owned())],
+        [Some(SENT_KEY.to_owned()), Some(SENT_KEY.to_owned())],
         "the same key forwarded"
     );
     assert_eq!(stats.stats().resent, 1);
@@ -283,7 +285,7 @@ async fn a_repeat_outside_the_window_answers_the_stored_error(backend: Backend) 
     assert_eq!(again.code(), first.code(), "today's stored error");
     assert!(again.is_replayed());
     assert_eq!(provider.requests().len(), 1, "never sent again");
-    assert_eq!(ledger.messages(KEY), 1);
+    assert_eq!(ledger.messages(SENT_KEY), 1);
 }
 
 async fn a_connection_broken_before_the_request_left_is_delivered_once_by_the_repeat(
@@ -302,16 +304,16 @@ async fn a_connection_broken_before_the_request_left_is_delivered_once_by_the_re
 
     let first = service.clone().oneshot(order(KEY)).await.unwrap_err();
     assert!(first.delivery_unknown(), "a broken connection: {first:?}");
-    assert_eq!(ledger.messages(KEY), 0);
+    assert_eq!(ledger.messages(SENT_KEY), 0);
     let again = service
         .clone()
         .oneshot(order(KEY))
         .await
         .expect("delivered by the repeat");
-    assert_eq!(Some(again.id.clone()), ledger.taken(KEY));
+    assert_eq!(Some(again.id.clone()), ledger.taken(SENT_KEY));
     let third = service.oneshot(order(KEY)).await.unwrap();
     assert!(third.replayed);
-    assert_eq!(ledger.messages(KEY), 1, "delivered once");
+    assert_eq!(ledger.messages(SENT_KEY), 1, "delivered once");
     assert_eq!(provider.requests().len(), 1);
 }
 
@@ -341,7 +343,7 @@ async fn concurrent_repeats_inside_the_window_take_the_key_back_once(backend: Ba
             })
         })
         .collect();
-    let original = ledger.taken(KEY).unwrap();
+    let original = ledger.taken(SENT_KEY).unwrap();
     for repeat in repeats {
         let receipt = repeat
             .await
@@ -359,7 +361,7 @@ async fn concurrent_repeats_inside_the_window_take_the_key_back_once(backend: Ba
         2,
         "the first send and one re-send"
     );
-    assert_eq!(ledger.messages(KEY), 1);
+    assert_eq!(ledger.messages(SENT_KEY), 1);
 }
 
 async fn a_crashed_owner_is_verified_first_and_a_delivered_claim_never_goes_out_twice(
@@ -385,7 +387,7 @@ async fn a_crashed_owner_is_verified_first_and_a_delivered_claim_never_goes_out_
         .await
         .expect("the provider's receipt");
     assert_eq!(verifier.asked(), 1, "asked before the send");
-    assert_eq!(Some(next.id.clone()), ledger.taken(KEY));
+    assert_eq!(Some(next.id.clone()), ledger.taken(SENT_KEY));
     assert!(next.replayed, "answered, not sent");
     for _ in 0..3 {
         let again = service.clone().oneshot(order(KEY)).await.unwrap();
@@ -394,7 +396,7 @@ async fn a_crashed_owner_is_verified_first_and_a_delivered_claim_never_goes_out_
     }
     assert_eq!(verifier.asked(), 1, "kept: nothing left to verify");
     assert_eq!(provider.requests().len(), 1, "no second send");
-    assert_eq!(ledger.messages(KEY), 1);
+    assert_eq!(ledger.messages(SENT_KEY), 1);
     let stats = stats.stats();
     assert_eq!(
         (stats.taken_over, stats.verified_delivered, stats.sent),
@@ -421,12 +423,12 @@ async fn a_crashed_owner_inside_the_window_is_sent_again_under_the_same_key(back
     let next = stack(layer, &provider).oneshot(order(KEY)).await.unwrap();
     assert_eq!(
         Some(next.id),
-        ledger.taken(KEY),
+        ledger.taken(SENT_KEY),
         "the provider's original message"
     );
     assert_eq!(verifier.asked(), 0);
     assert_eq!(provider.requests().len(), 2, "re-sent under the same key");
-    assert_eq!(ledger.messages(KEY), 1, "deduplicated by the provider");
+    assert_eq!(ledger.messages(SENT_KEY), 1, "deduplicated by the provider");
     assert_eq!((stats.stats().taken_over, stats.stats().resent), (1, 1));
 }
 
@@ -452,7 +454,7 @@ async fn a_crashed_owner_the_provider_never_saw_is_sent_once(backend: Backend) {
     assert_eq!(verifier.asked(), 1);
     let again = service.oneshot(order(KEY)).await.unwrap();
     assert!(again.replayed);
-    assert_eq!(ledger.messages(KEY), 1, "sent once");
+    assert_eq!(ledger.messages(SENT_KEY), 1, "sent once");
 }
 
 async fn a_crashed_owner_the_provider_cannot_vouch_for_is_kept_unsent(backend: Backend) {

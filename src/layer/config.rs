@@ -92,8 +92,9 @@ impl Verifier {
 /// namespace must use the same form: a process storing raw keys and one storing hashed keys
 /// do not see each other's records, and both send the same message. So switch a namespace's
 /// form only with every process at once (stop the old ones before the new ones send), and
-/// expect a repeat of a message sent before the switch, within its ttl, to be sent again
-/// unless the provider deduplicates on the forwarded `Idempotency-Key`. `Raw` stays the
+/// expect a repeat of a message sent before the switch, within its ttl, to be sent again:
+/// the provider's `Idempotency-Key` is the stored key, which the switch changes too, so the
+/// provider does not catch that repeat either. `Raw` stays the
 /// default for that reason: changing it in a release would send such duplicates during a
 /// rolling deploy.
 ///
