@@ -1,5 +1,5 @@
 //! A batch through Postmark, with one inactive recipient:
-//! `cargo run --features http --example postmark_batch`.
+//! `cargo run --example postmark_batch`.
 //!
 //! Postmark answers a batch `200 OK` with one result per message. The one to an inactive
 //! address (`ErrorCode` 406) fails alone: its key is freed, the others are kept done, so the

@@ -1,4 +1,4 @@
-//! An SMS through Twilio, once per key: `cargo run --features http --example twilio_sms`.
+//! An SMS through Twilio, once per key: `cargo run --example twilio_sms`.
 //!
 //! Twilio's Messages API takes no idempotency key, so the idempotency store is the only net:
 //! the second send of the same one-time code is answered from the store, and Twilio sees one

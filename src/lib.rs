@@ -173,7 +173,8 @@
 //! - [`classify`]: the one judge of whether an error sent the message, and
 //!   [`counts_against_provider`].
 //! - [`store`]: the [`Store`] trait, [`MemoryStore`], the Redis, PostgreSQL and SQLite stores
-//!   behind the `redis`, `postgres` and `sqlite` features, and the conformance suite behind
+//!   behind the `redis`, `postgres` and `sqlite` features (also at the crate root, as
+//!   `RedisStore`, `PostgresStore` and `SqliteStore`), and the conformance suite behind
 //!   `test-util`.
 //! - [`layer`]: [`IdempotencyLayer`], its builder, the [`Idempotency`] service and its stats,
 //!   and [`IdempotentRequest`](layer::IdempotentRequest) for your own request types.
@@ -218,6 +219,10 @@ pub use layer::{Idempotency, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use message::{Attachment, Envelope, IdempotencyKey, Message, MessageBuilder, RawMessage};
 pub use outcome::{BoxError, Category, Outcome, Receipt, SendError};
 pub use retry::RetryPolicy;
+#[cfg(feature = "postgres")]
+pub use store::PostgresStore;
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{MemoryStore, Store, StoreError};

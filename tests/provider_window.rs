@@ -34,8 +34,8 @@ enum Backend {
 }
 
 impl Backend {
-    /// A store of this backend under names no other test shares, or `None` (the test is
-    /// skipped, saying so) when its server is not configured.
+    /// A store of this backend under names no other test shares (`Option` for the
+    /// `let Some(..) else` of its callers; see `backend_url`).
     async fn store(self) -> Option<Arc<dyn Store>> {
         use support::stores::{unique, unique_prefix};
         use tower_idempotency::store::{PostgresStore, RedisStore};
@@ -77,9 +77,21 @@ impl Backend {
 macro_rules! on_every_store {
     ($($body:ident),* $(,)?) => {
         mod memory { $( #[tokio::test] async fn $body() { super::$body(super::Backend::Memory).await } )* }
-        mod redis { $( #[tokio::test] async fn $body() { super::$body(super::Backend::Redis).await } )* }
-        mod cluster { $( #[tokio::test] async fn $body() { super::$body(super::Backend::Cluster).await } )* }
-        mod postgres { $( #[tokio::test] async fn $body() { super::$body(super::Backend::Postgres).await } )* }
+        mod redis { $(
+            #[tokio::test]
+            #[cfg_attr(not(backend_redis), ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379")]
+            async fn $body() { super::$body(super::Backend::Redis).await }
+        )* }
+        mod cluster { $(
+            #[tokio::test]
+            #[cfg_attr(not(backend_redis_cluster), ignore = "no Redis Cluster at REDIS_CLUSTER_URLS or 127.0.0.1:7001-7003")]
+            async fn $body() { super::$body(super::Backend::Cluster).await }
+        )* }
+        mod postgres { $(
+            #[tokio::test]
+            #[cfg_attr(not(backend_postgres), ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test")]
+            async fn $body() { super::$body(super::Backend::Postgres).await }
+        )* }
     };
 }
 
