@@ -1,29 +1,27 @@
 //! `SqliteStore`: the conformance suite; two OS processes over one file; a process killed
 //! while it holds a key; a locked or unreadable file; the purge; claim-then-send.
 //!
-//! The multi-process tests spawn this test binary again, running only [`child_process`]
-//! (ignored in a normal run) with the environment variables below saying what to do. Parent
+//! The multi-process tests spawn the suite's binary `sqlite-child` (tests/bin/sqlite_child.rs)
+//! with the environment variables below saying what to do. Parent
 //! and children talk over the children's stdin and stdout, so every step waits for a signal,
 //! never for a guessed time.
 
 mod support;
 
 use std::process::Stdio;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use support::stores::{SqliteDir, broken_records, fp};
 use support::{Provider, message, send};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
-use tower::{ServiceBuilder, ServiceExt};
+use tower::ServiceBuilder;
 use tower_idempotency::outcome::codes;
 use tower_idempotency::store::admin::{Expiry, KeyState, StoreAdmin};
 use tower_idempotency::store::conformance::Conformance;
 use tower_idempotency::store::sqlite::rusqlite::{Connection, TransactionBehavior};
 use tower_idempotency::store::{SqliteStore, StoreErrorKind};
-use tower_idempotency::{BoxError, IdempotencyLayer, Message, Receipt};
+use tower_idempotency::{IdempotencyLayer, Message};
 
 mod sqlite_conformance {
     use super::*;
@@ -54,6 +52,8 @@ const CHILD_DB: &str = "TOWER_IDEMPOTENCY_SQLITE_CHILD_DB";
 const CHILD_ROLE: &str = "TOWER_IDEMPOTENCY_SQLITE_CHILD_ROLE";
 /// How many duplicates each child sends at once.
 const DUPLICATES: usize = 50;
+/// The lease of the key the killed child holds (`HOLD_LEASE` in tests/bin/sqlite_child.rs).
+const HOLD_LEASE: Duration = Duration::from_secs(1);
 /// Every wait on a child is bounded by this.
 const CHILD_BOUND: Duration = Duration::from_secs(60);
 
@@ -70,84 +70,6 @@ fn alert() -> Message {
     message(Some("order.created:ord_1"), "Order ord_1 paid.")
 }
 
-/// The part of this binary a multi-process test runs in a child process; in a normal run it
-/// is ignored (and does nothing without its environment).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run as a child process by the multi-process tests"]
-async fn child_process() {
-    let (Ok(path), Ok(role)) = (std::env::var(CHILD_DB), std::env::var(CHILD_ROLE)) else {
-        return;
-    };
-    let store = SqliteStore::open(&path)
-        .await
-        .expect("the child opens the file");
-    match role.as_str() {
-        "duplicates" => child_sends_duplicates(store).await,
-        "hold" => child_holds_a_key(store).await,
-        other => panic!("unknown child role {other:?}"),
-    }
-}
-
-/// Says `ready`, waits for `go` on stdin, sends [`DUPLICATES`] copies of one message at
-/// once, and says how they were answered.
-async fn child_sends_duplicates(store: SqliteStore) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&calls);
-    // Slow enough that the duplicates of both processes arrive while the send runs.
-    let provider = tower::service_fn(move |_: Message| {
-        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-        async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            Ok::<_, BoxError>(Receipt::new(format!("msg-{n}"), "fake"))
-        }
-    });
-    let service = ServiceBuilder::new()
-        .layer(layer(store, Duration::from_secs(30)))
-        .service(provider);
-    println!("CHILD ready");
-    let mut line = String::new();
-    BufReader::new(tokio::io::stdin())
-        .read_line(&mut line)
-        .await
-        .expect("the parent says go");
-    let tasks: Vec<_> = (0..DUPLICATES)
-        .map(|_| tokio::spawn(service.clone().oneshot(alert())))
-        .collect();
-    let (mut sent, mut replayed, mut in_flight, mut other) = (0, 0, 0, 0);
-    for task in tasks {
-        match task.await.expect("a send task") {
-            Ok(receipt) if receipt.replayed => replayed += 1,
-            Ok(_) => sent += 1,
-            Err(e) if e.code() == codes::IN_FLIGHT => in_flight += 1,
-            Err(e) => {
-                println!("CHILD error {e}");
-                other += 1;
-            }
-        }
-    }
-    println!(
-        "CHILD result calls={} sent={sent} replayed={replayed} in_flight={in_flight} other={other}",
-        calls.load(Ordering::SeqCst)
-    );
-}
-
-/// Sends a message whose provider never answers, says `holding` once the provider has it
-/// (the key is then reserved, its lease renewed), and waits to be killed.
-async fn child_holds_a_key(store: SqliteStore) {
-    let provider = tower::service_fn(|_: Message| async {
-        println!("CHILD holding");
-        std::future::pending::<Result<Receipt, BoxError>>().await
-    });
-    let mut service = ServiceBuilder::new()
-        .layer(layer(store, HOLD_LEASE))
-        .service(provider);
-    let _ = send(&mut service, alert()).await;
-    panic!("the held send ended");
-}
-
-/// The lease of the key the killed child holds.
-const HOLD_LEASE: Duration = Duration::from_secs(1);
-
 /// A child process in `role` on the file at `path`, with its stdout read line by line.
 struct ChildProcess {
     child: Child,
@@ -156,8 +78,7 @@ struct ChildProcess {
 
 impl ChildProcess {
     fn spawn(path: &std::path::Path, role: &str) -> Self {
-        let mut child = Command::new(std::env::current_exe().expect("this test binary"))
-            .args(["child_process", "--exact", "--ignored", "--nocapture"])
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sqlite-child"))
             .env(CHILD_DB, path)
             .env(CHILD_ROLE, role)
             .stdin(Stdio::piped())
