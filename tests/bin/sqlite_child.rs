@@ -47,7 +47,9 @@ fn alert() -> Message {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let (Ok(path), Ok(role)) = (std::env::var(CHILD_DB), std::env::var(CHILD_ROLE)) else {
-        eprintln!("sqlite-child runs under tests/sqlite.rs, which sets {CHILD_DB} and {CHILD_ROLE}");
+        eprintln!(
+            "sqlite-child runs under tests/sqlite.rs, which sets {CHILD_DB} and {CHILD_ROLE}"
+        );
         std::process::exit(2);
     };
     let store = SqliteStore::open(&path)
