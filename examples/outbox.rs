@@ -2,7 +2,7 @@
 //! the alert through the idempotency layer, and running the example again sends nothing twice.
 //!
 //! ```sh
-//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run --example outbox --features postgres
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run --example outbox
 //! ```
 //!
 //! (`postgres://postgres@127.0.0.1:5432/test` is the default.) Start over with

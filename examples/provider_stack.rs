@@ -1,5 +1,5 @@
 //! The production stack against an HTTP provider:
-//! `cargo run --all-features --example provider_stack` (needs the `http` feature).
+//! `cargo run --example provider_stack` (built by the `suite` member, with every feature).
 //!
 //! ```text
 //! IdempotencyLayer          one reservation for all attempts

@@ -129,11 +129,57 @@ impl fmt::Debug for Classifier {
 /// left, so it keeps the key and answers repeats from the store rather than risk a duplicate.
 /// Transports that know better return a [`SendError`] of the right category, which is taken
 /// as it is.
+///
+/// With the `reqwest` feature it also reads a `reqwest::Error` (reqwest 0.13) anywhere in the
+/// chain, so a provider client on reqwest can answer its errors with `?`:
+///
+/// | the `reqwest::Error` | category |
+/// |---|---|
+/// | `is_builder()`: the request could not be built | [`Validation`](Category::Validation) |
+/// | `is_connect()`: no connection, a connect timeout included | [`Retryable`](Category::Retryable) |
+/// | `status()`, from `error_for_status()`: 408, 429, 502, 503, 504 | [`Retryable`](Category::Retryable) |
+/// | `status()`: any other 4xx | [`Permanent`](Category::Permanent) |
+/// | `status()`: 500 and any other 5xx or status | [`Unknown`](Category::Unknown) |
+/// | anything else: a timeout after the request left, a body that failed, a redirect | [`Unknown`](Category::Unknown) |
+///
+/// The statuses are placed as `http::HttpTransport` places them. `error_for_status()` drops
+/// the response's `Retry-After`; `HttpTransport` over a reqwest client keeps it.
 pub fn default_classifier(error: &(dyn Error + 'static)) -> Category {
+    #[cfg(feature = "reqwest")]
+    if let Some(category) = reqwest_category(error) {
+        return category;
+    }
     if connection_refused(error) {
         Category::Retryable
     } else {
         Category::Unknown
+    }
+}
+
+/// What a `reqwest::Error` in the chain says of the message; see [`default_classifier`].
+#[cfg(feature = "reqwest")]
+fn reqwest_category(error: &(dyn Error + 'static)) -> Option<Category> {
+    let error = chain(error).find_map(|e| e.downcast_ref::<reqwest::Error>())?;
+    Some(if error.is_builder() {
+        Category::Validation
+    } else if error.is_connect() {
+        // Nothing is written before the connection is up.
+        Category::Retryable
+    } else if let Some(status) = error.status() {
+        status_category(status.as_u16())
+    } else {
+        Category::Unknown
+    })
+}
+
+/// The category `HttpTransport` gives a provider's answer of `status` (its mapping table; the
+/// tests hold the two together).
+#[cfg(feature = "reqwest")]
+fn status_category(status: u16) -> Category {
+    match status {
+        408 | 429 | 502 | 503 | 504 => Category::Retryable,
+        400..=499 => Category::Permanent,
+        _ => Category::Unknown,
     }
 }
 
@@ -219,9 +265,10 @@ pub(crate) fn into_send_error(classifier: &Classifier, error: BoxError) -> SendE
             codes::TIMEOUT,
             "the provider did not answer in time; the message may have gone",
         ),
-        Verdict::Classified(Category::Retryable) => {
-            SendError::retryable(codes::NOT_SENT, "the provider call failed before sending")
-        }
+        Verdict::Classified(Category::Retryable) => SendError::retryable(
+            codes::NOT_SENT,
+            "the provider call failed; the message was not sent",
+        ),
         Verdict::Classified(Category::Permanent) => {
             SendError::permanent("provider.rejected", "the provider refused the message")
         }

@@ -164,7 +164,8 @@
 //! - [`classify`]: the one judge of whether an error sent the message, and
 //!   [`counts_against_provider`].
 //! - [`store`]: the [`Store`] trait, [`MemoryStore`], the Redis and PostgreSQL stores behind
-//!   the `redis` and `postgres` features, and the conformance suite behind `test-util`.
+//!   the `redis` and `postgres` features (also at the crate root, as `RedisStore` and
+//!   `PostgresStore`), and the conformance suite behind `test-util`.
 //! - [`layer`]: [`IdempotencyLayer`], its builder, the [`Idempotency`] service and its stats,
 //!   and [`IdempotentRequest`](layer::IdempotentRequest) for your own request types.
 //! - [`batch`]: [`Batch`](batch::Batch) and its outcomes, for providers that take batches.
@@ -208,6 +209,10 @@ pub use layer::{Idempotency, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use message::{Attachment, Envelope, IdempotencyKey, Message, MessageBuilder, RawMessage};
 pub use outcome::{BoxError, Category, Outcome, Receipt, SendError};
 pub use retry::RetryPolicy;
+#[cfg(feature = "postgres")]
+pub use store::PostgresStore;
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
 pub use store::{MemoryStore, Store, StoreError};
 
 #[cfg(doctest)]

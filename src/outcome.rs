@@ -108,7 +108,7 @@ impl Category {
 /// assert!(!receipt.replayed);
 /// assert_eq!(receipt.category(), Category::Delivered);
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Receipt {
     /// The provider's id of the message.
@@ -119,6 +119,27 @@ pub struct Receipt {
     pub accepted: Vec<String>,
     /// True when this receipt was answered from the store, not by a send.
     pub replayed: bool,
+}
+
+/// The public fields only, by name: a field the crate keeps for itself stays out of logs.
+///
+/// ```
+/// use tower_idempotency::Receipt;
+///
+/// assert_eq!(
+///     format!("{:?}", Receipt::new("msg_1", "resend")),
+///     r#"Receipt { id: "msg_1", transport: "resend", accepted: [], replayed: false }"#
+/// );
+/// ```
+impl fmt::Debug for Receipt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Receipt")
+            .field("id", &self.id)
+            .field("transport", &self.transport)
+            .field("accepted", &self.accepted)
+            .field("replayed", &self.replayed)
+            .finish()
+    }
 }
 
 impl Receipt {
@@ -404,9 +425,26 @@ impl fmt::Debug for SendError {
     }
 }
 
+/// `message (code)`, then the text of each error of the source chain after `: `, so a log line
+/// of `%error` keeps the provider's own words ("422 Unprocessable Entity") and the client's
+/// ("operation timed out") that a plain error carried.
+///
+/// ```
+/// use tower_idempotency::SendError;
+///
+/// let error = SendError::unknown_delivery("provider.unknown", "the send failed")
+///     .with_source(std::io::Error::other("provider answered 422"));
+/// assert_eq!(error.to_string(), "the send failed (provider.unknown): provider answered 422");
+/// ```
 impl fmt::Display for SendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({})", self.message, self.code)
+        write!(f, "{} ({})", self.message, self.code)?;
+        let mut next = self.source.as_deref().map(|e| e as &(dyn Error + 'static));
+        while let Some(error) = next {
+            write!(f, ": {error}")?;
+            next = error.source();
+        }
+        Ok(())
     }
 }
 

@@ -157,6 +157,10 @@ enum Settlement {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
 async fn one_dropped_redis_connection_while_keeping_the_outcome_does_not_send_twice() {
     let Some(server) = RedisServer::start().await else {
         return;
@@ -189,6 +193,10 @@ async fn one_dropped_redis_connection_while_keeping_the_outcome_does_not_send_tw
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
 async fn one_dropped_cluster_connection_while_keeping_the_outcome_does_not_send_twice() {
     let Some(cluster) = RedisCluster::shared() else {
         return;
@@ -238,6 +246,10 @@ async fn postgres_store(cluster: &PostgresCluster) -> (PostgresStore, String) {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_postgres_binaries),
+    ignore = "no PostgreSQL server binaries"
+)]
 async fn one_killed_postgres_session_while_keeping_the_outcome_does_not_send_twice() {
     let Some(cluster) = PostgresCluster::shared() else {
         return;
@@ -389,6 +401,10 @@ async fn send_outlasting_its_lease<S: Store + Clone>(stores: [S; 2]) {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
 async fn redis_send_lasting_three_leases_lets_no_repeat_through() {
     let Some(server) = RedisServer::start().await else {
         return;
@@ -409,6 +425,10 @@ async fn redis_send_lasting_three_leases_lets_no_repeat_through() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
 async fn cluster_send_lasting_three_leases_lets_no_repeat_through() {
     let Some(cluster) = RedisCluster::shared() else {
         return;
@@ -429,6 +449,10 @@ async fn cluster_send_lasting_three_leases_lets_no_repeat_through() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_postgres_binaries),
+    ignore = "no PostgreSQL server binaries"
+)]
 async fn postgres_send_lasting_three_leases_lets_no_repeat_through() {
     let Some(cluster) = PostgresCluster::shared() else {
         return;
@@ -618,6 +642,10 @@ async fn renewal_stops_after_the_send_and_after_a_drop<S: Store + Clone>(store: 
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
 async fn redis_renewal_stops_after_the_send_and_after_a_drop() {
     let Some(server) = RedisServer::start().await else {
         return;
@@ -631,6 +659,10 @@ async fn redis_renewal_stops_after_the_send_and_after_a_drop() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_postgres_binaries),
+    ignore = "no PostgreSQL server binaries"
+)]
 async fn postgres_renewal_stops_after_the_send_and_after_a_drop() {
     let Some(cluster) = PostgresCluster::shared() else {
         return;
@@ -851,6 +883,10 @@ fn check_ledger(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
 async fn redis_duplicates_from_two_layers_under_connection_kills_reach_the_provider_once() {
     let Some(server) = RedisServer::start().await else {
         return;
@@ -878,6 +914,10 @@ async fn redis_duplicates_from_two_layers_under_connection_kills_reach_the_provi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
 async fn cluster_duplicates_from_two_layers_under_connection_kills_reach_the_provider_once() {
     let Some(cluster) = RedisCluster::shared() else {
         return;
@@ -911,6 +951,10 @@ async fn cluster_duplicates_from_two_layers_under_connection_kills_reach_the_pro
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(backend_postgres_binaries),
+    ignore = "no PostgreSQL server binaries"
+)]
 async fn postgres_duplicates_from_two_layers_under_connection_kills_reach_the_provider_once() {
     let Some(cluster) = PostgresCluster::shared() else {
         return;

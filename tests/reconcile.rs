@@ -423,6 +423,10 @@ async fn run_stops_on_shutdown() {
 
 #[cfg(feature = "redis")]
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn redis_a_claim_already_delivered_never_goes_out_twice() {
     use support::stores::{backend_url, unique_prefix};
     use tower_idempotency::store::redis::RedisStore;
@@ -438,6 +442,10 @@ async fn redis_a_claim_already_delivered_never_goes_out_twice() {
 
 #[cfg(feature = "postgres")]
 #[tokio::test]
+#[cfg_attr(
+    not(backend_postgres),
+    ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
+)]
 async fn postgres_a_claim_already_delivered_never_goes_out_twice() {
     use support::stores::postgres_admin::admin;
     use support::stores::{backend_url, unique};

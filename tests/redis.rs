@@ -58,6 +58,10 @@ mod single_node_conformance {
 
     tower_idempotency::store_conformance_tests!(
         #[tokio::test]
+        #[cfg_attr(
+            not(backend_redis),
+            ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+        )]
         suite()
     );
 }
@@ -77,11 +81,19 @@ mod cluster_conformance {
 
     tower_idempotency::store_conformance_tests!(
         #[tokio::test]
+        #[cfg_attr(
+            not(backend_redis_cluster),
+            ignore = "no Redis Cluster at REDIS_CLUSTER_URLS or 127.0.0.1:7001-7003"
+        )]
         suite()
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn racing_reserves_on_separate_connections_reserve_once() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
@@ -125,6 +137,10 @@ async fn racing_reserves_on_separate_connections_reserve_once() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn two_store_instances_see_each_others_keys() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
@@ -158,6 +174,10 @@ async fn two_store_instances_see_each_others_keys() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn different_prefixes_do_not_share_keys() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
@@ -206,6 +226,10 @@ async fn assert_corrupt_everywhere(url: &str, test: &str, value: &[u8]) {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn garbage_under_a_key_is_corrupt_and_left_alone() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
@@ -228,6 +252,10 @@ async fn garbage_under_a_key_is_corrupt_and_left_alone() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn a_record_the_store_cannot_use_is_corrupt_on_reserve() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
@@ -286,6 +314,10 @@ async fn a_record_the_store_cannot_use_is_corrupt_on_reserve() {
 /// pending record with an outcome, a failure of category delivered) is corrupt here as on
 /// every store, on a single reserve and in its own entry of a batch, and is left as it is.
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn a_record_that_breaks_the_record_rules_is_corrupt_like_on_every_store() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
@@ -327,6 +359,10 @@ async fn a_record_that_breaks_the_record_rules_is_corrupt_like_on_every_store() 
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn a_key_of_another_redis_type_is_corrupt() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
@@ -372,6 +408,10 @@ async fn a_key_of_another_redis_type_is_corrupt() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn zero_and_huge_leases_and_ttls_are_clamped_not_refused() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
@@ -419,6 +459,10 @@ async fn zero_and_huge_leases_and_ttls_are_clamped_not_refused() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn scripts_are_loaded_again_after_script_flush() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
@@ -446,6 +490,10 @@ async fn scripts_are_loaded_again_after_script_flush() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn extend_moves_the_expiry_and_leaves_the_record_as_it_is() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
@@ -559,6 +607,10 @@ async fn client_id(manager: &ConnectionManager) -> Result<i64, StoreError> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn operations_recover_by_themselves_after_the_connection_is_killed() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
@@ -677,6 +729,10 @@ mod cluster {
     }
 
     #[tokio::test]
+    #[cfg_attr(
+        not(backend_redis_cluster),
+        ignore = "no Redis Cluster at REDIS_CLUSTER_URLS or 127.0.0.1:7001-7003"
+    )]
     async fn cluster_keys_in_every_slot_range_reserve_complete_and_release() {
         let Some(urls) = urls() else {
             return;
@@ -710,6 +766,10 @@ mod cluster {
     /// of unknown completions is indexed, the listing reads each record on its own node, and
     /// a key settled by hand leaves it.
     #[tokio::test]
+    #[cfg_attr(
+        not(backend_redis_cluster),
+        ignore = "no Redis Cluster at REDIS_CLUSTER_URLS or 127.0.0.1:7001-7003"
+    )]
     async fn cluster_lists_unknown_keys_from_every_node() {
         let Some(urls) = urls() else {
             return;
@@ -740,6 +800,10 @@ mod cluster {
     }
 
     #[tokio::test]
+    #[cfg_attr(
+        not(backend_redis_cluster),
+        ignore = "no Redis Cluster at REDIS_CLUSTER_URLS or 127.0.0.1:7001-7003"
+    )]
     async fn cluster_garbage_is_corrupt() {
         let Some(urls) = urls() else {
             return;
@@ -767,6 +831,10 @@ mod cluster {
 
     /// Keys of one batch in many slots: a corrupt value fails its entry alone, as on one node.
     #[tokio::test]
+    #[cfg_attr(
+        not(backend_redis_cluster),
+        ignore = "no Redis Cluster at REDIS_CLUSTER_URLS or 127.0.0.1:7001-7003"
+    )]
     async fn cluster_batch_with_corrupt_values_fails_those_entries_alone() {
         let Some(urls) = urls() else {
             return;
@@ -792,6 +860,10 @@ mod cluster {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[cfg_attr(
+        not(backend_redis_cluster),
+        ignore = "no Redis Cluster at REDIS_CLUSTER_URLS or 127.0.0.1:7001-7003"
+    )]
     async fn cluster_operations_recover_after_connections_are_killed() {
         let Some(urls) = urls() else {
             return;
@@ -1039,10 +1111,11 @@ fn calls(list: &[(&str, u64)]) -> Vec<(String, u64)> {
 /// `INFO commandstats`, which no other test touches. The commands a script runs count under
 /// their own names, so each complete shows as one `evalsha`, one `get` and one `set`.
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
 async fn a_batch_of_100_keys_costs_one_round_trip_per_call() {
-    if backend_url("REDIS_URL").is_none() {
-        return;
-    }
     let server = PrivateServer::start().await;
     let trips = RoundTrips::between(&server.url).await;
     let store = RedisStore::connect(&trips.url)
@@ -1215,6 +1288,10 @@ async fn assert_batch_corrupt_entries_alone(store: &RedisStore, planted: &[usize
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn a_corrupt_value_in_a_batch_fails_its_entry_alone() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
@@ -1355,10 +1432,11 @@ async fn list_all(store: &RedisStore, page: usize) -> (Vec<String>, usize) {
 /// `SCAN` of any kind, one `ZRANGE` per page, each key once. Counted by a private server's
 /// `INFO commandstats`, which no other test touches.
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
 async fn listing_10_000_unknown_keys_reads_the_index_never_the_keyspace() {
-    if backend_url("REDIS_URL").is_none() {
-        return;
-    }
     let server = PrivateServer::start().await;
     let store = RedisStore::connect(&server.url)
         .await
@@ -1402,6 +1480,10 @@ async fn listing_10_000_unknown_keys_reads_the_index_never_the_keyspace() {
 /// expired) is skipped by the listing and dropped from the index; a key settled by hand
 /// leaves it at once; a key kept as delivered never enters it.
 #[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
 async fn the_unknown_index_drops_entries_whose_record_is_gone() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;

@@ -4,9 +4,10 @@
 //! `DATABASE_URL` would fail the other tests that use them.
 //!
 //! The server binaries come from the machine (`redis-server` and `redis-cli` on `PATH`,
-//! PostgreSQL's from `pg_config --bindir` or `/usr/lib/postgresql/*/bin`). When one is
-//! missing, the tests that need it skip, saying so once, unless
-//! [`REQUIRE_BACKENDS_VAR`](super::stores::REQUIRE_BACKENDS_VAR) is set: then they fail.
+//! PostgreSQL's from `pg_config --bindir` or `/usr/lib/postgresql/*/bin`), found by
+//! [`super::probe`]. When one is missing, the tests that need it are ignored (they carry
+//! `#[cfg_attr(not(backend_redis_binaries), ignore = "...")]` or its PostgreSQL twin; see
+//! suite/build.rs).
 //!
 //! A per-test server is killed when dropped. The per-binary clusters live in statics, which
 //! are never dropped: a watchdog process stops them when the test binary exits, however it
@@ -16,44 +17,25 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::stores::{REQUIRE_BACKENDS_VAR, unique};
+use super::probe::{on_path, postgres_bindir, running_as_root};
+use super::stores::unique;
 
 /// How long a server may take to come up before the test fails.
 const START_BOUND: Duration = Duration::from_secs(20);
 
-/// Says that the tests needing `what` are skipped (once per binary and `what`) and answers
-/// `None`; panics instead when [`REQUIRE_BACKENDS_VAR`] is set.
+/// Fails the test that needs `what`, which is missing: such a test is ignored by its
+/// attribute, so it gets here only without one or when run with `--include-ignored`.
 fn missing<T>(what: &str) -> Option<T> {
-    assert!(
-        std::env::var_os(REQUIRE_BACKENDS_VAR).is_none(),
-        "{what} is missing but {REQUIRE_BACKENDS_VAR} requires every backend test to run"
-    );
-    static ANNOUNCED: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let mut announced = ANNOUNCED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !announced.iter().any(|w| w == what) {
-        announced.push(what.to_owned());
-        // Straight to stderr: the harness hides `eprintln!` of passing tests.
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: {what} is missing, so the tests that need it pass without running"
-        );
-    }
-    None
-}
-
-/// The path of the executable `name` on `PATH`.
-fn on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
+    panic!(
+        "{what} is missing: a test that needs it carries \
+         `#[cfg_attr(not(backend_redis_binaries), ignore = \"...\")]` (or \
+         `backend_postgres_binaries`), so it is reported as ignored"
+    )
 }
 
 /// A loopback port nothing listens on, and (for a cluster node's bus) nothing on
@@ -525,36 +507,4 @@ pub async fn terminate_postgres_sessions(
         )
         .await?;
     Ok(rows.iter().filter(|r| r.get::<_, bool>(0)).count())
-}
-
-fn running_as_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
-
-/// PostgreSQL's server binaries: `pg_config --bindir`, else the newest
-/// `/usr/lib/postgresql/<version>/bin` (Debian installs them off `PATH`), else `PATH`.
-fn postgres_bindir() -> Option<PathBuf> {
-    let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
-    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
-        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        if out.status.success() && has_server(&dir) {
-            return Some(dir);
-        }
-    }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse().ok()?;
-            Some((version, e.path().join("bin")))
-        })
-        .filter(|(_, dir)| has_server(dir))
-        .collect();
-    versions.sort();
-    if let Some((_, dir)) = versions.pop() {
-        return Some(dir);
-    }
-    on_path("initdb").and_then(|p| p.parent().map(Path::to_path_buf))
 }

@@ -1,48 +1,54 @@
-//! For the tests of stores on real servers: which server each test uses and when it is
-//! skipped, fingerprints, names no other test or run shares, and admin connections that go
-//! around the store.
+//! For the tests of stores on real servers: which server each test uses, fingerprints, names
+//! no other test or run shares, and admin connections that go around the store.
+//!
+//! A backend test runs only when its server answered when the suite was built, and is
+//! reported as ignored otherwise (suite/build.rs, with the trade-off of a probe as old as the
+//! build). It says so with an attribute, one per server:
+//!
+//! ```text
+//! #[cfg_attr(not(backend_redis), ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379")]
+//! #[cfg_attr(not(backend_redis_cluster), ignore = "no Redis Cluster at REDIS_CLUSTER_URLS or 127.0.0.1:7001-7003")]
+//! #[cfg_attr(not(backend_postgres), ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test")]
+//! #[cfg_attr(not(backend_redis_binaries), ignore = "no redis-server and redis-cli on PATH")]
+//! #[cfg_attr(not(backend_postgres_binaries), ignore = "no PostgreSQL server binaries")]
+//! ```
 
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::Token;
 
-/// The environment variable that turns a skipped backend test into a failure (CI sets it).
+use super::probe::SERVERS;
+
+/// The environment variable that makes every backend test run, and fail when its server is
+/// missing, instead of being ignored (CI sets it; see suite/build.rs).
 pub const REQUIRE_BACKENDS_VAR: &str = "TOWER_IDEMPOTENCY_REQUIRE_BACKENDS";
 
-/// Reads the server URL a backend test needs from `var`.
+/// The URL of the server that `var` names (`REDIS_URL`, `REDIS_CLUSTER_URLS`, `DATABASE_URL`):
+/// the variable's, else the default local address where the build found one answering.
 ///
-/// When it is unset, says once per test binary that its tests are skipped and answers `None`,
-/// unless [`REQUIRE_BACKENDS_VAR`] is set, in which case it panics: a CI run must not pass on
-/// skipped backends.
+/// Always `Some`: the `Option` lets a test read `let Some(url) = backend_url(..) else
+/// { return }`. A test whose server was not found is ignored, so it gets here only when it
+/// lacks its `ignore` attribute (see the module docs) or was run with `--include-ignored`:
+/// then it panics, saying which, rather than pass without running.
 pub fn backend_url(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            assert!(
-                std::env::var_os(REQUIRE_BACKENDS_VAR).is_none(),
-                "{var} is not set but {REQUIRE_BACKENDS_VAR} requires every backend test to run"
-            );
-            announce_skip(var);
-            None
-        }
-    }
-}
-
-/// Says once per test binary and variable that its tests are skipped. Written to the
-/// process's stderr directly, not through `eprintln!`, which the test harness captures and
-/// hides for passing tests.
-fn announce_skip(var: &str) {
-    use std::io::Write;
-    static ANNOUNCED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let mut announced = ANNOUNCED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !announced.iter().any(|v| v == var) {
-        announced.push(var.to_owned());
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: {var} is not set, so the tests that need it pass without running"
-        );
-    }
+    let server = SERVERS
+        .iter()
+        .find(|s| s.var == var)
+        .unwrap_or_else(|| panic!("{var} names no backend server of tests/support/probe.rs"));
+    // What suite/build.rs found, by flag.
+    let found = [
+        ("backend_redis", cfg!(backend_redis)),
+        ("backend_redis_cluster", cfg!(backend_redis_cluster)),
+        ("backend_postgres", cfg!(backend_postgres)),
+    ]
+    .contains(&(server.cfg, true));
+    assert!(
+        found,
+        "no server answered at {} ({var}) when the suite was built: a test that needs it \
+         carries `#[cfg_attr(not({}), ignore = \"...\")]`, so it is reported as ignored",
+        server.url(),
+        server.cfg
+    );
+    Some(server.url())
 }
 
 /// A distinct fingerprint per `n`.

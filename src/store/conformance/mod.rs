@@ -353,14 +353,22 @@ fn fp(n: u8) -> Fingerprint {
 
 /// Generates one test per conformance case.
 ///
-/// Give it the test attribute and an expression that evaluates to a future of
-/// `Option<Conformance>` (`None` skips the case, e.g. when the store's server is not
-/// configured). The expression is evaluated afresh for each case. See the
-/// [module docs](crate::store::conformance).
+/// Give it the test attribute (and optionally one more that every case carries, such as
+/// `#[cfg_attr(not(my_server), ignore = "no server")]`) and an expression that evaluates to a
+/// future of `Option<Conformance>` (`None` skips the case). The expression is evaluated afresh
+/// for each case. See the [module docs](crate::store::conformance).
 #[macro_export]
 macro_rules! store_conformance_tests {
+    // One arm per count of attributes: an expression may start with an attribute, so a
+    // repetition of attributes before `$setup:expr` would be ambiguous.
+    (#[$test:meta] #[$extra:meta] $setup:expr) => {
+        $crate::store_conformance_tests!(@cases [#[$test] #[$extra]] $setup);
+    };
     (#[$test:meta] $setup:expr) => {
-        $crate::__store_conformance_cases!(#[$test] $setup;
+        $crate::store_conformance_tests!(@cases [#[$test]] $setup);
+    };
+    (@cases [$(#[$attr:meta])+] $setup:expr) => {
+        $crate::__store_conformance_cases!([$(#[$attr])+] $setup;
             reserve_on_nothing_reserves,
             reserve_while_pending_is_held,
             complete_then_reserve_is_held_done_with_outcome,
@@ -399,15 +407,19 @@ macro_rules! store_conformance_tests {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __store_conformance_cases {
-    (#[$test:meta] $setup:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[$test]
-            async fn $case() {
-                let suite: ::std::option::Option<$crate::store::conformance::Conformance> = $setup.await;
-                if let ::std::option::Option::Some(suite) = suite {
-                    suite.$case().await;
-                }
+    (@case [$(#[$attr:meta])+] $setup:expr; $case:ident) => {
+        $(#[$attr])+
+        async fn $case() {
+            let suite: ::std::option::Option<$crate::store::conformance::Conformance> = $setup.await;
+            if let ::std::option::Option::Some(suite) = suite {
+                suite.$case().await;
             }
+        }
+    };
+    // `$attrs` stays one token tree here, so it can repeat once per case.
+    ($attrs:tt $setup:expr; $($case:ident),* $(,)?) => {
+        $(
+            $crate::__store_conformance_cases!(@case $attrs $setup; $case);
         )*
     };
 }

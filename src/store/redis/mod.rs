@@ -322,6 +322,11 @@ impl RedisStore {
 
     /// Sets the prefix put before every key (default [`DEFAULT_KEY_PREFIX`]); stores that
     /// should see each other's keys must use the same one.
+    ///
+    /// The prefix says where this crate's records live in the keyspace; the layer's namespace,
+    /// already part of the key the store is given, says whose keys they are. A layer of
+    /// namespace `alerts` keeps the key `k` under `idem:alerts:k`: change the prefix only when
+    /// other applications share the server, and never repeat the namespace in it.
     #[must_use]
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Arc::from(prefix.into());
