@@ -90,6 +90,15 @@
 //! kept lets the message go again once the lease has passed (default 2 minutes), unless the
 //! provider also deduplicates on the `Idempotency-Key` you forward to it.
 //!
+//! Two options close that gap, and give a send of unknown delivery a way back:
+//! [`provider_window`](IdempotencyLayerBuilder::provider_window) re-sends under the same key
+//! while the provider still deduplicates on it (a repeat of a kept unknown outcome, or a
+//! takeover from a crashed holder, whose first attempt by the store's clock is inside the
+//! window), and [`verify_takeovers`](IdempotencyLayerBuilder::verify_takeovers) asks your
+//! verification service before sending a key taken over from a crashed holder. With both,
+//! and a layer window no longer than the provider's, the model check finds no interleaving,
+//! crashes included, in which a key makes two provider messages.
+//!
 //! That holds under one assumption: **store outages are shorter than the renewal window**,
 //! the two thirds of the lease left when a renewal is due (80 s with the default lease). A
 //! store unreachable for longer while a send runs lets the lease pass; a repeat may then

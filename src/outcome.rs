@@ -54,6 +54,10 @@ pub mod codes {
     /// The send ran longer than the layer's maximum hold and was given up; the provider may
     /// have taken it. Category unknown.
     pub const MAX_HOLD: &str = "idempotency.max_hold";
+    /// A send took over a key whose previous holder never settled it (a crashed process),
+    /// and the layer's verification service could not tell whether the provider took that
+    /// message: the key is kept, this one was not sent. Category unknown.
+    pub const UNVERIFIED: &str = "idempotency.unverified";
     /// The store could not reserve the key; the message was not sent. Category unknown,
     /// retryable.
     pub const STORE_FAILED: &str = "idempotency.store_failed";
@@ -309,6 +313,19 @@ impl SendError {
             false,
             "the send ran longer than the idempotency layer's maximum hold and was given up; \
              it may have gone",
+        )
+    }
+
+    /// The outcome kept, and answered, when a send took over a key from a holder that never
+    /// settled it and the verification service could not tell whether the provider took the
+    /// message: it was not sent again.
+    pub fn unverified() -> Self {
+        Self::new(
+            codes::UNVERIFIED,
+            Category::Unknown,
+            false,
+            "a previous send under this key was cut off and the provider could not confirm \
+             whether it took the message; not sent again",
         )
     }
 

@@ -564,3 +564,45 @@ async fn a_batch_slower_than_its_lease_keeps_every_key_renewed() {
     // Two keys, renewed every second for nine seconds.
     assert!(store.extends() >= 16, "{} renewals", store.extends());
 }
+
+/// A batch that took over a key from a crashed holder holds that key while it waits for
+/// another in flight, so it waits at most a third of the lease, as for any key it reserved.
+#[tokio::test(start_paused = true)]
+async fn a_batch_holding_a_taken_over_key_waits_at_most_a_third_of_the_lease() {
+    let store = TestStore::default();
+    let provider = BatchProvider::ok();
+    let mut svc = service_with(&store, &provider, |b| {
+        b.wait_for_in_flight(Duration::from_secs(100))
+    });
+    let stale = message(Some("stale"), "stale");
+    let busy = message(Some("busy"), "busy");
+    // A crashed holder of "stale", whose lease passed; a live one of "busy" that never ends.
+    store
+        .inner
+        .reserve(
+            "batch:stale",
+            Fingerprint::of(&stale),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+    store
+        .inner
+        .reserve(
+            "batch:busy",
+            Fingerprint::of(&busy),
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let started = tokio::time::Instant::now();
+    let answers = send(&mut svc, vec![stale, busy]).await;
+    let waited = started.elapsed();
+    assert_eq!(answers[0].as_ref().unwrap().id, "id-stale");
+    assert_eq!(answers[1].as_ref().unwrap_err().code(), codes::IN_FLIGHT);
+    let third = tower_idempotency::layer::DEFAULT_LEASE / 3;
+    assert!(waited <= third + Duration::from_secs(2), "{waited:?}");
+    assert_eq!(provider.batches(), vec![vec!["stale".to_owned()]]);
+}

@@ -22,6 +22,19 @@
 //! | `Renew` | `Store::extend` while the send or its settlement runs, fenced by the token |
 //! | `Crash` | the process dies: no settlement, no renewal |
 //! | `Tick` | time passes; only when no due action is left (retries and renewals run on time) |
+//!
+//! With the options of issue 11 the model grows a provider that deduplicates on the key for
+//! a window from the first message it took (Resend), and two layer options: a re-send window
+//! (`provider_window`: a repeat of a kept unknown outcome, or a takeover, whose first attempt
+//! by the store's clock is younger than it is sent again under the same key, `Store::retake`)
+//! and a verification service asked on a takeover (`verify_takeovers`: answers the truth or
+//! unknown). There the property is stronger: **a key never makes two provider messages**, a
+//! crash included, as long as the layer's window is no longer than the provider's.
+//!
+//! | action | stands for |
+//! |---|---|
+//! | `Arrive` on a kept unknown outcome inside the window | `Store::retake`, then a send under the same key |
+//! | `Arrive` on a pending record past its lease | `Reservation::TakenOver`: re-send inside the window, else ask the verifier (`ArriveUnverified`: it cannot tell) |
 
 use std::collections::{HashMap, VecDeque};
 
@@ -41,6 +54,12 @@ struct Model {
     crashes: u8,
     settle_retries: bool,
     renewal: bool,
+    /// `provider_window`: the layer re-sends while the first attempt is younger than this.
+    layer_window: Option<u8>,
+    /// `verify_takeovers`: a takeover asks a verifier that answers the truth or unknown.
+    verifier: bool,
+    /// The provider deduplicates on the key this long after the first message it took.
+    provider_dedup: Option<u8>,
 }
 
 impl Model {
@@ -58,6 +77,20 @@ impl Model {
             crashes: 1,
             settle_retries: true,
             renewal: true,
+            layer_window: None,
+            verifier: false,
+            provider_dedup: None,
+        }
+    }
+
+    /// As built, with a provider that deduplicates for longer than the horizon (Resend's
+    /// 24 hours), the layer's window inside it, and a verification service.
+    fn with_resends() -> Self {
+        Self {
+            layer_window: Some(4),
+            verifier: true,
+            provider_dedup: Some(24),
+            ..Self::as_built()
         }
     }
 }
@@ -65,13 +98,23 @@ impl Model {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Record {
     Free,
-    Pending { token: u8, expiry: u8 },
-    Done { token: u8 },
+    /// `first`: when the first attempt under the key began, by the store's clock.
+    Pending {
+        token: u8,
+        expiry: u8,
+        first: u8,
+    },
+    Done {
+        token: u8,
+        unknown: bool,
+        first: Option<u8>,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Finish {
     Complete,
+    CompleteUnknown,
     Release,
 }
 
@@ -104,7 +147,18 @@ struct State {
     now: u8,
     record: Record,
     senders: [Sender; MAX_SENDERS],
+    /// Requests the provider took (a deduplicated one included).
     accepted: u8,
+    /// Messages the provider made of them: a deduplicated request makes none.
+    messages: u8,
+    /// When the provider took the first message under the key.
+    provider_took_at: Option<u8>,
+    /// A verifier's answer settled a takeover as delivered, with no send.
+    verified_delivered: bool,
+    /// The key held the provider's receipt at some point.
+    receipt_kept: bool,
+    /// A send started after that.
+    sent_after_receipt: bool,
     faults_left: u8,
     crashes_left: u8,
 }
@@ -112,11 +166,12 @@ struct State {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Action {
     Arrive(usize),
+    ArriveUnverified(usize),
     ArriveFaulted(usize),
     ArriveReplyLost(usize),
     ProviderAccepts(usize),
     ProviderRefuses(usize),
-    ProviderUnknown(usize),
+    ProviderUnknown(usize, bool),
     MaxHold(usize, bool),
     Settle(usize),
     SettleFaulted(usize),
@@ -144,6 +199,11 @@ impl State {
                 renew_at: 0,
             }),
             accepted: 0,
+            messages: 0,
+            provider_took_at: None,
+            verified_delivered: false,
+            receipt_kept: false,
+            sent_after_receipt: false,
             faults_left: model.faults,
             crashes_left: model.crashes,
         }
@@ -171,24 +231,65 @@ impl State {
         }
     }
 
+    /// `reserve` of a free or expired key: a takeover of a pending record keeps its first
+    /// attempt (one message per key in this model), anything else starts one now.
     fn reserve(&mut self, i: usize, model: &Model) {
         let expiry = self.now.saturating_add(model.lease);
+        let first = match self.record {
+            Record::Pending { first, .. } => first,
+            _ => self.now,
+        };
         self.record = Record::Pending {
             token: Self::token(i),
             expiry,
+            first,
         };
     }
 
-    /// `complete`: written when the token holds the key or nothing live does; fenced otherwise.
-    fn complete(&mut self, i: usize) {
+    /// Whether a first attempt at `first` is inside the layer's re-send window.
+    fn inside_window(&self, first: u8, model: &Model) -> bool {
+        model
+            .layer_window
+            .is_some_and(|w| self.now < first.saturating_add(w))
+    }
+
+    /// The provider takes a request under the key: a new message unless it deduplicates.
+    fn provider_takes(&mut self, i: usize, model: &Model) {
+        self.accepted += 1;
+        self.senders[i].took = true;
+        let dedups = matches!(
+            (model.provider_dedup, self.provider_took_at),
+            (Some(p), Some(at)) if self.now < at.saturating_add(p)
+        );
+        if !dedups {
+            self.messages += 1;
+            self.provider_took_at = Some(self.now);
+        }
+    }
+
+    /// `complete`: written when the token holds the key or nothing live does; fenced
+    /// otherwise. The token's own record keeps its first attempt.
+    fn complete(&mut self, i: usize, unknown: bool) {
         let me = Self::token(i);
-        let writes = match self.record {
-            Record::Free => true,
-            Record::Pending { token, expiry } => token == me || expiry <= self.now,
-            Record::Done { token } => token == me,
+        let (writes, first) = match self.record {
+            Record::Free => (true, None),
+            Record::Pending {
+                token,
+                expiry,
+                first,
+            } => (
+                token == me || expiry <= self.now,
+                (token == me).then_some(first),
+            ),
+            Record::Done { token, first, .. } => (token == me, first),
         };
         if writes {
-            self.record = Record::Done { token: me };
+            self.record = Record::Done {
+                token: me,
+                unknown,
+                first,
+            };
+            self.receipt_kept |= !unknown;
         }
     }
 
@@ -204,9 +305,17 @@ impl State {
     /// `extend`: only the live holder's lease is extended.
     fn extend(&mut self, i: usize, model: &Model) -> bool {
         match self.record {
-            Record::Pending { token, expiry } if token == Self::token(i) && expiry > self.now => {
+            Record::Pending {
+                token,
+                expiry,
+                first,
+            } if token == Self::token(i) && expiry > self.now => {
                 let expiry = self.now.saturating_add(model.lease);
-                self.record = Record::Pending { token, expiry };
+                self.record = Record::Pending {
+                    token,
+                    expiry,
+                    first,
+                };
                 self.senders[i].deadline = expiry;
                 true
             }
@@ -255,8 +364,62 @@ impl State {
 
     fn apply_settle(&mut self, i: usize, finish: Finish) {
         match finish {
-            Finish::Complete => self.complete(i),
+            Finish::Complete => self.complete(i, false),
+            Finish::CompleteUnknown => self.complete(i, true),
             Finish::Release => self.release(i),
+        }
+    }
+
+    /// A send arriving: reserve, take back a kept unknown outcome inside the window, or take
+    /// over a pending record past its lease and decide as the layer does; `verifier_knows`
+    /// says whether a verifier asked answers the truth (else it cannot tell).
+    fn arrive(&mut self, i: usize, model: &Model, verifier_knows: bool) {
+        let send = |s: &mut State| {
+            s.sent_after_receipt |= s.receipt_kept;
+            s.senders[i] = Sender {
+                phase: Phase::Sending { since: s.now },
+                took: false,
+                deadline: s.now.saturating_add(model.lease),
+                renewing: model.renewal,
+                renew_at: s.now,
+            };
+        };
+        match self.record {
+            Record::Free => {
+                self.reserve(i, model);
+                send(self);
+            }
+            Record::Pending { expiry, first, .. } if expiry <= self.now => {
+                // `Reservation::TakenOver`.
+                self.reserve(i, model);
+                if self.inside_window(first, model) || !model.verifier {
+                    send(self);
+                } else if !verifier_knows {
+                    self.complete(i, true); // idempotency.unverified: kept, not sent
+                    self.senders[i].phase = Phase::Finished;
+                } else if self.provider_took_at.is_some() {
+                    self.complete(i, false); // the provider's receipt, not sent
+                    self.verified_delivered = true;
+                    self.senders[i].phase = Phase::Finished;
+                } else {
+                    send(self);
+                }
+            }
+            Record::Done {
+                unknown: true,
+                first: Some(first),
+                ..
+            } if self.inside_window(first, model) => {
+                // `Store::retake`: pending again, the first attempt kept.
+                self.record = Record::Pending {
+                    token: Self::token(i),
+                    expiry: self.now.saturating_add(model.lease),
+                    first,
+                };
+                send(self);
+            }
+            // in_flight or replayed: not sent.
+            _ => self.senders[i].phase = Phase::Finished,
         }
     }
 
@@ -271,21 +434,10 @@ impl State {
             let sender = self.senders[i];
             match sender.phase {
                 Phase::Idle => {
-                    push(Action::Arrive(i), &|s| {
-                        if s.reservable() {
-                            s.reserve(i, model);
-                            s.senders[i] = Sender {
-                                phase: Phase::Sending { since: s.now },
-                                took: false,
-                                deadline: s.now.saturating_add(model.lease),
-                                renewing: model.renewal,
-                                renew_at: s.now,
-                            };
-                        } else {
-                            // in_flight or replayed: not sent.
-                            s.senders[i].phase = Phase::Finished;
-                        }
-                    });
+                    push(Action::Arrive(i), &|s| s.arrive(i, model, true));
+                    if model.verifier && s_takeover_asks(self, model) {
+                        push(Action::ArriveUnverified(i), &|s| s.arrive(i, model, false));
+                    }
                     if self.faults_left > 0 {
                         push(Action::ArriveFaulted(i), &|s| {
                             s.faults_left -= 1;
@@ -306,24 +458,27 @@ impl State {
                         retry_at: self.now,
                     };
                     push(Action::ProviderAccepts(i), &|s| {
-                        s.accepted += 1;
-                        s.senders[i].took = true;
+                        s.provider_takes(i, model);
                         s.senders[i].phase = settling(Finish::Complete);
                     });
                     push(Action::ProviderRefuses(i), &|s| {
                         s.senders[i].phase = settling(Finish::Release);
                     });
-                    push(Action::ProviderUnknown(i), &|s| {
-                        s.senders[i].phase = settling(Finish::Complete);
-                    });
+                    for took in [false, true] {
+                        push(Action::ProviderUnknown(i, took), &|s| {
+                            if took {
+                                s.provider_takes(i, model);
+                            }
+                            s.senders[i].phase = settling(Finish::CompleteUnknown);
+                        });
+                    }
                     if self.hold_over(i, model) {
                         for took in [false, true] {
                             push(Action::MaxHold(i, took), &|s| {
                                 if took {
-                                    s.accepted += 1;
-                                    s.senders[i].took = true;
+                                    s.provider_takes(i, model);
                                 }
-                                s.senders[i].phase = settling(Finish::Complete);
+                                s.senders[i].phase = settling(Finish::CompleteUnknown);
                             });
                         }
                     }
@@ -379,6 +534,12 @@ impl State {
     }
 }
 
+/// Whether an arrival now takes over a pending record and asks the verifier.
+fn s_takeover_asks(state: &State, model: &Model) -> bool {
+    matches!(state.record, Record::Pending { expiry, first, .. }
+        if expiry <= state.now && !state.inside_window(first, model))
+}
+
 /// What an exhaustive exploration found.
 struct Report {
     states: usize,
@@ -388,9 +549,22 @@ struct Report {
     second_send_after_crash_reachable: bool,
     /// Whether some reachable state has exactly one acceptance and every sender finished.
     single_delivery_reachable: bool,
+    /// Whether the provider deduplicated a re-send in some reachable state.
+    deduplicated_resend_reachable: bool,
+    /// Whether a verifier settled a takeover as delivered in some reachable state.
+    verified_delivered_reachable: bool,
+}
+
+/// With the re-send options: the provider never makes two messages of one key.
+fn one_message(state: &State) -> bool {
+    state.messages < 2
 }
 
 fn explore(model: &Model) -> Report {
+    explore_for(model, State::guarantee_holds)
+}
+
+fn explore_for(model: &Model, holds: fn(&State) -> bool) -> Report {
     let start = State::initial(model);
     let mut parent: HashMap<State, Option<(State, Action)>> = HashMap::new();
     parent.insert(start, None);
@@ -400,16 +574,20 @@ fn explore(model: &Model) -> Report {
         counterexample: None,
         second_send_after_crash_reachable: false,
         single_delivery_reachable: false,
+        deduplicated_resend_reachable: false,
+        verified_delivered_reachable: false,
     };
     while let Some(state) = queue.pop_front() {
         report.states += 1;
-        if !state.guarantee_holds() {
+        if !holds(&state) {
             report.counterexample = Some(path_to(&parent, state));
             return report;
         }
         if state.accepted >= 2 {
             report.second_send_after_crash_reachable = true;
         }
+        report.deduplicated_resend_reachable |= state.accepted > state.messages;
+        report.verified_delivered_reachable |= state.verified_delivered;
         if state.accepted == 1
             && state
                 .senders
@@ -443,8 +621,8 @@ fn describe(path: &[(Action, State)]) -> String {
     path.iter()
         .map(|(action, state)| {
             format!(
-                "t={} {action:?} -> record {:?}, accepted {}",
-                state.now, state.record, state.accepted
+                "t={} {action:?} -> record {:?}, accepted {}, messages {}",
+                state.now, state.record, state.accepted, state.messages
             )
         })
         .collect::<Vec<_>>()
@@ -543,6 +721,106 @@ fn store_faults_that_outlast_the_renewal_window_are_the_limit() {
             .filter(|a| matches!(a, Action::RenewFaulted(_)))
             .count()
             >= 1,
+        "{}",
+        describe(&path)
+    );
+}
+
+#[test]
+fn with_the_window_and_a_verifier_a_key_never_makes_two_provider_messages() {
+    // A crash after the provider took the message included: inside the window the re-send is
+    // deduplicated by the provider, outside it the verifier is asked before any send.
+    let report = explore_for(&Model::with_resends(), one_message);
+    if let Some(path) = &report.counterexample {
+        panic!("two provider messages:\n{}", describe(path));
+    }
+    // Not vacuous: re-sends happen and are deduplicated, and verified takeovers send nothing.
+    assert!(report.single_delivery_reachable);
+    assert!(report.deduplicated_resend_reachable);
+    assert!(report.verified_delivered_reachable);
+    assert!(
+        report.second_send_after_crash_reachable,
+        "re-sends reach the provider"
+    );
+}
+
+#[test]
+fn a_delivered_key_is_never_sent_again() {
+    // The seed's reconciliation claim: once the key holds the provider's receipt (kept by a
+    // send, or by a verifier after a takeover), no send starts under it again.
+    let report = explore_for(&Model::with_resends(), |s| !s.sent_after_receipt);
+    if let Some(path) = &report.counterexample {
+        panic!("a send after the receipt was kept:\n{}", describe(path));
+    }
+    assert!(report.verified_delivered_reachable);
+}
+
+#[test]
+fn without_a_verifier_a_takeover_outside_the_window_sends_a_second_message() {
+    // A provider that forgets the key before the crashed holder's lease passes, and no
+    // re-send window: a takeover is the only way to a second send.
+    let model = Model {
+        verifier: false,
+        layer_window: None,
+        provider_dedup: Some(3),
+        ..Model::with_resends()
+    };
+    let path = explore_for(&model, one_message)
+        .counterexample
+        .expect("the one duplicate the guarantee allows");
+    // With the verifier, the same provider and windows make no duplicate.
+    let verified = Model {
+        verifier: true,
+        ..model
+    };
+    if let Some(path) = explore_for(&verified, one_message).counterexample {
+        panic!("with a verifier:\n{}", describe(&path));
+    }
+    assert!(
+        actions(&path).iter().any(|a| matches!(a, Action::Crash(_))),
+        "{}",
+        describe(&path)
+    );
+}
+
+#[test]
+fn a_re_send_must_reach_the_provider_inside_its_window() {
+    // Found by this checker: a layer window as long as the provider's is not enough. The
+    // window bounds when a re-send starts; the provider counts from its first message to
+    // when the re-send arrives. So the layer's window must leave, below the provider's, the
+    // longest a send takes (its timeout, at most the maximum hold). The docs say so.
+    let model = Model {
+        layer_window: Some(1),
+        provider_dedup: Some(1),
+        crashes: 0,
+        faults: 0,
+        ..Model::with_resends()
+    };
+    let path = explore_for(&model, one_message)
+        .counterexample
+        .expect("a re-send that arrives after the provider's window");
+    assert!(
+        actions(&path).iter().any(|a| matches!(a, Action::Tick)),
+        "{}",
+        describe(&path)
+    );
+}
+
+#[test]
+fn a_layer_window_longer_than_the_providers_sends_twice() {
+    // The docs' rule: the window the layer re-sends in must be no longer than the one the
+    // provider deduplicates in.
+    let model = Model {
+        layer_window: Some(8),
+        provider_dedup: Some(2),
+        crashes: 0,
+        ..Model::with_resends()
+    };
+    let path = explore_for(&model, one_message)
+        .counterexample
+        .expect("a re-send after the provider forgot the key");
+    assert!(
+        !actions(&path).iter().any(|a| matches!(a, Action::Crash(_))),
         "{}",
         describe(&path)
     );

@@ -53,7 +53,7 @@ mod single_node_conformance {
             .await
             .expect("connect to REDIS_URL")
             .key_prefix(unique_prefix("conformance"));
-        Some(Conformance::with_admin(store))
+        Some(Conformance::with_admin(store).stale_pending_unlisted())
     }
 
     tower_idempotency::store_conformance_tests!(
@@ -76,7 +76,7 @@ mod cluster_conformance {
             .await
             .expect("connect to REDIS_CLUSTER_URLS")
             .key_prefix(unique_prefix("cluster-conformance"));
-        Some(Conformance::with_admin(store))
+        Some(Conformance::with_admin(store).stale_pending_unlisted())
     }
 
     tower_idempotency::store_conformance_tests!(
@@ -489,12 +489,15 @@ async fn scripts_are_loaded_again_after_script_flush() {
     assert!(store.release("k", token).await.unwrap());
 }
 
+/// The lease's end lives in the record (`lease_until_ms`, by the server's clock) and the key
+/// outlives it by the time a pending record is kept; extend moves both, and changes nothing
+/// else in the record.
 #[tokio::test]
 #[cfg_attr(
     not(backend_redis),
     ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
 )]
-async fn extend_moves_the_expiry_and_leaves_the_record_as_it_is() {
+async fn extend_moves_the_lease_in_the_record_and_the_expiry_with_it() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
     };
@@ -507,21 +510,39 @@ async fn extend_moves_the_expiry_and_leaves_the_record_as_it_is() {
     let Reservation::Reserved { token } = store.reserve("k", fp(1), LEASE).await.unwrap() else {
         panic!("fresh key held")
     };
+    let lease_until = |value: &[u8]| -> i64 {
+        let json: serde_json::Value = serde_json::from_slice(value).unwrap();
+        json["lease_until_ms"]
+            .as_i64()
+            .expect("the lease's end is in the record")
+    };
     let before = raw_get(&url, &redis_key).await.expect("the pending record");
     let mut admin = admin(&url).await;
     let pttl = redis::cmd("PTTL").arg(&redis_key).clone();
+    let kept = tower_idempotency::store::redis::DEFAULT_PENDING_KEPT.as_millis() as i64;
     let first: i64 = pttl.query_async(&mut admin).await.unwrap();
-    assert!(first <= LEASE.as_millis() as i64);
+    assert!(first > kept && first <= kept + LEASE.as_millis() as i64);
     assert!(store.extend("k", token, LEASE * 10).await.unwrap());
     let moved: i64 = pttl.query_async(&mut admin).await.unwrap();
     assert!(
-        moved > LEASE.as_millis() as i64 * 9,
-        "the lease now ends about ten leases from now, {moved} ms"
+        moved > kept + LEASE.as_millis() as i64 * 9,
+        "the key now lives about ten leases and the kept time from now, {moved} ms"
     );
+    let after = raw_get(&url, &redis_key).await.expect("the pending record");
+    let moved_by = lease_until(&after) - lease_until(&before);
+    assert!(
+        moved_by >= LEASE.as_millis() as i64 * 8,
+        "the lease's end moved by {moved_by} ms"
+    );
+    let without_lease = |value: &[u8]| -> serde_json::Value {
+        let mut json: serde_json::Value = serde_json::from_slice(value).unwrap();
+        json.as_object_mut().unwrap().remove("lease_until_ms");
+        json
+    };
     assert_eq!(
-        raw_get(&url, &redis_key).await,
-        Some(before),
-        "the record was not rewritten"
+        without_lease(&after),
+        without_lease(&before),
+        "nothing else changed"
     );
     assert!(store.release("k", token).await.unwrap());
 }
@@ -1126,6 +1147,13 @@ async fn a_batch_of_100_keys_costs_one_round_trip_per_call() {
     let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
     let requests: Vec<(&str, Fingerprint)> = keys.iter().map(|k| (k.as_str(), fp(1))).collect();
 
+    // The server knows the reserve script (as after any earlier reserve): one pipeline.
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(tower_idempotency::store::redis::RESERVE_SCRIPT)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
     reset_stats(&mut admin).await;
     let before = trips.so_far();
     let tokens: Vec<Token> = store
@@ -1139,9 +1167,10 @@ async fn a_batch_of_100_keys_costs_one_round_trip_per_call() {
         })
         .collect();
     let reserve_trips = trips.so_far() - before;
+    // Each reserve is one script: it reads the key and the server's time, and writes.
     assert_eq!(
         store_calls(&command_calls(&mut admin).await),
-        calls(&[("set", 100)])
+        calls(&[("evalsha", 100), ("get", 100), ("time", 100), ("set", 100)])
     );
 
     // The server knows the script (as after any earlier complete): one pipeline.
@@ -1209,7 +1238,14 @@ async fn a_batch_of_100_keys_costs_one_round_trip_per_call() {
         ])
     );
 
-    // The yardstick: 100 single reserves wait for each answer.
+    // The yardstick: 100 single reserves wait for each answer (the script flushed above is
+    // loaded again first, as any earlier reserve would have).
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(tower_idempotency::store::redis::RESERVE_SCRIPT)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
     let before = trips.so_far();
     for i in 0..100 {
         store
@@ -1556,4 +1592,116 @@ fn store_prefix(store: &RedisStore) -> String {
         .strip_suffix(tower_idempotency::store::redis::UNKNOWN_INDEX_SUFFIX)
         .unwrap()
         .to_owned()
+}
+
+/// The record a reserve writes carries the first attempt's time and the lease's end by the
+/// server's clock, appended by the script to the form `store::record` writes, byte for byte
+/// as that module would write them.
+#[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
+async fn a_pending_record_carries_its_times_in_the_stored_form() {
+    let Some(url) = backend_url("REDIS_URL") else {
+        return;
+    };
+    let prefix = unique_prefix("stored-times");
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .key_prefix(prefix.clone());
+    let Reservation::Reserved { token } = store.reserve("k", fp(1), LEASE).await.unwrap() else {
+        panic!("fresh key held")
+    };
+    let value = String::from_utf8(raw_get(&url, &format!("{prefix}k")).await.unwrap()).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&value).unwrap();
+    let first = json["first_attempt_at_ms"].as_u64().expect("first attempt");
+    let until = json["lease_until_ms"].as_u64().expect("lease's end");
+    assert_eq!(until - first, LEASE.as_millis() as u64);
+    assert_eq!(
+        value,
+        format!(
+            r#"{{"state":"pending","token":"{token}","fingerprint":"{}","first_attempt_at_ms":{first},"lease_until_ms":{until}}}"#,
+            fp(1)
+        )
+    );
+    let outcome = Outcome::failed(SendError::unknown_delivery("provider.timeout", "timed out"));
+    assert!(
+        store
+            .complete("k", token, fp(1), &outcome, TTL)
+            .await
+            .unwrap()
+    );
+    let done = String::from_utf8(raw_get(&url, &format!("{prefix}k")).await.unwrap()).unwrap();
+    assert!(
+        done.ends_with(&format!(r#"}}}},"first_attempt_at_ms":{first}}}"#)),
+        "the done record keeps the first attempt: {done}"
+    );
+}
+
+/// Records the previous release wrote carry no times: a done one of unknown delivery is
+/// never taken back (its first attempt's age is unknown), and a pending one holds its key
+/// for as long as it exists (its `PX` is its lease).
+#[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
+async fn records_of_the_previous_release_keep_their_meaning() {
+    let Some(url) = backend_url("REDIS_URL") else {
+        return;
+    };
+    let prefix = unique_prefix("previous-release");
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .key_prefix(prefix.clone());
+    let mut admin = admin(&url).await;
+    let token = Token::new();
+    let done = support::stores::broken_records::whole(
+        "done",
+        &token.to_string(),
+        &fp(1).to_string(),
+        support::stores::broken_records::UNKNOWN_FAILURE,
+    );
+    let pending = format!(
+        r#"{{"state":"pending","token":"{token}","fingerprint":"{}"}}"#,
+        fp(1)
+    );
+    let () = redis::cmd("SET")
+        .arg(format!("{prefix}done"))
+        .arg(&done)
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let () = redis::cmd("SET")
+        .arg(format!("{prefix}pending"))
+        .arg(&pending)
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let window = Duration::from_secs(3600);
+    assert_eq!(
+        store.retake("done", fp(1), LEASE, window).await.unwrap(),
+        None
+    );
+    match store.reserve("done", fp(1), LEASE).await.unwrap() {
+        Reservation::Held { record } => {
+            assert!(record.is_unknown_delivery());
+            assert_eq!(record.first_attempt_age, None);
+        }
+        other => panic!("a kept outcome of the previous release: {other:?}"),
+    }
+    match store.reserve("pending", fp(1), LEASE).await.unwrap() {
+        Reservation::Held { record } => assert_eq!(record.state, RecordState::Pending),
+        other => panic!("a live pending record of the previous release: {other:?}"),
+    }
+    // Its holder still extends and settles it.
+    assert!(store.extend("pending", token, LEASE).await.unwrap());
+    assert!(store.release("pending", token).await.unwrap());
 }

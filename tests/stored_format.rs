@@ -209,3 +209,31 @@ async fn the_layer_keeps_a_receipt_in_the_pinned_form() {
     let kept = record.outcome.expect("a done record has an outcome");
     assert_eq!(text(encode_outcome(&kept).unwrap()), SENT_WITH_POSITIONS);
 }
+
+/// The form `RedisStore` writes since records carry their times: the first attempt's time and
+/// a pending record's lease end, in ms by the store's clock, after the other fields. The
+/// public decoder reads it (and, as before, the form without them).
+#[test]
+fn a_record_with_its_times_decodes() {
+    let pending = format!(
+        r#"{{"state":"pending","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","first_attempt_at_ms":1764500000000,"lease_until_ms":1764500120000}}"#
+    );
+    let (t, record) = decode_record(pending.as_bytes()).unwrap();
+    assert_eq!(t, token());
+    assert_eq!(record.state, RecordState::Pending);
+    assert_eq!(record.fingerprint, fingerprint());
+    let done = format!(
+        r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{FAILED},"first_attempt_at_ms":1764500000000}}"#
+    );
+    let (_, record) = decode_record(done.as_bytes()).unwrap();
+    assert!(record.is_unknown_delivery());
+    // The decoder alone has no clock: the age is the store's to tell.
+    assert_eq!(record.first_attempt_age, None);
+    // Written without times, the record is the form of the previous release, unchanged.
+    assert_eq!(
+        text(encode_record(token(), &record).unwrap()),
+        format!(
+            r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{FAILED}}}"#
+        )
+    );
+}

@@ -1,5 +1,5 @@
 //! `RedisStore` against the raw commands it issues, in one run: reserve + complete pairs per
-//! second at concurrency 1 and 64. "raw" is `SET key value NX GET PX` then `EVALSHA` of the
+//! second at concurrency 1 and 64. "raw" is `EVALSHA` of the same reserve script, then of the
 //! same complete script, through the same connection, with values built by `format!`: what is
 //! left between the two is our encoding, decoding, key building and timeout.
 //!
@@ -19,7 +19,7 @@ use redis::Script;
 use redis::aio::ConnectionManager;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
-use tower_idempotency::store::redis::COMPLETE_SCRIPT;
+use tower_idempotency::store::redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT};
 use tower_idempotency::store::{Completion, RedisStore, Reservation, Store, Token};
 
 /// Short, so the keys a run makes leave the server soon after.
@@ -33,6 +33,7 @@ struct Fixture {
     store: RedisStore,
     manager: ConnectionManager,
     script: Script,
+    reserve: Script,
     prefix: String,
     fingerprint: Fingerprint,
     outcome: Outcome,
@@ -97,17 +98,17 @@ impl Fixture {
         let pending =
             format!(r#"{{"state":"pending","token":"{token}","fingerprint":"{fingerprint}"}}"#);
         let mut connection = self.manager.clone();
-        let previous: Option<Vec<u8>> = redis::cmd("SET")
-            .arg(&key)
+        let reserved: Vec<i64> = self
+            .reserve
+            .key(&key)
             .arg(pending)
-            .arg("NX")
-            .arg("GET")
-            .arg("PX")
+            .arg(fingerprint.to_string())
             .arg(LEASE.as_millis() as u64)
-            .query_async(&mut connection)
+            .arg(LEASE.as_millis() as u64)
+            .invoke_async(&mut connection)
             .await
-            .expect("SET NX GET PX");
-        assert!(previous.is_none(), "fresh key held");
+            .expect("EVALSHA reserve");
+        assert_eq!(reserved, [0], "fresh key held");
         let done = format!(
             r#"{{"state":"done","token":"{token}","fingerprint":"{fingerprint}","outcome":{RECEIPT_JSON}}}"#
         );
@@ -145,6 +146,7 @@ pub fn bench(c: &mut Criterion) {
             store: RedisStore::new(manager.clone()).key_prefix(prefix.clone()),
             manager,
             script: Script::new(COMPLETE_SCRIPT),
+            reserve: Script::new(RESERVE_SCRIPT),
             prefix,
             fingerprint: Fingerprint::from_bytes([7; 32]),
             outcome: Outcome::sent(Receipt::new("msg-1", "bench")),

@@ -10,10 +10,15 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
+use tower::ServiceExt as _;
+use tower_service::Service;
+
 use super::stats::Counters;
 use crate::classify::Classifier;
 use crate::message::{Message, RawMessage};
-use crate::outcome::Category;
+use crate::outcome::{BoxError, Category};
+use crate::reconcile::{Verified, Verify};
 use crate::store::Store;
 
 /// The default lease: how long a reservation holds a key before it must be renewed, and so
@@ -37,6 +42,35 @@ pub const DEFAULT_SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(15 * 60);
 /// The default namespace.
 pub const DEFAULT_NAMESPACE: &str = "default";
+/// The default bound on the verification service's answer about a key taken over from a
+/// holder that never settled it ([`IdempotencyLayerBuilder::verify_takeovers`]).
+pub const DEFAULT_VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The verification service of a layer, cloned for each question (it was polled ready
+/// before each call).
+#[derive(Clone)]
+pub(crate) struct Verifier(
+    Arc<dyn Fn(Verify) -> BoxFuture<'static, Result<Verified, BoxError>> + Send + Sync>,
+);
+
+impl Verifier {
+    fn new<V>(service: V) -> Self
+    where
+        V: Service<Verify, Response = Verified> + Clone + Send + Sync + 'static,
+        V::Error: Into<BoxError>,
+        V::Future: Send + 'static,
+    {
+        Self(Arc::new(move |question| {
+            let service = service.clone();
+            Box::pin(async move { service.oneshot(question).await.map_err(Into::into) })
+        }))
+    }
+
+    /// Asks the service about one key.
+    pub(crate) fn ask(&self, question: Verify) -> BoxFuture<'static, Result<Verified, BoxError>> {
+        (self.0)(question)
+    }
+}
 
 /// How a key is written into the store: as it is, or as a digest that holds no personal data.
 ///
@@ -58,8 +92,9 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 /// namespace must use the same form: a process storing raw keys and one storing hashed keys
 /// do not see each other's records, and both send the same message. So switch a namespace's
 /// form only with every process at once (stop the old ones before the new ones send), and
-/// expect a repeat of a message sent before the switch, within its ttl, to be sent again
-/// unless the provider deduplicates on the forwarded `Idempotency-Key`. `Raw` stays the
+/// expect a repeat of a message sent before the switch, within its ttl, to be sent again:
+/// the provider's `Idempotency-Key` is the stored key, which the switch changes too, so the
+/// provider does not catch that repeat either. `Raw` stays the
 /// default for that reason: changing it in a release would send such duplicates during a
 /// rolling deploy.
 ///
@@ -118,6 +153,9 @@ pub(crate) struct Config {
     pub(crate) renew: bool,
     pub(crate) max_hold: Duration,
     pub(crate) wait_for_in_flight: Option<Duration>,
+    pub(crate) provider_window: Option<Duration>,
+    pub(crate) verifier: Option<Verifier>,
+    pub(crate) verify_timeout: Duration,
     pub(crate) namespace: Arc<str>,
     pub(crate) key_form: KeyForm,
     pub(crate) keys: KeyFns,
@@ -126,6 +164,8 @@ pub(crate) struct Config {
     /// Set once the store answered `Unsupported` to a renewal: the layer stops renewing, and
     /// warns once.
     pub(crate) extend_unsupported: AtomicBool,
+    /// Set once the store answered `Unsupported` to a retake: warned once.
+    pub(crate) retake_unsupported: AtomicBool,
 }
 
 impl Config {
@@ -140,12 +180,16 @@ impl Config {
             renew: true,
             max_hold: DEFAULT_MAX_HOLD,
             wait_for_in_flight: None,
+            provider_window: None,
+            verifier: None,
+            verify_timeout: DEFAULT_VERIFY_TIMEOUT,
             namespace: Arc::from(DEFAULT_NAMESPACE),
             key_form: KeyForm::Raw,
             keys: KeyFns::default(),
             classifier: Classifier::default(),
             counters: Counters::default(),
             extend_unsupported: AtomicBool::new(false),
+            retake_unsupported: AtomicBool::new(false),
         }
     }
 }
@@ -162,6 +206,9 @@ impl fmt::Debug for Config {
             .field("renew", &self.renew)
             .field("max_hold", &self.max_hold)
             .field("wait_for_in_flight", &self.wait_for_in_flight)
+            .field("provider_window", &self.provider_window)
+            .field("verify_takeovers", &self.verifier.is_some())
+            .field("verify_timeout", &self.verify_timeout)
             .field("custom_key", &self.keys.has::<Message>())
             .field("raw_key", &self.keys.has::<RawMessage>())
             .field("key_functions", &self.keys.0.len())
@@ -216,6 +263,8 @@ impl Error for ConfigError {}
 /// | [`reserve_timeout`](Self::reserve_timeout) | [`DEFAULT_RESERVE_TIMEOUT`] (5 s) |
 /// | [`settle_timeout`](Self::settle_timeout) | [`DEFAULT_SETTLE_TIMEOUT`] (5 s) |
 /// | [`wait_for_in_flight`](Self::wait_for_in_flight) | off: a repeat of an in-flight send is answered `idempotency.in_flight` at once |
+/// | [`provider_window`](Self::provider_window) | off: a repeat of a send of unknown delivery is answered with the kept error for the ttl |
+/// | [`verify_takeovers`](Self::verify_takeovers), [`verify_timeout`](Self::verify_timeout) | off; [`DEFAULT_VERIFY_TIMEOUT`] (5 s) |
 /// | [`namespace`](Self::namespace) | [`DEFAULT_NAMESPACE`] (`"default"`) |
 /// | [`key_form`](Self::key_form) | [`KeyForm::Raw`]: keys stored as `namespace:key` |
 /// | [`key`](Self::key), [`raw_key`](Self::raw_key), [`key_for`](Self::key_for) | the request's own [`idempotency_key`](super::IdempotentRequest::idempotency_key) (a [`RawMessage`] has none) |
@@ -233,6 +282,9 @@ pub struct IdempotencyLayerBuilder {
     renew: bool,
     max_hold: Duration,
     wait_for_in_flight: Option<Duration>,
+    provider_window: Option<Duration>,
+    verifier: Option<Verifier>,
+    verify_timeout: Duration,
     namespace: String,
     key_form: KeyForm,
     keys: KeyFns,
@@ -250,6 +302,9 @@ impl Default for IdempotencyLayerBuilder {
             renew: true,
             max_hold: DEFAULT_MAX_HOLD,
             wait_for_in_flight: None,
+            provider_window: None,
+            verifier: None,
+            verify_timeout: DEFAULT_VERIFY_TIMEOUT,
             namespace: DEFAULT_NAMESPACE.to_owned(),
             key_form: KeyForm::Raw,
             keys: KeyFns::default(),
@@ -271,6 +326,9 @@ impl fmt::Debug for IdempotencyLayerBuilder {
             .field("renew", &self.renew)
             .field("max_hold", &self.max_hold)
             .field("wait_for_in_flight", &self.wait_for_in_flight)
+            .field("provider_window", &self.provider_window)
+            .field("verify_takeovers", &self.verifier.is_some())
+            .field("verify_timeout", &self.verify_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -365,6 +423,124 @@ impl IdempotencyLayerBuilder {
     /// runtime; a zero bound turns waiting off.
     pub fn wait_for_in_flight(mut self, bound: Duration) -> Self {
         self.wait_for_in_flight = (!bound.is_zero()).then_some(bound);
+        self
+    }
+
+    /// Re-sends a message of unknown delivery under the same key while the provider still
+    /// deduplicates on it: for a transport that forwards the key to a provider that
+    /// deduplicates on it for at least `window` (Resend: 24 hours). Off by default.
+    ///
+    /// With it, a repeat that finds its key done with an outcome of unknown delivery (a
+    /// timeout after the request left, an unclear 5xx, a broken connection, a send dropped
+    /// mid-call, the provider's own in-flight answer such as Resend's 409
+    /// `concurrent_idempotent_requests`), for the same message, whose first attempt began
+    /// less than `window` ago, takes the key back ([`Store::retake`]) and sends again under
+    /// the same key. The provider answers with the message it took the first time, or takes
+    /// it now; the layer keeps that answer. Of concurrent repeats exactly one takes the key
+    /// back; the others find it pending, and are answered (or wait) as for any send in
+    /// flight. The same rule applies to a send that takes a key over from a holder that
+    /// never settled it (a crashed process, see [`verify_takeovers`](Self::verify_takeovers)).
+    ///
+    /// Outside the window, with a record whose first attempt's time is unknown (written by
+    /// an earlier release), or without this option, the kept error is replayed, as before.
+    /// A [`Batch`](crate::batch::Batch) answers kept outcomes as before: re-sends and the
+    /// takeover check are for single sends.
+    ///
+    /// **When a re-send is safe.** Only when all of these hold:
+    ///
+    /// - the provider deduplicates on the forwarded key for at least `window`, counted from
+    ///   the first request it received (the [`http`](crate::http) transport forwards the
+    ///   key as `Idempotency-Key`; Resend keeps it for 24 hours);
+    /// - every attempt forwards the same key (the layer's key, unchanged, on every retry):
+    ///   a transport that derives another key per attempt gets a second message;
+    /// - the message is the same: the layer retakes only for the same fingerprint, and a
+    ///   provider that compares payloads refuses another one under the key;
+    /// - `window` leaves a margin below the provider's. It is measured from the first
+    ///   attempt's reserve by the store's clock (Redis `TIME`, PostgreSQL `now()`, the
+    ///   process's monotonic clock), which starts before the provider's; but it bounds when
+    ///   a re-send *starts*, and the provider counts to when the re-send *arrives*, so take
+    ///   off the longest a send may take (your timeout, at most the
+    ///   [`max_hold`](Self::max_hold)); and a store clock stepped back (NTP, a failover to a
+    ///   server whose clock is behind) makes the first attempt look younger, so take off the
+    ///   worst step you expect too. An hour off Resend's 24 is generous. (The model check in
+    ///   `tests/protocol_model.rs` finds the duplicate a window as long as the provider's
+    ///   allows.)
+    ///
+    /// Needs a store that implements [`Store::retake`] and keeps the first attempt's time
+    /// (every store of this crate); with one that does not, the kept error is replayed and a
+    /// warning says so once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// // Resend deduplicates for 24 hours; keep an hour's margin.
+    /// let layer = IdempotencyLayer::builder()
+    ///     .store(MemoryStore::new())
+    ///     .provider_window(Duration::from_secs(23 * 60 * 60))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), tower_idempotency::layer::ConfigError>(())
+    /// ```
+    ///
+    /// [`Store::retake`]: crate::store::Store::retake
+    pub fn provider_window(mut self, window: Duration) -> Self {
+        self.provider_window = (!window.is_zero()).then_some(window);
+        self
+    }
+
+    /// Asks `service` before sending under a key taken over from a holder that never settled
+    /// it (its lease passed: a crashed process), "did the provider take this message?".
+    /// Off by default.
+    ///
+    /// When a store reports such a takeover
+    /// ([`Reservation::TakenOver`](crate::store::Reservation::TakenOver)) of the same
+    /// message, the layer:
+    ///
+    /// 1. re-sends under the same key when the first attempt is inside the
+    ///    [`provider_window`](Self::provider_window) (the provider deduplicates);
+    /// 2. else asks `service` a [`Verify::for_key`] question (the stored key, the raw key
+    ///    the message carried, the fingerprint), bounded by the
+    ///    [`verify_timeout`](Self::verify_timeout), and acts on its answer:
+    ///    [`Delivered`](Verified::Delivered) keeps the key done with the provider's receipt
+    ///    and answers it (marked replayed), with no send; [`NotSent`](Verified::NotSent)
+    ///    sends; [`Unknown`](Verified::Unknown), an error or no answer in time keeps the key
+    ///    with an outcome of unknown delivery (`idempotency.unverified`) and does not send,
+    ///    leaving it to a [`Reconciler`](crate::reconcile::Reconciler) or an operator.
+    ///
+    /// Without either option the send goes, as before: that is the one duplicate the
+    /// guarantee allows. A takeover of a key held by another message is sent as before.
+    /// The same service can serve a [`Reconciler`](crate::reconcile::Reconciler).
+    ///
+    /// ```
+    /// use tower_idempotency::reconcile::{Verified, Verify};
+    /// use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore};
+    ///
+    /// // A real service would look the key up at the provider.
+    /// let verify = tower::service_fn(|_question: Verify| async { Ok::<_, BoxError>(Verified::Unknown) });
+    /// let layer = IdempotencyLayer::builder()
+    ///     .store(MemoryStore::new())
+    ///     .verify_takeovers(verify)
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), tower_idempotency::layer::ConfigError>(())
+    /// ```
+    pub fn verify_takeovers<V>(mut self, service: V) -> Self
+    where
+        V: Service<Verify, Response = Verified> + Clone + Send + Sync + 'static,
+        V::Error: Into<BoxError>,
+        V::Future: Send + 'static,
+    {
+        self.verifier = Some(Verifier::new(service));
+        self
+    }
+
+    /// The bound on the verification service's answer about a taken-over key (default
+    /// [`DEFAULT_VERIFY_TIMEOUT`], 5 s); no answer in time counts as
+    /// [`Verified::Unknown`]. It is cut to a third of the lease, which the question holds
+    /// without renewal.
+    pub fn verify_timeout(mut self, timeout: Duration) -> Self {
+        self.verify_timeout = timeout;
         self
     }
 
@@ -487,6 +663,7 @@ impl IdempotencyLayerBuilder {
             ("reserve timeout", self.reserve_timeout),
             ("settle timeout", self.settle_timeout),
             ("max hold", self.max_hold),
+            ("verify timeout", self.verify_timeout),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::ZeroDuration(name));
@@ -504,6 +681,9 @@ impl IdempotencyLayerBuilder {
             renew: self.renew,
             max_hold: self.max_hold,
             wait_for_in_flight: self.wait_for_in_flight,
+            provider_window: self.provider_window,
+            verifier: self.verifier,
+            verify_timeout: self.verify_timeout.min(self.lease / 3),
             namespace: Arc::from(self.namespace),
             key_form: self.key_form,
             keys: self.keys,

@@ -162,6 +162,15 @@ pub(crate) fn derive_key<R: IdempotentRequest>(
     }
 }
 
+/// The key the request carries (its own, or its type's key function's), as it was given,
+/// before the layer's [`KeyForm`]: what a verification service asks the provider about.
+pub(crate) fn raw_key<R: IdempotentRequest>(config: &Config, request: &R) -> Option<String> {
+    match config.keys.get::<R>() {
+        Some(key_fn) => key_fn(request),
+        None => request.idempotency_key().map(str::to_owned),
+    }
+}
+
 /// The request's key in the store ([`derive_key`]), counting and logging what is not one.
 pub(crate) fn store_key<R: IdempotentRequest>(config: &Config, request: &R) -> KeyOf {
     let key = derive_key(config, request);

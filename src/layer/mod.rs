@@ -16,12 +16,17 @@
 //! | `wait.rs` | a repeat waiting for the in-flight send of the same message (opt-in), polling with reserves | config, renew, reserve, stats |
 //! | `repeat.rs` | answering a request whose key the store holds (replay, in flight, key reused) | config, request, key, stats |
 //! | `settle.rs` | keeping or freeing the reserved keys once a send is over, also after a drop; retried on transient store errors in the background, renewing the lease meanwhile | config, key, renew, reserve, stats |
-//! | `service.rs` | [`Idempotency`] and the single send flow | stats, future, config, request, key, renew, reserve, wait, repeat, settle |
+//! | `resend.rs` | re-sending inside the provider's window: taking back a key kept with an outcome of unknown delivery ([`provider_window`](IdempotencyLayerBuilder::provider_window)) | config, key, renew, reserve, stats, wait |
+//! | `takeover.rs` | a send that took its key over from a holder that never settled it: re-send inside the window, or ask the verification service first ([`verify_takeovers`](IdempotencyLayerBuilder::verify_takeovers)) | config, key, renew, resend, settle, stats |
+//! | `service.rs` | [`Idempotency`] and the single send flow | stats, future, config, request, key, renew, reserve, wait, repeat, settle, resend, takeover |
 //! | `batch.rs` | the batch send flow: `Service<Batch<R>>` for [`Idempotency`] | stats, config, request, key, renew, reserve, wait, repeat, settle, service |
 //! | `layer.rs` | [`IdempotencyLayer`] (and the builder's `build`, which makes it; its claims) | config, key, request, service, stats |
 //!
 //! The crate-level modules it uses import nothing from it: [`crate::classify`] judges
 //! errors, [`crate::batch`] holds the public batch types, [`crate::store`] keeps the keys.
+//! The exception is [`crate::reconcile`]: the layer asks its [`Verify`](crate::reconcile::Verify)
+//! questions (plain types in `reconcile/verify.rs`, which import nothing from the layer),
+//! while the reconciler logs keys with the layer's `key_hash`.
 
 mod batch;
 mod config;
@@ -32,16 +37,18 @@ mod layer;
 mod renew;
 mod repeat;
 mod request;
+mod resend;
 mod reserve;
 mod service;
 mod settle;
 mod stats;
+mod takeover;
 mod wait;
 
 pub use crate::classify::default_classifier;
 pub use config::{
     ConfigError, DEFAULT_LEASE, DEFAULT_MAX_HOLD, DEFAULT_NAMESPACE, DEFAULT_RESERVE_TIMEOUT,
-    DEFAULT_SETTLE_TIMEOUT, DEFAULT_TTL, IdempotencyLayerBuilder, KeyForm,
+    DEFAULT_SETTLE_TIMEOUT, DEFAULT_TTL, DEFAULT_VERIFY_TIMEOUT, IdempotencyLayerBuilder, KeyForm,
 };
 pub use future::ResponseFuture;
 pub use key::StoredKeys;

@@ -10,13 +10,15 @@ use tower_service::Service;
 
 use super::config::Config;
 use super::future::ResponseFuture;
-use super::key::{KeyOf, key_hash, store_key};
+use super::key::{KeyOf, key_hash, raw_key, store_key};
 use super::renew::{Held, Lease, given_up};
 use super::repeat::answer_held;
 use super::request::IdempotentRequest;
+use super::resend::take_back;
 use super::reserve::reserve_one;
 use super::settle::{Finish, Settle};
 use super::stats::bump;
+use super::takeover::{Takeover, after_takeover};
 use super::wait::wait_one;
 use crate::classify::into_send_error;
 use crate::outcome::{BoxError, Receipt, SendError, codes};
@@ -130,8 +132,23 @@ where
         }
         other => other,
     };
+    let reservation = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await;
     let token = match reservation {
         Ok(Reservation::Reserved { token }) => token,
+        Ok(Reservation::TakenOver { token, previous }) => {
+            let raw = raw_key(&config, &request);
+            let recipients = request.recipients();
+            let held = Held {
+                key: Arc::clone(&store_key),
+                token,
+                fingerprint,
+            };
+            let decided = after_takeover(&config, held, previous, raw, &recipients, asked_at).await;
+            match decided {
+                Takeover::Send => token,
+                Takeover::Answered(answer) => return answer,
+            }
+        }
         Ok(Reservation::Held { record }) => {
             return answer_held(&config, &store_key, fingerprint, record, &request);
         }

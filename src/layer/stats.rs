@@ -45,6 +45,21 @@ pub struct Stats {
     /// Repeats that waited for an in-flight send under their key
     /// ([`wait_for_in_flight`](super::IdempotencyLayerBuilder::wait_for_in_flight)).
     pub waited: u64,
+    /// Repeats of a message of unknown delivery sent again under the same key inside the
+    /// [`provider_window`](super::IdempotencyLayerBuilder::provider_window): retaken keys
+    /// and takeovers inside the window.
+    pub resent: u64,
+    /// Sends that took over a key of the same message from a holder that never settled it
+    /// (its lease passed).
+    pub taken_over: u64,
+    /// Takeovers the verification service answered delivered: the receipt was kept, nothing
+    /// sent.
+    pub verified_delivered: u64,
+    /// Takeovers the verification service answered not sent: sent.
+    pub verified_not_sent: u64,
+    /// Takeovers the verification service could not settle (unknown, an error, no answer in
+    /// time): kept as `idempotency.unverified`, not sent.
+    pub verify_inconclusive: u64,
 }
 
 #[derive(Default)]
@@ -63,6 +78,11 @@ pub(crate) struct Counters {
     pub(crate) renewal_lost: AtomicU64,
     pub(crate) max_hold: AtomicU64,
     pub(crate) waited: AtomicU64,
+    pub(crate) resent: AtomicU64,
+    pub(crate) taken_over: AtomicU64,
+    pub(crate) verified_delivered: AtomicU64,
+    pub(crate) verified_not_sent: AtomicU64,
+    pub(crate) verify_inconclusive: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64) {
@@ -87,6 +107,11 @@ impl Counters {
             renewal_lost: get(&self.renewal_lost),
             max_hold: get(&self.max_hold),
             waited: get(&self.waited),
+            resent: get(&self.resent),
+            taken_over: get(&self.taken_over),
+            verified_delivered: get(&self.verified_delivered),
+            verified_not_sent: get(&self.verified_not_sent),
+            verify_inconclusive: get(&self.verify_inconclusive),
         }
     }
 }

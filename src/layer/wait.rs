@@ -104,7 +104,7 @@ pub(crate) async fn wait_many(
     };
     let holding = answers
         .iter()
-        .any(|a| matches!(a, Some(Ok(Reservation::Reserved { .. }))));
+        .any(|a| matches!(a, Some(Ok(r)) if r.token().is_some()));
     if holding {
         bound = bound.min(config.lease / 3);
     }
@@ -152,7 +152,8 @@ pub(crate) async fn wait_many(
                     still.push(k);
                 }
                 Ok(answer) => {
-                    reserved |= matches!(answer, Reservation::Reserved { .. });
+                    // A takeover holds the key as well: stop waiting and send.
+                    reserved |= answer.token().is_some();
                     answers[k] = Some(Ok(answer));
                 }
                 // That key alone failed: it keeps its last answer.

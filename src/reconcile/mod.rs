@@ -5,7 +5,7 @@
 //! with an outcome of unknown delivery: every repeat for the ttl is answered with that error,
 //! so the message never goes twice, but never goes at all if it did not go the first time.
 //! A [`Reconciler`] walks those keys (and the pending keys whose lease passed, where the
-//! store keeps them) through [`StoreAdmin::list`](crate::store::admin::StoreAdmin::list),
+//! store lists them: in memory and on PostgreSQL, not on Redis) through [`StoreAdmin::list`](crate::store::admin::StoreAdmin::list),
 //! asks a verification service the user supplies, "did you take this message?", about each,
 //! and settles what it learns:
 //!
@@ -17,6 +17,10 @@
 //!
 //! So a message the provider already took never goes out twice, and one it never took is no
 //! longer blocked for the whole ttl. A key a live send holds is never touched.
+//!
+//! The same service can check a send before it goes: given to
+//! [`IdempotencyLayerBuilder::verify_takeovers`](crate::IdempotencyLayerBuilder::verify_takeovers),
+//! it is asked about a key a send takes over from a crashed holder, before that send.
 //!
 //! The verification service is a tower [`Service<Verify>`](tower_service::Service)
 //! answering [`Verified`]; see [`Verify`] for what it is told, and for what a service must do

@@ -8,6 +8,13 @@
 //! | [`complete`](Store::complete) | keeps the key done with the outcome for `ttl`, when the token holds it or nothing does |
 //! | [`release`](Store::release) | frees the key, when the token holds it pending |
 //! | [`extend`](Store::extend) | makes the lease end `lease` from now, when the token holds the key pending and its lease has not passed |
+//! | [`retake`](Store::retake) | holds a done key of unknown delivery pending again under a new token, for a re-send of the same message while its first attempt is younger than a window |
+//!
+//! Records carry the time of the first attempt under their key, by the store's clock, and
+//! report it as an age ([`Record::first_attempt_age`]), so no skew between the caller's and
+//! the store's clock enters it. A store that keeps a pending record past its lease reports a
+//! reserve that takes it over ([`Reservation::TakenOver`]): its holder began a send and never
+//! settled it, so the layer can check with the provider before it sends again.
 //!
 //! The token fences a reservation: once the lease of a pending key has passed, another reserve
 //! may take it under a new token, and the first owner's late `complete`, `release` or `extend`
@@ -133,6 +140,13 @@ pub struct Record {
     /// The kept outcome: present when done, absent when pending. A record that breaks this
     /// is corrupt (see [the record rules](record#the-record-rules)).
     pub outcome: Option<Outcome>,
+    /// How long ago the first attempt under this key began (the reserve that first took it,
+    /// kept through retakes and takeovers of the same message), measured by the store's own
+    /// clock, so no skew between the caller's and the store's clocks enters it. `None` when
+    /// the store cannot tell: a record written by an earlier release, or by a store that
+    /// does not keep the time. A layer never re-sends a message whose first attempt's age is
+    /// unknown (see [`IdempotencyLayerBuilder::provider_window`](crate::IdempotencyLayerBuilder::provider_window)).
+    pub first_attempt_age: Option<Duration>,
 }
 
 impl Record {
@@ -142,6 +156,7 @@ impl Record {
             state: RecordState::Pending,
             fingerprint,
             outcome: None,
+            first_attempt_age: None,
         }
     }
 
@@ -151,7 +166,37 @@ impl Record {
             state: RecordState::Done,
             fingerprint,
             outcome: Some(outcome),
+            first_attempt_age: None,
         }
+    }
+
+    /// Sets how long ago, by the store's clock, the first attempt under the key began (see
+    /// [`first_attempt_age`](Self::first_attempt_age)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{Fingerprint, store::Record};
+    ///
+    /// let record = Record::pending(Fingerprint::from_bytes([0; 32]))
+    ///     .with_first_attempt_age(Duration::from_secs(3));
+    /// assert_eq!(record.first_attempt_age, Some(Duration::from_secs(3)));
+    /// ```
+    #[must_use]
+    pub fn with_first_attempt_age(mut self, age: Duration) -> Self {
+        self.first_attempt_age = Some(age);
+        self
+    }
+
+    /// Whether this record is a kept outcome of unknown delivery: done with a failure of
+    /// category [`Unknown`](crate::Category::Unknown) (a timeout after the request left, an
+    /// unclear 5xx, a send dropped mid-call), so the message may or may not have gone.
+    pub fn is_unknown_delivery(&self) -> bool {
+        self.state == RecordState::Done
+            && self
+                .outcome
+                .as_ref()
+                .and_then(Outcome::error)
+                .is_some_and(crate::outcome::SendError::delivery_unknown)
     }
 }
 
@@ -171,6 +216,30 @@ pub enum Reservation {
         /// That record.
         record: Record,
     },
+    /// The key is now held pending under `token`, taken over from a pending record whose
+    /// lease had passed: its holder began a send and never settled it (a crashed process),
+    /// so the provider may or may not have taken that message.
+    ///
+    /// A store reports it only while it still has the stale record (see each store's docs);
+    /// otherwise such a reserve answers [`Reserved`](Self::Reserved). When `previous` is of
+    /// the same message, the new record keeps its first attempt's time.
+    TakenOver {
+        /// The token that fences this reservation.
+        token: Token,
+        /// The pending record whose lease had passed.
+        previous: Record,
+    },
+}
+
+impl Reservation {
+    /// The token the key is now held under, when this reservation holds it
+    /// ([`Reserved`](Self::Reserved) or [`TakenOver`](Self::TakenOver)).
+    pub fn token(&self) -> Option<Token> {
+        match self {
+            Self::Reserved { token } | Self::TakenOver { token, .. } => Some(*token),
+            Self::Held { .. } => None,
+        }
+    }
 }
 
 /// The kinds of [`StoreError`].
@@ -267,6 +336,14 @@ impl std::error::Error for StoreError {
 ///
 /// Object safe: the layer holds it as `Arc<dyn Store>`. Implementations must make each
 /// operation a single atomic step in their backend and decide expiry by their own clock.
+///
+/// For re-sends inside the provider's window and takeovers that check first, a store
+/// implements [`retake`](Self::retake), keeps the first attempt's time in its records
+/// (written by `reserve` on a free key, kept by a takeover of the same message, by
+/// `complete` by the same token and by `retake`) and reports it as
+/// [`Record::first_attempt_age`] in what `reserve` answers, and, when it keeps pending
+/// records past their lease, answers [`Reservation::TakenOver`]. A store that does none of
+/// this keeps compiling and working: the layer then behaves as before these existed.
 /// [`complete`](Self::complete) and [`release`](Self::release) answer whether they changed the
 /// record; `false` means another token holds the key (or, for release, nothing pending does).
 pub trait Store: Send + Sync + 'static {
@@ -316,6 +393,36 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(std::future::ready(Err(StoreError::new(
             StoreErrorKind::Unsupported,
             "this store cannot extend a lease",
+        ))))
+    }
+
+    /// Takes back `key` for a re-send of the same message: when a live done record of
+    /// `fingerprint` holds it, with an outcome of unknown delivery
+    /// ([`Record::is_unknown_delivery`]), and its first attempt began less than `within` ago
+    /// by the store's clock, holds it pending for `lease` under a new token, keeping the
+    /// first attempt's time, and answers that token. Otherwise it changes nothing and
+    /// answers `None` (the record changed meanwhile, its window passed, its first attempt's
+    /// time is unknown, or it is another message's).
+    ///
+    /// One atomic step in the backend, like `reserve`: of concurrent retakes of a key exactly
+    /// one gets it, and the others then find it pending.
+    ///
+    /// The default answers an error of kind [`StoreErrorKind::Unsupported`], so a store
+    /// written before this operation existed keeps compiling; the layer then keeps today's
+    /// behaviour (the stored outcome is replayed) and says so in a warning. A store that
+    /// implements it must also keep the first attempt's time in its records and report it as
+    /// [`Record::first_attempt_age`]. Every store of this crate implements it.
+    fn retake<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
+        let _ = (key, fingerprint, lease, within);
+        Box::pin(std::future::ready(Err(StoreError::new(
+            StoreErrorKind::Unsupported,
+            "this store cannot retake a key",
         ))))
     }
 
@@ -453,6 +560,16 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         (**self).extend(key, token, lease)
+    }
+
+    fn retake<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
+        (**self).retake(key, fingerprint, lease, within)
     }
 
     fn reserve_many<'a>(

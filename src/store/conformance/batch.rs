@@ -36,13 +36,17 @@ impl Conformance {
                 assert_eq!(record.state, RecordState::Pending);
                 assert_eq!(record.fingerprint, fp(2));
             }
-            Reservation::Reserved { .. } => panic!("a held key was reserved in a batch"),
+            Reservation::Reserved { .. } | Reservation::TakenOver { .. } => {
+                panic!("a held key was reserved in a batch")
+            }
         }
         assert!(matches!(answers[2], Reservation::Reserved { .. }));
         // Each reservation is real: a second reserve sees it held with its fingerprint.
         match self.reserve(&c, fp(3)).await {
             Reservation::Held { record } => assert_eq!(record.fingerprint, fp(3)),
-            Reservation::Reserved { .. } => panic!("batch reservation not kept"),
+            Reservation::Reserved { .. } | Reservation::TakenOver { .. } => {
+                panic!("batch reservation not kept")
+            }
         }
     }
 
@@ -58,7 +62,7 @@ impl Conformance {
             .into_iter()
             .map(|r| match r {
                 Reservation::Reserved { token } => token,
-                Reservation::Held { .. } => panic!("fresh key held"),
+                other => panic!("fresh key not reserved: {other:?}"),
             })
             .collect();
         let sent = Outcome::sent(Receipt::new("m", "conformance"));
@@ -104,7 +108,7 @@ impl Conformance {
             .into_iter()
             .map(|r| match r {
                 Reservation::Held { record } => Some(record.state),
-                Reservation::Reserved { .. } => None,
+                Reservation::Reserved { .. } | Reservation::TakenOver { .. } => None,
             })
             .collect();
         assert_eq!(

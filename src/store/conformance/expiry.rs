@@ -30,7 +30,9 @@ impl Conformance {
                 assert_eq!(record.state, RecordState::Pending);
                 assert_eq!(record.fingerprint, fp(2));
             }
-            Reservation::Reserved { .. } => panic!("the stale owner freed the new owner's key"),
+            Reservation::Reserved { .. } | Reservation::TakenOver { .. } => {
+                panic!("the stale owner freed the new owner's key")
+            }
         }
         // The new owner still completes its own send.
         let mine = Outcome::sent(Receipt::new("owner", "conformance"));

@@ -74,7 +74,9 @@ impl Conformance {
                 let kept = record.outcome.expect("a done record has an outcome");
                 assert_eq!(kept.replay().expect("a receipt").id, "kept");
             }
-            Reservation::Reserved { .. } => panic!("a done key was reserved again"),
+            Reservation::Reserved { .. } | Reservation::TakenOver { .. } => {
+                panic!("a done key was reserved again")
+            }
         }
     }
 
@@ -116,7 +118,9 @@ impl Conformance {
                 assert_eq!(record.state, RecordState::Pending);
                 assert_eq!(record.fingerprint, fingerprint);
             }
-            Reservation::Reserved { .. } => panic!("{key} was free: its lease did not hold"),
+            Reservation::Reserved { .. } | Reservation::TakenOver { .. } => {
+                panic!("{key} was free: its lease did not hold")
+            }
         }
     }
 }

@@ -26,7 +26,9 @@
 //!
 //! The cases on [`Store::extend`] fail for a store that keeps the trait's default (an
 //! [`Unsupported`](super::StoreErrorKind::Unsupported) error): without it the layer cannot
-//! renew the lease of a send that outlives it.
+//! renew the lease of a send that outlives it. So do the cases on [`Store::retake`] and on
+//! takeover reports ([`Reservation::TakenOver`], [`Record::first_attempt_age`](super::Record::first_attempt_age)),
+//! unless the suite is built [`without_resend`](Conformance::without_resend).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +42,7 @@ mod admin;
 mod batch;
 mod expiry;
 mod extend;
+mod resend;
 
 #[derive(Debug, Clone, Copy)]
 enum Clock {
@@ -54,6 +57,8 @@ pub struct Conformance {
     prefix: String,
     clock: Clock,
     lease: Duration,
+    lists_stale_pending: bool,
+    resend: bool,
 }
 
 impl std::fmt::Debug for Conformance {
@@ -63,6 +68,7 @@ impl std::fmt::Debug for Conformance {
             .field("clock", &self.clock)
             .field("lease", &self.lease)
             .field("admin", &self.admin.is_some())
+            .field("lists_stale_pending", &self.lists_stale_pending)
             .finish_non_exhaustive()
     }
 }
@@ -84,6 +90,8 @@ impl Conformance {
             prefix: format!("conformance:{}:", Token::new()),
             clock: Clock::Real,
             lease: Duration::from_millis(300),
+            lists_stale_pending: true,
+            resend: true,
         }
     }
 
@@ -109,6 +117,26 @@ impl Conformance {
     #[must_use]
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// For a store that keeps a pending record past its lease (so that a reserve can report
+    /// [`Reservation::TakenOver`]) but does not list it among the keys to settle, as
+    /// `RedisStore` does (indexing every reserve would double its writes). By default a kept
+    /// stale pending key must be listed.
+    #[must_use]
+    pub fn stale_pending_unlisted(mut self) -> Self {
+        self.lists_stale_pending = false;
+        self
+    }
+
+    /// For a store that keeps the trait's default [`Store::retake`] and does not report
+    /// takeovers ([`Reservation::TakenOver`]): the cases on them say so on stderr and check
+    /// nothing. The layer then replays kept outcomes of unknown delivery inside the provider's
+    /// window, and sends after a takeover without checking first.
+    #[must_use]
+    pub fn without_resend(mut self) -> Self {
+        self.resend = false;
         self
     }
 
@@ -150,7 +178,8 @@ impl Conformance {
 
     async fn reserved(&self, key: &str, fp: Fingerprint) -> Token {
         match self.reserve(key, fp).await {
-            Reservation::Reserved { token } => token,
+            // A reserve after a lease passed may report the takeover: it still reserves.
+            Reservation::Reserved { token } | Reservation::TakenOver { token, .. } => token,
             Reservation::Held { record } => panic!("expected reserved, found held: {record:?}"),
         }
     }
@@ -213,6 +242,14 @@ impl Conformance {
             .await;
         self.admin_list_shows_a_pending_key_past_its_lease_only_where_kept()
             .await;
+        self.records_carry_the_first_attempts_age().await;
+        self.reserve_after_a_lease_passed_reports_the_takeover()
+            .await;
+        self.retake_takes_back_a_key_of_unknown_delivery_inside_the_window()
+            .await;
+        self.retake_leaves_other_messages_old_attempts_and_free_keys_alone()
+            .await;
+        self.concurrent_retakes_of_one_key_take_it_back_once().await;
     }
 
     /// Reserve on an empty key answers reserved.
@@ -231,7 +268,9 @@ impl Conformance {
                 assert_eq!(record.fingerprint, fp(1));
                 assert!(record.outcome.is_none());
             }
-            Reservation::Reserved { .. } => panic!("a pending key was reserved twice"),
+            Reservation::Reserved { .. } | Reservation::TakenOver { .. } => {
+                panic!("a pending key was reserved twice")
+            }
         }
     }
 
@@ -254,7 +293,9 @@ impl Conformance {
                 assert_eq!(receipt.transport, "conformance");
                 assert_eq!(receipt.accepted, ["a@x"]);
             }
-            Reservation::Reserved { .. } => panic!("a done key was reserved again"),
+            Reservation::Reserved { .. } | Reservation::TakenOver { .. } => {
+                panic!("a done key was reserved again")
+            }
         }
     }
 
@@ -334,7 +375,7 @@ impl Conformance {
         let mut reserved = 0;
         for task in tasks {
             match task.await.expect("task panicked") {
-                Ok(Reservation::Reserved { .. }) => reserved += 1,
+                Ok(Reservation::Reserved { .. } | Reservation::TakenOver { .. }) => reserved += 1,
                 Ok(Reservation::Held { .. }) => {}
                 Err(e) => panic!("reserve failed under concurrency: {e}"),
             }
@@ -399,7 +440,12 @@ macro_rules! store_conformance_tests {
             admin_resolve_as_not_sent_frees_the_key,
             admin_forget_deletes_any_record_and_nothing_answers_nothing_there,
             admin_list_pages_through_unknown_keys_oldest_first,
-            admin_list_shows_a_pending_key_past_its_lease_only_where_kept
+            admin_list_shows_a_pending_key_past_its_lease_only_where_kept,
+            records_carry_the_first_attempts_age,
+            reserve_after_a_lease_passed_reports_the_takeover,
+            retake_takes_back_a_key_of_unknown_delivery_inside_the_window,
+            retake_leaves_other_messages_old_attempts_and_free_keys_alone,
+            concurrent_retakes_of_one_key_take_it_back_once
         );
     };
 }

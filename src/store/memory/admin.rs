@@ -84,6 +84,7 @@ impl Inner {
                         outcome: Some(outcome),
                         expires_at: deadline(now, *ttl),
                         written_at: now,
+                        first_at: entry.first_at,
                         seq,
                     })
                 })

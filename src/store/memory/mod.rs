@@ -48,6 +48,11 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 ///   lock at a time) and sorts what it finds, so a page costs time in proportion to the
 ///   records held. A pending record whose lease passed stays until room is made, and is
 ///   listed until then.
+/// - **Takeovers and re-sends.** A pending record whose lease passed stays until room is
+///   made, so a reserve that takes it over answers
+///   [`TakenOver`](super::Reservation::TakenOver) until then. Records keep the first
+///   attempt's instant, by the same clock, for [`retake`](super::Store::retake) and
+///   [`first_attempt_age`](super::Record::first_attempt_age).
 /// - **Its own clock.** Expiry uses [`tokio::time::Instant`], so tests control it with tokio's
 ///   paused clock (`#[tokio::test(start_paused = true)]` and `tokio::time::advance`).
 ///
@@ -99,6 +104,9 @@ struct Entry {
     expires_at: Instant,
     /// When the record was written; for a done record, its completion time.
     written_at: Instant,
+    /// When the first attempt under the key began: the reserve that first took it, kept
+    /// through retakes and takeovers of the same message.
+    first_at: Option<Instant>,
     /// Unique (within the shard) id of this version of the record; breaks ties in the indexes.
     seq: u64,
 }
@@ -108,11 +116,12 @@ impl Entry {
         self.expires_at > now
     }
 
-    fn record(&self) -> Record {
+    fn record(&self, now: Instant) -> Record {
         Record {
             state: self.state,
             fingerprint: self.fingerprint,
             outcome: self.outcome.clone(),
+            first_attempt_age: self.first_at.map(|at| now.saturating_duration_since(at)),
         }
     }
 }
@@ -325,14 +334,23 @@ impl Inner {
             let now = Instant::now();
             {
                 let mut shard = self.shard(key);
-                let existing = match shard.map.get(key) {
+                // A pending record whose lease passed lingers until room is made: taking it
+                // over is reported, and keeps the first attempt of the same message.
+                let (existing, previous, first_at) = match shard.map.get(key) {
                     Some(entry) if entry.is_live(now) => {
                         return Ok(Reservation::Held {
-                            record: entry.record(),
+                            record: entry.record(now),
                         });
                     }
-                    Some(_) => true,
-                    None => false,
+                    Some(entry) if entry.state == RecordState::Pending => {
+                        let first_at = entry
+                            .first_at
+                            .filter(|_| entry.fingerprint == fingerprint)
+                            .unwrap_or(now);
+                        (true, Some(entry.record(now)), first_at)
+                    }
+                    Some(_) => (true, None, now),
+                    None => (false, None, now),
                 };
                 if existing || self.take_slot() {
                     let token = Token::new();
@@ -343,10 +361,14 @@ impl Inner {
                         outcome: None,
                         expires_at: deadline(now, lease),
                         written_at: now,
+                        first_at: Some(first_at),
                         seq: shard.next_seq(),
                     };
                     shard.insert(Arc::from(key), entry);
-                    return Ok(Reservation::Reserved { token });
+                    return Ok(match previous {
+                        Some(previous) => Reservation::TakenOver { token, previous },
+                        None => Reservation::Reserved { token },
+                    });
                 }
             }
             self.make_room(now, self.shard_index(key))?;
@@ -365,10 +387,12 @@ impl Inner {
             let now = Instant::now();
             {
                 let mut shard = self.shard(key);
-                let existing = match shard.map.get(key) {
+                // The first attempt is known when this token's own record is still there.
+                let (existing, first_at) = match shard.map.get(key) {
                     Some(entry) if entry.is_live(now) && entry.token != token => return Ok(false),
-                    Some(_) => true,
-                    None => false,
+                    Some(entry) if entry.token == token => (true, entry.first_at),
+                    Some(_) => (true, None),
+                    None => (false, None),
                 };
                 if existing || self.take_slot() {
                     let entry = Entry {
@@ -378,6 +402,7 @@ impl Inner {
                         outcome: Some(outcome.clone()),
                         expires_at: deadline(now, ttl),
                         written_at: now,
+                        first_at,
                         seq: shard.next_seq(),
                     };
                     shard.insert(Arc::from(key), entry);
@@ -404,9 +429,9 @@ impl Inner {
     fn extend(&self, key: &str, token: Token, lease: Duration) -> bool {
         let now = Instant::now();
         let mut shard = self.shard(key);
-        let (fingerprint, written_at) = match shard.map.get(key) {
+        let (fingerprint, written_at, first_at) = match shard.map.get(key) {
             Some(e) if e.is_live(now) && e.token == token && e.state == RecordState::Pending => {
-                (e.fingerprint, e.written_at)
+                (e.fingerprint, e.written_at, e.first_at)
             }
             _ => return false,
         };
@@ -418,10 +443,45 @@ impl Inner {
             outcome: None,
             expires_at: deadline(now, lease),
             written_at,
+            first_at,
             seq: shard.next_seq(),
         };
         shard.insert(Arc::from(key), entry);
         true
+    }
+
+    fn retake(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> Option<Token> {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        let entry = shard.map.get(key)?;
+        let record = entry.record(now);
+        let first_at = entry.first_at?;
+        let retakes = entry.is_live(now)
+            && record.fingerprint == fingerprint
+            && record.is_unknown_delivery()
+            && record.first_attempt_age.is_some_and(|age| age < within);
+        if !retakes {
+            return None;
+        }
+        let token = Token::new();
+        let entry = Entry {
+            state: RecordState::Pending,
+            fingerprint,
+            token,
+            outcome: None,
+            expires_at: deadline(now, lease),
+            written_at: now,
+            first_at: Some(first_at),
+            seq: shard.next_seq(),
+        };
+        shard.insert(Arc::from(key), entry);
+        Some(token)
     }
 }
 
@@ -467,5 +527,15 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         std::future::ready(Ok(self.inner.extend(key, token, lease))).boxed()
+    }
+
+    fn retake<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
+        std::future::ready(Ok(self.inner.retake(key, fingerprint, lease, within))).boxed()
     }
 }

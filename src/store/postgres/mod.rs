@@ -13,8 +13,10 @@
 //!     token       uuid        NOT NULL,      -- fences the reservation
 //!     fingerprint bytea       NOT NULL,      -- 32 bytes of SHA-256
 //!     outcome     jsonb,                     -- the kept outcome, once done
-//!     expires_at  timestamptz NOT NULL       -- end of the lease, or of the ttl once done
+//!     expires_at  timestamptz NOT NULL,      -- end of the lease, or of the ttl once done
+//!     first_attempt_at timestamptz           -- when the first attempt under the key began
 //! );
+//! ALTER TABLE "idempotency_keys" ADD COLUMN IF NOT EXISTS first_attempt_at timestamptz;
 //! CREATE INDEX IF NOT EXISTS "idempotency_keys_expires_at_idx"
 //!     ON "idempotency_keys" (expires_at);
 //! CREATE INDEX IF NOT EXISTS "idempotency_keys_unknown_idx"
@@ -27,6 +29,12 @@
 //! release gets it from the next `migrate`; on a large table, build it first with
 //! `CREATE INDEX CONCURRENTLY` (same name and definition), since a plain `CREATE INDEX`
 //! blocks writes while it builds. Without it the listing still works, by scanning the table.
+//!
+//! `first_attempt_at` (by the server's `now()`; NULL in rows of an earlier release, whose
+//! first attempt is then unknown and never re-sent) serves re-sends inside the provider's
+//! window ([`Store::retake`]) and takeovers that check first. A table made by an earlier
+//! release gets it from the next `migrate` (adding a nullable column is instant); run it
+//! before processes of this release reserve.
 //!
 //! The table holds the key, state, token, fingerprint and outcome only: no message content.
 //! A `claimed` row is a key claimed in the caller's own transaction
@@ -46,7 +54,14 @@
 //!   always locks the latest version of the row and always returns it, so of any number of
 //!   racing reserves exactly one finds its own new token in the answer (it reserved) and the
 //!   others find the winner's row (held). No retry loop is needed. The price: a reserve that
-//!   finds the key held rewrites the row unchanged (a cheap HOT update).
+//!   finds the key held rewrites the row unchanged (a cheap HOT update). A CTE of the same
+//!   statement reads the row as its snapshot saw it, so a reserve that took over a pending
+//!   row past its lease answers [`TakenOver`](super::Reservation::TakenOver) with it. Such
+//!   rows stay until [`purge_expired`](PostgresStore::purge_expired) deletes them; a reserve
+//!   after the purge answers `Reserved`, so purge rarely (hourly) to keep takeovers
+//!   reported. `reserve_many` reports takeovers as `Reserved`.
+//! - `retake` is `UPDATE … SET state = 'pending', token = $2 … WHERE` the row is done, live,
+//!   of the fingerprint, of unknown delivery, and `first_attempt_at > now() - window`.
 //! - `complete` is an upsert whose `DO UPDATE` applies only `WHERE token = $token OR
 //!   expires_at <= now()`, so a stale owner never overwrites a new owner's record.
 //! - `release` is `DELETE … WHERE key = $1 AND token = $2 AND state = 'pending'`.
@@ -359,7 +374,37 @@ impl PostgresStore {
             .ok_or_else(|| {
                 StoreError::new(StoreErrorKind::Unavailable, "reserve answered no row")
             })?;
-        self.reservation(&row, token)
+        self.reported_reservation(&row, token)
+    }
+
+    async fn try_retake(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> Result<Option<Token>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.retake)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let token = Token::new();
+        let fingerprint = &fingerprint.as_bytes()[..];
+        let row = client
+            .query_opt(
+                &statement,
+                &[
+                    &key,
+                    token.as_uuid(),
+                    &fingerprint,
+                    &millis(lease),
+                    &millis(within),
+                ],
+            )
+            .await
+            .map_err(|e| self.db_error(e))?;
+        Ok(row.map(|_| token))
     }
 
     async fn try_reserve_many(
@@ -601,6 +646,16 @@ impl Store for PostgresStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(self.bounded(self.try_extend(key, token, lease)))
+    }
+
+    fn retake<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
+        Box::pin(self.bounded(self.try_retake(key, fingerprint, lease, within)))
     }
 
     fn reserve_many<'a>(

@@ -2,6 +2,7 @@
 //! the matching of a batch statement's rows to the keys asked.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use tokio_postgres::Row;
 use uuid::Uuid;
@@ -65,6 +66,42 @@ impl PostgresStore {
             return Ok(Reservation::Reserved { token });
         }
         self.record(row).map(|record| Reservation::Held { record })
+    }
+
+    /// What a single reserve found, from the row it returned with the row its snapshot saw
+    /// (columns 5 to 9): ours, taken over from a pending row whose lease had passed, or the
+    /// live record that holds the key, each with its first attempt's age (column 4).
+    pub(super) fn reported_reservation(
+        &self,
+        row: &Row,
+        token: Token,
+    ) -> Result<Reservation, StoreError> {
+        let age = |column: usize| -> Result<Option<Duration>, StoreError> {
+            let ms: Option<i64> = row
+                .try_get(column)
+                .map_err(|e| self.corrupt("has no readable first attempt").with_source(e))?;
+            Ok(ms.map(|ms| Duration::from_millis(ms.max(0).unsigned_abs())))
+        };
+        match self.reservation(row, token)? {
+            Reservation::Held { mut record } => {
+                record.first_attempt_age = age(4)?;
+                Ok(Reservation::Held { record })
+            }
+            reserved => {
+                let old_state: Option<&str> = row
+                    .try_get(5)
+                    .map_err(|e| self.corrupt("has no readable state").with_source(e))?;
+                let old_expired: Option<bool> = row
+                    .try_get(8)
+                    .map_err(|e| self.corrupt("has no readable expiry").with_source(e))?;
+                if old_state != Some("pending") || old_expired != Some(true) {
+                    return Ok(reserved);
+                }
+                let mut previous = self.checked(row, RecordState::Pending, 6, 7)?;
+                previous.first_attempt_age = age(9)?;
+                Ok(Reservation::TakenOver { token, previous })
+            }
+        }
     }
 
     /// Where the key a batch statement returned in `column` was asked, marking it answered.

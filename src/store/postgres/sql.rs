@@ -19,6 +19,7 @@ pub(super) struct Sql {
     pub(super) complete: String,
     pub(super) release: String,
     pub(super) extend: String,
+    pub(super) retake: String,
     pub(super) reserve_many: String,
     pub(super) complete_many: String,
     pub(super) release_many: String,
@@ -62,17 +63,32 @@ impl Table {
                      token uuid NOT NULL,
                      fingerprint bytea NOT NULL,
                      outcome jsonb,
-                     expires_at timestamptz NOT NULL
+                     expires_at timestamptz NOT NULL,
+                     first_attempt_at timestamptz
                  );
+                 ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS first_attempt_at timestamptz;
                  CREATE INDEX IF NOT EXISTS {index} ON {quoted} (expires_at);
                  CREATE INDEX IF NOT EXISTS {unknown_index} ON {quoted} (expires_at, key)
                      WHERE {UNKNOWN};"
             ),
             // Every SET expression sees the row as it was before this statement, so the live
             // row is written back unchanged and an expired one becomes the new reservation.
+            // `old` is the row as this statement's snapshot saw it: when the reserve took the
+            // key and `old` was pending past its lease, the reserve took it over from a holder
+            // that never settled it. (A row changed meanwhile by another session is live, so
+            // it is not taken; one deleted meanwhile was that same stale row.) The first
+            // attempt's time is kept for a takeover of the same message.
             reserve: format!(
-                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
-                 VALUES ($1, 'pending', $2, $3, NULL, now() + $4::bigint * interval '1 millisecond')
+                "WITH old AS (
+                     SELECT state, fingerprint, outcome::text AS outcome,
+                            expires_at <= now() AS expired,
+                            {FIRST_ATTEMPT_AGE} AS age
+                     FROM {quoted} WHERE key = $1
+                 ), up AS (
+                 INSERT INTO {quoted} AS r
+                     (key, state, token, fingerprint, outcome, expires_at, first_attempt_at)
+                 VALUES ($1, 'pending', $2, $3, NULL,
+                         now() + $4::bigint * interval '1 millisecond', now())
                  ON CONFLICT (key) DO UPDATE SET
                      state = CASE WHEN {takes} THEN excluded.state ELSE r.state END,
                      token = CASE WHEN {takes} THEN excluded.token ELSE r.token END,
@@ -80,9 +96,27 @@ impl Table {
                          THEN excluded.fingerprint ELSE r.fingerprint END,
                      outcome = CASE WHEN {takes} THEN NULL ELSE r.outcome END,
                      expires_at = CASE WHEN {takes}
-                         THEN excluded.expires_at ELSE r.expires_at END
-                 RETURNING r.state, r.token, r.fingerprint, r.outcome::text"
+                         THEN excluded.expires_at ELSE r.expires_at END,
+                     first_attempt_at = CASE
+                         WHEN NOT {takes} THEN r.first_attempt_at
+                         WHEN r.state = 'pending' AND r.fingerprint = excluded.fingerprint
+                             THEN r.first_attempt_at
+                         ELSE excluded.first_attempt_at END
+                 RETURNING r.state, r.token, r.fingerprint, r.outcome::text,
+                     {FIRST_ATTEMPT_AGE_OF_R}
+                 )
+                 SELECT up.*, old.state, old.fingerprint, old.outcome, old.expired, old.age
+                 FROM up LEFT JOIN old ON true"
             ),
+            retake: format!(
+                "UPDATE {quoted} SET state = 'pending', token = $2, outcome = NULL,
+                     expires_at = now() + $4::bigint * interval '1 millisecond'
+                 WHERE key = $1 AND {UNKNOWN} AND expires_at > now() AND fingerprint = $3
+                     AND first_attempt_at > now() - $5::bigint * interval '1 millisecond'
+                 RETURNING key"
+            ),
+            // The token's own row keeps its first attempt's time; a row written over another
+            // token's expired one does not know it.
             complete: format!(
                 "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
                  VALUES ($1, 'done', $2, $3, $4::text::jsonb,
@@ -90,7 +124,9 @@ impl Table {
                  ON CONFLICT (key) DO UPDATE SET
                      state = excluded.state, token = excluded.token,
                      fingerprint = excluded.fingerprint, outcome = excluded.outcome,
-                     expires_at = excluded.expires_at
+                     expires_at = excluded.expires_at,
+                     first_attempt_at = CASE WHEN r.token = excluded.token
+                         THEN r.first_attempt_at END
                  WHERE r.token = excluded.token OR r.expires_at <= now()"
             ),
             release: format!(
@@ -119,7 +155,12 @@ impl Table {
                          THEN excluded.fingerprint ELSE r.fingerprint END,
                      outcome = CASE WHEN {takes} THEN NULL ELSE r.outcome END,
                      expires_at = CASE WHEN {takes}
-                         THEN excluded.expires_at ELSE r.expires_at END
+                         THEN excluded.expires_at ELSE r.expires_at END,
+                     first_attempt_at = CASE
+                         WHEN NOT {takes} THEN r.first_attempt_at
+                         WHEN r.state = 'pending' AND r.fingerprint = excluded.fingerprint
+                             THEN r.first_attempt_at
+                         ELSE now() END
                  RETURNING r.state, r.token, r.fingerprint, r.outcome::text, r.key"
             ),
             // Rows the WHERE leaves alone are not returned: the keys returned were written.
@@ -133,7 +174,9 @@ impl Table {
                  ON CONFLICT (key) DO UPDATE SET
                      state = excluded.state, token = excluded.token,
                      fingerprint = excluded.fingerprint, outcome = excluded.outcome,
-                     expires_at = excluded.expires_at
+                     expires_at = excluded.expires_at,
+                     first_attempt_at = CASE WHEN r.token = excluded.token
+                         THEN r.first_attempt_at END
                  WHERE r.token = excluded.token OR r.expires_at <= now()
                  RETURNING r.key"
             ),
@@ -170,7 +213,7 @@ impl Table {
                  ON CONFLICT (key) DO UPDATE SET
                      state = excluded.state, token = excluded.token,
                      fingerprint = excluded.fingerprint, outcome = NULL,
-                     expires_at = excluded.expires_at
+                     expires_at = excluded.expires_at, first_attempt_at = NULL
                  WHERE r.expires_at <= now()
                  RETURNING r.key"
             ),
@@ -230,6 +273,14 @@ impl Table {
 /// A done row whose kept outcome is of unknown delivery; the partial index's predicate, which
 /// the listing repeats word for word so the planner uses the index.
 const UNKNOWN: &str = "state = 'done' AND (outcome -> 'failed' ->> 'category') = 'unknown'";
+
+/// How long ago a row's first attempt began, in whole milliseconds by the server's clock;
+/// NULL when unknown (a row written by an earlier release).
+const FIRST_ATTEMPT_AGE: &str = "(extract(epoch from (now() - first_attempt_at)) * 1000)::bigint";
+
+/// [`FIRST_ATTEMPT_AGE`] of the row a reserve answers.
+const FIRST_ATTEMPT_AGE_OF_R: &str =
+    "(extract(epoch from (now() - r.first_attempt_at)) * 1000)::bigint";
 
 /// A row held by a live send: pending or claimed, within its lease.
 const LIVE: &str = "(state IN ('pending', 'claimed') AND expires_at > now())";

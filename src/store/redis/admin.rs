@@ -24,12 +24,15 @@ pub const UNKNOWN_INDEX_SUFFIX: &str = "unknown-index";
 /// The Lua script that reads a record with the time left on it, atomically.
 ///
 /// `KEYS[1]` the key. Answers `{0}` when there is no key, `{2}` when it holds another Redis
-/// type, `{1, value, pttl}` otherwise.
+/// type, `{1, value, pttl, now}` otherwise, `now` the server's `TIME` in ms (against which a
+/// pending record's `lease_until_ms` is read).
 pub const INSPECT_SCRIPT: &str = r"
 local current = redis.pcall('GET', KEYS[1])
 if not current then return {0} end
 if type(current) ~= 'string' then return {2} end
-return {1, current, redis.call('PTTL', KEYS[1])}
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return {1, current, redis.call('PTTL', KEYS[1]), now}
 ";
 
 /// The Lua script that replaces a record only if it is still the one read: the
@@ -143,7 +146,12 @@ impl Scripts {
 enum Raw {
     Nothing,
     OtherType,
-    Value { bytes: Vec<u8>, pttl: i64 },
+    Value {
+        bytes: Vec<u8>,
+        pttl: i64,
+        /// The server's time in ms, when the script answered it.
+        now: Option<u64>,
+    },
 }
 
 fn evalsha(script: &Script, key: String, args: &[&[u8]]) -> Cmd {
@@ -188,19 +196,44 @@ fn raw(reply: Value) -> Result<Raw, StoreError> {
                 .transpose()
                 .map_err(|_| garbage("a read"))?
                 .ok_or_else(|| garbage("a read"))?;
-            Ok(Raw::Value { bytes, pttl })
+            let now: Option<u64> = parts
+                .next()
+                .map(redis::from_redis_value)
+                .transpose()
+                .map_err(|_| garbage("a read"))?;
+            Ok(Raw::Value { bytes, pttl, now })
         }
         _ => Err(garbage("a read")),
     }
 }
 
+/// Whether a pending record read at the server's time `now` is within its lease: a record
+/// of an earlier release (no `lease_until_ms`) lives only as long as its lease.
+fn held_live(state: RecordState, times: record::Times, now: Option<u64>) -> bool {
+    state == RecordState::Pending
+        && match (times.lease_until_ms, now) {
+            (Some(until), Some(now)) => until > now,
+            _ => true,
+        }
+}
+
 /// The record in `bytes`, as an operator sees it; `None` when the key expired as it was read.
-fn inspected(key: &str, bytes: &[u8], pttl: i64) -> Result<Option<Inspected>, StoreError> {
-    let (_, record) = record::decode_record(bytes)?;
-    let expires = match pttl {
-        -2 => return Ok(None),
-        ms if ms > 0 => Expiry::In(Duration::from_millis(ms.unsigned_abs())),
-        0 => Expiry::Passed,
+/// A pending record's expiry is its lease's end, kept in the record.
+fn inspected(
+    key: &str,
+    bytes: &[u8],
+    pttl: i64,
+    now: Option<u64>,
+) -> Result<Option<Inspected>, StoreError> {
+    let (_, record, times) = record::decode_record_times(bytes)?;
+    let expires = match (pttl, record.state, times.lease_until_ms, now) {
+        (-2, ..) => return Ok(None),
+        (_, RecordState::Pending, Some(until), Some(now)) if until > now => {
+            Expiry::In(Duration::from_millis(until - now))
+        }
+        (_, RecordState::Pending, Some(_), Some(_)) => Expiry::Passed,
+        (ms, ..) if ms > 0 => Expiry::In(Duration::from_millis(ms.unsigned_abs())),
+        (0, ..) => Expiry::Passed,
         _ => Expiry::Unknown,
     };
     let state = match record.state {
@@ -320,7 +353,7 @@ impl RedisStore {
             Raw::OtherType => Err(StoreError::corrupt(
                 "the key holds a value of another Redis type",
             )),
-            Raw::Value { bytes, pttl } => inspected(key, &bytes, pttl),
+            Raw::Value { bytes, pttl, now } => inspected(key, &bytes, pttl, now),
         }
     }
 
@@ -352,8 +385,9 @@ impl RedisStore {
                          deletes it",
                     ));
                 }
-                Raw::Value { bytes, .. } => {
-                    let record = record::decode_record(&bytes);
+                Raw::Value { bytes, now, .. } => {
+                    let record = record::decode_record_times(&bytes)
+                        .map(|(_, record, times)| (held_live(record.state, times, now), record));
                     (bytes, record)
                 }
             };
@@ -369,10 +403,8 @@ impl RedisStore {
                     )
                     .with_source(e));
                 }
-                // A pending record in Redis expires with its lease: its holder is live.
-                (Ok((_, record)), _)
-                    if record.state == RecordState::Pending && !force.is_forced() =>
-                {
+                // A pending record within its lease: its holder is live.
+                (Ok((true, _)), _) if !force.is_forced() => {
                     return Ok(AdminOutcome::HeldByLiveSend);
                 }
                 (Ok(_), Resolution::NotSent) => String::new(),
@@ -462,7 +494,7 @@ impl RedisStore {
         let mut stale = Vec::new();
         for ((key, score), reply) in indexed.into_iter().zip(replies) {
             let listed = match raw(reply?)? {
-                Raw::Value { bytes, pttl } => inspected(&key, &bytes, pttl)
+                Raw::Value { bytes, pttl, now } => inspected(&key, &bytes, pttl, now)
                     .ok()
                     .flatten()
                     .filter(Inspected::is_unknown_delivery),

@@ -7,10 +7,11 @@
 //!
 //! | operation | command |
 //! |---|---|
-//! | [`reserve`](Store::reserve) | `SET key pending NX GET PX lease`: sets the pending record only when no key exists, and answers the value that holds it otherwise |
+//! | [`reserve`](Store::reserve) | the Lua script [`RESERVE_SCRIPT`] (`EVALSHA`, one round trip): sets the pending record when no live record holds the key (none, or a pending one whose lease passed: a takeover), and answers the value that holds it otherwise |
 //! | [`complete`](Store::complete) | the Lua script [`COMPLETE_SCRIPT`] (`EVALSHA`): writes the done record with `PX ttl` when the token holds the key or nothing does |
 //! | [`release`](Store::release) | the Lua script [`RELEASE_SCRIPT`] (`EVALSHA`): deletes the key when the token holds it pending |
-//! | [`extend`](Store::extend) | the Lua script [`EXTEND_SCRIPT`] (`EVALSHA`): `PEXPIRE key lease` when the token holds it pending |
+//! | [`extend`](Store::extend) | the Lua script [`EXTEND_SCRIPT`] (`EVALSHA`): moves the lease's end in the record when the token holds it pending within its lease |
+//! | [`retake`](Store::retake) | the Lua script [`RETAKE_SCRIPT`] (`EVALSHA`): holds a done record of unknown delivery pending again when its first attempt is younger than the window |
 //!
 //! Scripts run with `EVALSHA` and are loaded again by themselves when the server answers
 //! `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
@@ -55,9 +56,16 @@
 //!
 //! # Expiry
 //!
-//! Every record is written with `PX` (an extended lease is moved with `PEXPIRE`), so the
-//! server's clock decides expiry and an expired record is simply absent: nothing lingers, no
-//! purge is needed, and an extend that comes too late finds nothing to revive. A lease or ttl is sent in
+//! The server's clock decides expiry. A done record is written with `PX ttl` and is simply
+//! absent once expired: no purge is needed. A pending record carries its lease's end in the
+//! record (`lease_until_ms`, by the server's `TIME`, which every script reads) and is
+//! written with `PX` of the lease plus [`RedisStore::pending_kept_for`] (a day by default):
+//! past its lease it holds nothing, but a reserve that takes it over can tell
+//! ([`Reservation::TakenOver`]), and the layer checks before
+//! it sends again. Records carry the first attempt's time (`first_attempt_at_ms`) as well;
+//! see [`store::record`](super::record). An extend that comes after the lease revives
+//! nothing. Records of the previous release carry no times: their pending records live for
+//! their lease (`PX`), their first attempt is unknown. A lease or ttl is sent in
 //! whole milliseconds, at least 1 ms and at most [`MAX_EXPIRY`] (about 100 years; Redis refuses
 //! expiry times that overflow its clock).
 //!
@@ -73,7 +81,8 @@
 //! ```
 //!
 //! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
-//! fingerprint in hex, `outcome` the kept [`Outcome`] (done records only). No message content
+//! fingerprint in hex, `outcome` the kept [`Outcome`] (done records only), then
+//! `first_attempt_at_ms` and, for a pending record, `lease_until_ms`. No message content
 //! is stored. The scripts read `state` and `token` of that JSON. A value that is not such
 //! JSON, a record that breaks the [record rules](super::record#the-record-rules) (a pending
 //! record with an outcome, a done one without, a failure of category `delivered`: the same
@@ -112,8 +121,11 @@
 //! written by separate commands, never one script. An entry whose record expired, was taken
 //! by a new reserve, or was changed around the store is skipped by the next listing and
 //! dropped; a record that a failed index write left out is indexed again when its
-//! settlement is retried. A pending record whose lease passed is gone from Redis, so the
-//! listing holds keys of unknown delivery only. On a cluster, the index is one key on one
+//! settlement is retried. A pending record whose lease passed is kept (see
+//! [Expiry](#expiry)) but not listed: indexing it would take an index write on every
+//! reserve, another key in another slot on a cluster, so reserve would no longer be one
+//! round trip. The listing holds keys of unknown delivery only; a stale pending key is
+//! settled by the next send's takeover check, or read with `inspect`. On a cluster, the index is one key on one
 //! node, which every listing and every unknown `complete` reaches.
 //!
 //! # Guarantee
@@ -162,9 +174,9 @@ pub use admin::{
     INDEX_ADD_SCRIPT, INDEX_DROP_SCRIPT, INDEX_PAGE_SCRIPT, INSPECT_SCRIPT, SETTLE_SCRIPT,
     UNKNOWN_INDEX_SUFFIX,
 };
-pub use scripts::{COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT};
+pub use scripts::{COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT};
 
-use scripts::{millis, reservation, script_answer};
+use scripts::{millis, millis_or_zero, reservation, script_answer};
 
 /// The prefix put before every key unless [`RedisStore::key_prefix`] sets another.
 pub const DEFAULT_KEY_PREFIX: &str = "idem:";
@@ -174,6 +186,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The longest lease or ttl sent to the server (100 years); longer ones are cut to it.
 pub const MAX_EXPIRY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// How long a pending record is kept past its lease unless
+/// [`RedisStore::pending_kept_for`] says otherwise: a day, the layer's default ttl.
+pub const DEFAULT_PENDING_KEPT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// An idempotency store on Redis, shared by every process that uses the same server and
 /// prefix. See the [module docs](self) for the commands, the key layout and the guarantee.
@@ -204,6 +220,9 @@ pub struct RedisStore {
     connection: Connection,
     prefix: Arc<str>,
     timeout: Duration,
+    pending_kept: Duration,
+    reserve: Arc<Script>,
+    retake: Arc<Script>,
     complete: Arc<Script>,
     release: Arc<Script>,
     extend: Arc<Script>,
@@ -313,6 +332,9 @@ impl RedisStore {
             connection,
             prefix: Arc::from(DEFAULT_KEY_PREFIX),
             timeout: DEFAULT_TIMEOUT,
+            pending_kept: DEFAULT_PENDING_KEPT,
+            reserve: Arc::new(Script::new(RESERVE_SCRIPT)),
+            retake: Arc::new(Script::new(RETAKE_SCRIPT)),
             complete: Arc::new(Script::new(COMPLETE_SCRIPT)),
             release: Arc::new(Script::new(RELEASE_SCRIPT)),
             extend: Arc::new(Script::new(EXTEND_SCRIPT)),
@@ -344,6 +366,19 @@ impl RedisStore {
         self
     }
 
+    /// How long a pending record is kept past its lease (default [`DEFAULT_PENDING_KEPT`],
+    /// a day): while it is, a reserve after the lease reports that it took the key over
+    /// from a holder that never settled it
+    /// ([`Reservation::TakenOver`]), so the layer can check
+    /// before it sends. After it, the record is gone and such a reserve answers
+    /// `Reserved`, as a store without the record would. Zero keeps it no longer than its
+    /// lease.
+    #[must_use]
+    pub fn pending_kept_for(mut self, kept: Duration) -> Self {
+        self.pending_kept = kept;
+        self
+    }
+
     fn redis_key(&self, key: &str) -> String {
         let mut k = String::with_capacity(self.prefix.len() + key.len());
         k.push_str(&self.prefix);
@@ -366,13 +401,44 @@ impl RedisStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
-        let (cmd, token) = self.reserve_cmd(key, fingerprint, lease)?;
+        let token = Token::new();
+        let pending = record::pending_json(token, fingerprint)?;
         let mut connection = self.connection.clone();
-        let reply = connection
-            .req_packed_command(&cmd)
+        let reply: Value = self
+            .reserve
+            .key(self.redis_key(key))
+            .arg(pending)
+            .arg(fingerprint.to_string())
+            .arg(millis(lease))
+            .arg(millis_or_zero(self.pending_kept))
+            .invoke_async(&mut connection)
             .await
             .map_err(server_error)?;
         reservation(reply, token)
+    }
+
+    async fn retake_once(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> Result<Option<Token>, StoreError> {
+        let token = Token::new();
+        let pending = record::pending_json(token, fingerprint)?;
+        let mut connection = self.connection.clone();
+        let answer: i64 = self
+            .retake
+            .key(self.redis_key(key))
+            .arg(pending)
+            .arg(fingerprint.to_string())
+            .arg(millis(lease))
+            .arg(millis(within))
+            .arg(millis_or_zero(self.pending_kept))
+            .invoke_async(&mut connection)
+            .await
+            .map_err(server_error)?;
+        Ok(script_answer(answer, "retake")?.then_some(token))
     }
 
     async fn complete_once(
@@ -427,6 +493,7 @@ impl RedisStore {
             .key(self.redis_key(key))
             .arg(token.to_string())
             .arg(millis(lease))
+            .arg(millis_or_zero(self.pending_kept))
             .invoke_async(&mut connection)
             .await
             .map_err(server_error)?;
@@ -487,6 +554,17 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         self.bounded(self.extend_once(key, token, lease)).boxed()
+    }
+
+    fn retake<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
+        self.bounded(self.retake_once(key, fingerprint, lease, within))
+            .boxed()
     }
 
     fn reserve_many<'a>(

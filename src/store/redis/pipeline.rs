@@ -24,7 +24,7 @@ impl RedisStore {
             commands.push((self.redis_key(key), cmd));
             tokens.push(token);
         }
-        let replies = self.send_batch(&commands).await?;
+        let replies = self.send_scripts(&self.reserve, &commands).await?;
         Ok(replies
             .into_iter()
             .zip(tokens)

@@ -9,22 +9,98 @@ use super::{MAX_EXPIRY, RedisStore, server_error};
 use crate::fingerprint::Fingerprint;
 use crate::store::{Completion, Reservation, StoreError, Token, record};
 
+/// The Lua script behind [`reserve`](crate::store::Store::reserve): one round trip.
+///
+/// `KEYS[1]` the key, `ARGV[1]` the pending record without its times, `ARGV[2]` the
+/// fingerprint in hex, `ARGV[3]` the lease in ms, `ARGV[4]` how long a pending record is kept
+/// past its lease in ms. The record gets `first_attempt_at_ms` and `lease_until_ms` by the
+/// server's `TIME`, and lives `PX` lease plus that time, so a reserve after the lease can tell
+/// it takes the key over. Answers `{0}` when it reserved a free key, `{1, value, now}` when a
+/// live record holds it (`now` the server's time in ms), `{2, value, now}` when it took it
+/// over from a pending record whose lease passed (keeping its first attempt's time for the
+/// same fingerprint), `{-1}` when the key holds another Redis type. A pending record without
+/// `lease_until_ms` (written by an earlier release, with `PX` its lease) is live while it
+/// exists; a value that is not JSON is answered as held, for the store to report as corrupt.
+pub const RESERVE_SCRIPT: &str = r#"
+local current = redis.pcall('GET', KEYS[1])
+if type(current) == 'table' then return {-1} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local first = now
+if current then
+  local ok, record = pcall(cjson.decode, current)
+  if not ok or type(record) ~= 'table' or record.state ~= 'pending'
+      or type(record.lease_until_ms) ~= 'number' or record.lease_until_ms > now then
+    return {1, current, now}
+  end
+  if record.fingerprint == ARGV[2] and type(record.first_attempt_at_ms) == 'number' then
+    first = record.first_attempt_at_ms
+  end
+end
+local lease = tonumber(ARGV[3])
+local value = string.sub(ARGV[1], 1, -2) .. string.format(
+  ',"first_attempt_at_ms":%d,"lease_until_ms":%d}', first, now + lease)
+redis.call('SET', KEYS[1], value, 'PX', lease + tonumber(ARGV[4]))
+if current then return {2, current, now} end
+return {0}
+"#;
+
+/// The Lua script behind [`retake`](crate::store::Store::retake).
+///
+/// `KEYS[1]` the key, `ARGV[1]` the pending record without its times, `ARGV[2]` the
+/// fingerprint in hex, `ARGV[3]` the lease in ms, `ARGV[4]` the window in ms, `ARGV[5]` how
+/// long a pending record is kept past its lease in ms. Answers 1 when it took the key back
+/// (a done record of that fingerprint, a failure of category `unknown`, its first attempt
+/// younger than the window by the server's `TIME`; the first attempt's time is kept), 0
+/// when it changed nothing, -1 when the value under the key cannot be read.
+pub const RETAKE_SCRIPT: &str = r#"
+local current = redis.pcall('GET', KEYS[1])
+if not current then return 0 end
+if type(current) ~= 'string' then return -1 end
+local ok, record = pcall(cjson.decode, current)
+if not ok or type(record) ~= 'table' then return -1 end
+if record.state ~= 'done' or record.fingerprint ~= ARGV[2]
+    or type(record.first_attempt_at_ms) ~= 'number' or type(record.outcome) ~= 'table'
+    or type(record.outcome.failed) ~= 'table' or record.outcome.failed.category ~= 'unknown' then
+  return 0
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if now - record.first_attempt_at_ms >= tonumber(ARGV[4]) then return 0 end
+local lease = tonumber(ARGV[3])
+local value = string.sub(ARGV[1], 1, -2) .. string.format(
+  ',"first_attempt_at_ms":%d,"lease_until_ms":%d}', record.first_attempt_at_ms, now + lease)
+redis.call('SET', KEYS[1], value, 'PX', lease + tonumber(ARGV[5]))
+return 1
+"#;
+
 /// The Lua script behind [`complete`](crate::store::Store::complete).
 ///
 /// `KEYS[1]` the key, `ARGV[1]` the token, `ARGV[2]` the done record, `ARGV[3]` the ttl in ms.
-/// Answers 1 when it wrote, 0 when another token holds the key, -1 when the value under the
-/// key cannot be read (it is then left as it is).
-pub const COMPLETE_SCRIPT: &str = r"
+/// Writes when the token holds the key, when nothing does, or when another token's pending
+/// record has passed its lease (by the server's `TIME`); the record keeps the first attempt's
+/// time of the token's own record. Answers 1 when it wrote, 0 when another token holds the
+/// key, -1 when the value under the key cannot be read (it is then left as it is).
+pub const COMPLETE_SCRIPT: &str = r#"
 local current = redis.pcall('GET', KEYS[1])
+local value = ARGV[2]
 if current then
   if type(current) ~= 'string' then return -1 end
   local ok, record = pcall(cjson.decode, current)
   if not ok or type(record) ~= 'table' or type(record.token) ~= 'string' then return -1 end
-  if record.token ~= ARGV[1] then return 0 end
+  if record.token ~= ARGV[1] then
+    if record.state ~= 'pending' or type(record.lease_until_ms) ~= 'number' then return 0 end
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    if record.lease_until_ms > now then return 0 end
+  elseif type(record.first_attempt_at_ms) == 'number' then
+    value = string.sub(value, 1, -2) .. string.format(
+      ',"first_attempt_at_ms":%d}', record.first_attempt_at_ms)
+  end
 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
 return 1
-";
+"#;
 
 /// The Lua script behind [`release`](crate::store::Store::release).
 ///
@@ -43,23 +119,34 @@ return redis.call('DEL', KEYS[1])
 
 /// The Lua script behind [`extend`](crate::store::Store::extend).
 ///
-/// `KEYS[1]` the key, `ARGV[1]` the token, `ARGV[2]` the new lease in ms. Answers 1 when it
-/// set the key to expire `ARGV[2]` ms from now, 0 when the token does not hold it pending (a
-/// key whose lease passed is gone, so it answers 0 and stays gone), -1 when the value under
-/// the key cannot be read (it is then left as it is). The record itself is not rewritten:
-/// `PEXPIRE` moves its expiry only.
-pub const EXTEND_SCRIPT: &str = r"
+/// `KEYS[1]` the key, `ARGV[1]` the token, `ARGV[2]` the new lease in ms, `ARGV[3]` how long a
+/// pending record is kept past its lease in ms. Answers 1 when it moved the lease's end to
+/// `ARGV[2]` ms from now (by the server's `TIME`, in the record's `lease_until_ms`, and its
+/// `PX` with it), 0 when the token does not hold it pending within its lease (a lease that
+/// passed is never revived), -1 when the value under the key cannot be read (it is then left
+/// as it is). A pending record of an earlier release (no `lease_until_ms`) gets `PEXPIRE`.
+pub const EXTEND_SCRIPT: &str = r#"
 local current = redis.pcall('GET', KEYS[1])
 if not current then return 0 end
 if type(current) ~= 'string' then return -1 end
 local ok, record = pcall(cjson.decode, current)
 if not ok or type(record) ~= 'table' or type(record.token) ~= 'string' then return -1 end
 if record.token ~= ARGV[1] or record.state ~= 'pending' then return 0 end
-return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-";
+if type(record.lease_until_ms) ~= 'number' then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if record.lease_until_ms <= now then return 0 end
+local lease = tonumber(ARGV[2])
+local value = string.gsub(current, '"lease_until_ms":%d+',
+  string.format('"lease_until_ms":%d', now + lease), 1)
+redis.call('SET', KEYS[1], value, 'PX', lease + tonumber(ARGV[3]))
+return 1
+"#;
 
 impl RedisStore {
-    /// `SET key pending NX GET PX lease`, and the token it reserves under.
+    /// `EVALSHA` of [`RESERVE_SCRIPT`] for one key, and the token it reserves under.
     pub(super) fn reserve_cmd(
         &self,
         key: &str,
@@ -68,13 +155,14 @@ impl RedisStore {
     ) -> Result<(Cmd, Token), StoreError> {
         let token = Token::new();
         let pending = record::pending_json(token, fingerprint)?;
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(self.redis_key(key))
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.reserve.get_hash())
+            .arg(1)
+            .arg(self.redis_key(key))
             .arg(pending)
-            .arg("NX")
-            .arg("GET")
-            .arg("PX")
-            .arg(millis(lease));
+            .arg(fingerprint.to_string())
+            .arg(millis(lease))
+            .arg(millis_or_zero(self.pending_kept));
         Ok((cmd, token))
     }
 
@@ -106,17 +194,43 @@ impl RedisStore {
     }
 }
 
-/// What the reply to `SET NX GET` says: nothing held the key, so `token` reserved it; or the
-/// value that holds it.
+/// What the reply to [`RESERVE_SCRIPT`] says: `token` reserved a free key, or took it over
+/// from the pending record answered; or the value that holds it. A record's first attempt's
+/// age is measured against the server's time the script answered.
 pub(super) fn reservation(reply: Value, token: Token) -> Result<Reservation, StoreError> {
     let reply = reply.extract_error().map_err(server_error)?;
-    let previous: Option<Vec<u8>> =
-        redis::from_redis_value(reply).map_err(|e| server_error(e.into()))?;
-    match previous {
-        None => Ok(Reservation::Reserved { token }),
-        Some(value) => {
-            record::decode_record(&value).map(|(_, record)| Reservation::Held { record })
+    let (tag, value, now): (i64, Option<Vec<u8>>, Option<u64>) = match reply {
+        Value::Array(parts) => {
+            let mut parts = parts.into_iter();
+            let mut next = || parts.next().unwrap_or(Value::Nil);
+            let tag = redis::from_redis_value(next()).map_err(|e| server_error(e.into()))?;
+            let value = redis::from_redis_value(next()).map_err(|e| server_error(e.into()))?;
+            let now = redis::from_redis_value(next()).map_err(|e| server_error(e.into()))?;
+            (tag, value, now)
         }
+        _ => (99, None, None),
+    };
+    let record = || -> Result<_, StoreError> {
+        let value = value.as_deref().ok_or_else(|| {
+            StoreError::corrupt("reserve: the script answered a record without its value")
+        })?;
+        let (_, mut record, times) = record::decode_record_times(value)?;
+        record.first_attempt_age = now.and_then(|now| times.first_attempt_age(now));
+        Ok(record)
+    };
+    match tag {
+        0 => Ok(Reservation::Reserved { token }),
+        1 => Ok(Reservation::Held { record: record()? }),
+        2 => Ok(Reservation::TakenOver {
+            token,
+            previous: record()?,
+        }),
+        -1 => Err(StoreError::corrupt(
+            "the key holds a value of another Redis type",
+        )),
+        other => Err(StoreError::corrupt(format!(
+            "reserve: the script answered {other}"
+        ))),
     }
 }
 
@@ -138,6 +252,11 @@ pub(super) fn script_answer(answer: i64, operation: &str) -> Result<bool, StoreE
             "{operation}: the script answered {other}"
         ))),
     }
+}
+
+/// Whole milliseconds of a time added to a lease, zero allowed, at most [`MAX_EXPIRY`].
+pub(super) fn millis_or_zero(d: Duration) -> u64 {
+    u64::try_from(d.min(MAX_EXPIRY).as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Whole milliseconds for `PX`, within what Redis accepts.

@@ -12,6 +12,7 @@ pub mod postmark;
 pub mod resend;
 pub mod twilio;
 
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -178,17 +179,61 @@ pub struct FakeProvider {
     server: tokio::task::JoinHandle<()>,
 }
 
+impl ProviderState {
+    /// The `n`-th request (from 1), once it arrived.
+    pub fn nth(&self, n: usize) -> Option<Recorded> {
+        self.requests
+            .lock()
+            .unwrap()
+            .get(n.checked_sub(1)?)
+            .cloned()
+    }
+}
+
+/// A listener that closes its first `drop` connections as soon as they are accepted, before
+/// a byte is read: requests on them never reach the provider, and the client sees the
+/// connection break after it connected (not a refused connection).
+struct Dropping {
+    inner: tokio::net::TcpListener,
+    drop: usize,
+}
+
+impl axum::serve::Listener for Dropping {
+    type Io = tokio::net::TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let accepted = axum::serve::Listener::accept(&mut self.inner).await;
+            if self.drop == 0 {
+                return accepted;
+            }
+            self.drop -= 1;
+            drop(accepted);
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
 impl FakeProvider {
     /// Starts a provider that answers by `script`: a [`script`] or a list of replies.
     pub async fn start(script: impl Into<Script>) -> Self {
-        Self::serve(None, script.into()).await
+        Self::serve(None, script.into(), 0).await
+    }
+
+    /// [`start`](Self::start), closing the first `drop` connections unread.
+    pub async fn start_dropping(script: impl Into<Script>, drop: usize) -> Self {
+        Self::serve(None, script.into(), drop).await
     }
 
     /// Starts a provider that checks every request against `schema` first: a request that
     /// breaks it is answered the provider's validation error (the script is not asked) and
     /// kept in [`violations`](Self::violations).
     pub async fn enforcing(schema: Schema, script: impl Into<Script>) -> Self {
-        Self::serve(Some(schema), script.into()).await
+        Self::serve(Some(schema), script.into(), 0).await
     }
 
     /// What the schema refused, in order; empty when every request was one the real provider
@@ -206,7 +251,7 @@ impl FakeProvider {
         );
     }
 
-    async fn serve(schema: Option<Schema>, script: Script) -> Self {
+    async fn serve(schema: Option<Schema>, script: Script, drop: usize) -> Self {
         let state = Arc::new(ProviderState {
             schema,
             violations: Mutex::new(Vec::new()),
@@ -221,6 +266,10 @@ impl FakeProvider {
             .with_state((Arc::clone(&state), script.0));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let listener = Dropping {
+            inner: listener,
+            drop,
+        };
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -341,6 +390,85 @@ where
 {
     let mut transport = tower_idempotency::http::HttpTransport::new(hyper_client(), codec);
     super::send(&mut transport, message).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// A provider that deduplicates on the idempotency key, like Resend
+// ---------------------------------------------------------------------------------------------
+
+/// What the deduplicating provider does with a request whose key it has not taken yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Takes the message and answers 200 with its id.
+    None,
+    /// Takes the message, then answers 500 (a proxy that lost the answer).
+    TakeThen500,
+    /// Takes the message and never answers.
+    TakeThenStall,
+}
+
+/// The messages a deduplicating provider took, by idempotency key: a request under a key it
+/// took before is answered 200 with the first message's id and takes nothing, as Resend
+/// answers a repeat of a request within its 24-hour window. Requests without a key are
+/// taken each time.
+#[derive(Default)]
+pub struct Ledger {
+    taken: Mutex<HashMap<String, String>>,
+    messages: Mutex<HashMap<String, usize>>,
+    faults: Mutex<VecDeque<Fault>>,
+    next_id: AtomicUsize,
+}
+
+impl Ledger {
+    /// A ledger whose first new messages meet `faults`, in order; later ones are taken and
+    /// answered.
+    pub fn new(faults: impl IntoIterator<Item = Fault>) -> Arc<Self> {
+        Arc::new(Self {
+            faults: Mutex::new(faults.into_iter().collect()),
+            ..Self::default()
+        })
+    }
+
+    /// The provider's script over this ledger.
+    pub fn script(self: &Arc<Self>) -> Script {
+        let ledger = Arc::clone(self);
+        script(move |n, state| {
+            let ledger = Arc::clone(&ledger);
+            async move {
+                let key = state.nth(n).and_then(|r| r.key).unwrap_or_default();
+                if let Some(id) = ledger.taken(&key) {
+                    return Reply::json(200, format!(r#"{{"id":"{id}"}}"#));
+                }
+                let fault = ledger.faults.lock().unwrap().pop_front();
+                let id = format!("msg-{}", ledger.next_id.fetch_add(1, Ordering::SeqCst) + 1);
+                ledger.taken.lock().unwrap().insert(key.clone(), id.clone());
+                *ledger.messages.lock().unwrap().entry(key).or_default() += 1;
+                match fault.unwrap_or(Fault::None) {
+                    Fault::None => Reply::json(200, format!(r#"{{"id":"{id}"}}"#)),
+                    Fault::TakeThen500 => Reply::json(
+                        500,
+                        r#"{"statusCode":500,"name":"internal_server_error","message":"oops"}"#,
+                    ),
+                    Fault::TakeThenStall => Reply::stall(),
+                }
+            }
+        })
+    }
+
+    /// The id of the message taken under `key`, if one was.
+    pub fn taken(&self, key: &str) -> Option<String> {
+        self.taken.lock().unwrap().get(key).cloned()
+    }
+
+    /// How many messages the provider took under `key`: more than one is a duplicate.
+    pub fn messages(&self, key: &str) -> usize {
+        self.messages.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    /// How many messages it took in all.
+    pub fn total_messages(&self) -> usize {
+        self.messages.lock().unwrap().values().sum()
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -51,6 +51,24 @@
 //! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
 //! fingerprint in lowercase hex, `outcome` the outcome as above (done records only).
 //!
+//! Two optional fields follow, in this order, in milliseconds since the UNIX epoch by the
+//! store's clock (`RedisStore`: the server's `TIME`), each left out when unknown:
+//!
+//! ```json
+//! {"state":"pending","token":"6f1c…","fingerprint":"9a0e…","first_attempt_at_ms":1764500000000,"lease_until_ms":1764500120000}
+//! {"state":"done","token":"6f1c…","fingerprint":"9a0e…","outcome":{…},"first_attempt_at_ms":1764500000000}
+//! ```
+//!
+//! - `first_attempt_at_ms`: when the first attempt under the key began (kept through
+//!   retakes and takeovers of the same message); a store reports its age as
+//!   [`Record::first_attempt_age`](super::Record::first_attempt_age). A record without it
+//!   (written by an earlier release) has an unknown first attempt, and is never re-sent.
+//! - `lease_until_ms`: when the lease of a pending record ends. A pending record outlives
+//!   its lease, so that a reserve after it can tell it took the key over from a holder that
+//!   never settled it ([`Reservation::TakenOver`](super::Reservation::TakenOver)). A
+//!   pending record without it (written by an earlier release) is live for as long as it
+//!   exists.
+//!
 //! # The record rules
 //!
 //! What decodes must also make sense, or it is [`Corrupt`](super::StoreErrorKind::Corrupt):
@@ -141,12 +159,41 @@ pub fn encode_record(token: Token, record: &Record) -> Result<Vec<u8>, StoreErro
 /// a done one without, a failure of category `delivered`), or are of a later version than
 /// this release reads.
 pub fn decode_record(bytes: &[u8]) -> Result<(Token, Record), StoreError> {
+    decode_record_times(bytes).map(|(token, record, _)| (token, record))
+}
+
+/// The times a stored record carries, in milliseconds since the UNIX epoch by the clock of
+/// the store that wrote them (`RedisStore`: the server's `TIME`); absent in records written
+/// before they existed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Times {
+    /// When the first attempt under the key began.
+    pub(crate) first_attempt_at_ms: Option<u64>,
+    /// When the lease of a pending record ends.
+    pub(crate) lease_until_ms: Option<u64>,
+}
+
+impl Times {
+    /// The first attempt's age at `now_ms`, by the same clock.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn first_attempt_age(&self, now_ms: u64) -> Option<Duration> {
+        self.first_attempt_at_ms
+            .map(|at| Duration::from_millis(now_ms.saturating_sub(at)))
+    }
+}
+
+/// [`decode_record`], with the times the record carries.
+pub(crate) fn decode_record_times(bytes: &[u8]) -> Result<(Token, Record, Times), StoreError> {
     let stored: RecordIn = read(bytes, "the value under the key is not a record")?;
     let outcome = stored.outcome.map(Outcome::try_from).transpose()?;
     let record = checked_record(stored.state.into(), stored.fingerprint, outcome).map_err(|e| {
         StoreError::corrupt("the value under the key is not a usable record").with_source(e)
     })?;
-    Ok((stored.token, record))
+    let times = Times {
+        first_attempt_at_ms: stored.first_attempt_at_ms,
+        lease_until_ms: stored.lease_until_ms,
+    };
+    Ok((stored.token, record, times))
 }
 
 /// The record a store read, once it passes [the record rules](self#the-record-rules) on its
@@ -163,6 +210,7 @@ pub(crate) fn checked_record(
         state,
         fingerprint,
         outcome,
+        first_attempt_age: None,
     })
 }
 
@@ -207,11 +255,26 @@ fn record_json(
     fingerprint: Fingerprint,
     outcome: Option<&Outcome>,
 ) -> Result<String, StoreError> {
+    record_json_at(state, token, fingerprint, outcome, Times::default())
+}
+
+/// A record as version-1 JSON with its times, as `RedisStore`'s scripts complete it: they
+/// append the times to the JSON written without them, in this order, so the bytes are the
+/// same (pinned by the golden tests).
+pub(crate) fn record_json_at(
+    state: RecordState,
+    token: Token,
+    fingerprint: Fingerprint,
+    outcome: Option<&Outcome>,
+    times: Times,
+) -> Result<String, StoreError> {
     write(&RecordOut {
         state: state.into(),
         token,
         fingerprint,
         outcome: outcome.map(OutcomeOut::from),
+        first_attempt_at_ms: times.first_attempt_at_ms,
+        lease_until_ms: times.lease_until_ms,
     })
 }
 
@@ -265,6 +328,10 @@ struct RecordOut<'a> {
     fingerprint: Fingerprint,
     #[serde(skip_serializing_if = "Option::is_none")]
     outcome: Option<OutcomeOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_attempt_at_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_until_ms: Option<u64>,
 }
 
 /// A whole record as it is read. The token is required, so a value without one is corrupt
@@ -276,6 +343,10 @@ struct RecordIn {
     fingerprint: Fingerprint,
     #[serde(default)]
     outcome: Option<OutcomeIn>,
+    #[serde(default)]
+    first_attempt_at_ms: Option<u64>,
+    #[serde(default)]
+    lease_until_ms: Option<u64>,
 }
 
 #[derive(Clone, Copy, Serialize, Deserialize)]
@@ -476,235 +547,4 @@ impl fmt::Display for KeptSource {
 impl Error for KeptSource {}
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::StoreErrorKind;
-
-    const TOKEN: &str = "6f1c2a4e-8b3d-4f5a-9c7e-1d2b3c4d5e6f";
-    const FINGERPRINT: &str = "0303030303030303030303030303030303030303030303030303030303030303";
-
-    fn token() -> Token {
-        TOKEN.parse().unwrap()
-    }
-
-    fn fingerprint() -> Fingerprint {
-        Fingerprint::from_bytes([3; 32])
-    }
-
-    fn kept_sent() -> Outcome {
-        let receipt = Receipt::new("msg_1", "resend").with_accepted(["b@x", "a@x"]);
-        Outcome::kept(&Ok(receipt), &["a@x", "b@x", "c@x"])
-    }
-
-    fn kept_error() -> SendError {
-        SendError::unknown_delivery("provider.timeout", "timed out")
-            .with_retry_after(Duration::from_millis(1500))
-            .with_source(std::io::Error::other("socket closed"))
-    }
-
-    // Golden: the exact bytes of each version-1 form. A change here breaks every record a
-    // running release wrote: add a version instead.
-
-    #[test]
-    fn a_kept_receipt_is_written_with_positions_not_addresses() {
-        assert_eq!(
-            outcome_json(&kept_sent()).unwrap(),
-            r#"{"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false,"accepted_at":[1,0]}}"#
-        );
-    }
-
-    #[test]
-    fn a_kept_error_is_written_with_retry_after_and_source_text() {
-        assert_eq!(
-            outcome_json(&Outcome::kept(&Err(kept_error()), &[])).unwrap(),
-            r#"{"failed":{"code":"provider.timeout","category":"unknown","retryable":false,"message":"timed out","retry_after_ms":1500,"source":"socket closed"}}"#
-        );
-    }
-
-    #[test]
-    fn a_pending_record_is_written_as_state_token_fingerprint() {
-        assert_eq!(
-            pending_json(token(), fingerprint()).unwrap(),
-            format!(r#"{{"state":"pending","token":"{TOKEN}","fingerprint":"{FINGERPRINT}"}}"#)
-        );
-        assert_eq!(
-            encode_record(token(), &Record::pending(fingerprint())).unwrap(),
-            pending_json(token(), fingerprint()).unwrap().into_bytes()
-        );
-    }
-
-    #[test]
-    fn a_done_record_is_written_with_its_outcome() {
-        let expected = format!(
-            r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{{"sent":{{"id":"msg_1","transport":"resend","accepted":[],"replayed":false,"accepted_at":[1,0]}}}}}}"#
-        );
-        assert_eq!(
-            done_json(token(), fingerprint(), &kept_sent()).unwrap(),
-            expected
-        );
-        assert_eq!(
-            encode_record(token(), &Record::done(fingerprint(), kept_sent())).unwrap(),
-            expected.into_bytes()
-        );
-    }
-
-    #[test]
-    fn a_kept_receipt_replays_its_positions_as_the_messages_addresses() {
-        let stored = br#"{"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false,"accepted_at":[1,0]}}"#;
-        let receipt = decode_outcome(stored)
-            .unwrap()
-            .into_replay_for(&["a@x", "b@x", "c@x"])
-            .unwrap();
-        assert_eq!(receipt.id, "msg_1");
-        assert_eq!(receipt.transport, "resend");
-        assert_eq!(receipt.accepted, ["b@x", "a@x"]);
-        assert!(receipt.replayed);
-    }
-
-    #[test]
-    fn a_kept_error_reads_back_with_every_part() {
-        let stored = br#"{"failed":{"code":"provider.timeout","category":"unknown","retryable":false,"message":"timed out","retry_after_ms":1500,"source":"socket closed"}}"#;
-        let error = decode_outcome(stored).unwrap().replay().unwrap_err();
-        assert_eq!(error.code(), "provider.timeout");
-        assert_eq!(error.category(), Category::Unknown);
-        assert!(!error.is_retryable());
-        assert_eq!(error.message(), "timed out");
-        assert_eq!(error.retry_after(), Some(Duration::from_millis(1500)));
-        assert_eq!(Error::source(&error).unwrap().to_string(), "socket closed");
-        assert!(error.is_replayed());
-    }
-
-    #[test]
-    fn every_category_keeps_its_stored_name() {
-        let names = [
-            (Category::Delivered, "delivered"),
-            (Category::Retryable, "retryable"),
-            (Category::Permanent, "permanent"),
-            (Category::Validation, "validation"),
-            (Category::Unknown, "unknown"),
-        ];
-        for (category, name) in names {
-            let json = serde_json::to_string(&CategoryV1::from(category)).unwrap();
-            assert_eq!(json, format!("\"{name}\""));
-            let back: CategoryV1 = serde_json::from_str(&json).unwrap();
-            assert_eq!(Category::from(back), category);
-        }
-    }
-
-    #[test]
-    fn encoding_then_decoding_gives_the_same_bytes() {
-        for outcome in [
-            kept_sent(),
-            Outcome::sent(Receipt::new("m1", "fake").with_accepted(["a@x"])),
-            Outcome::failed(kept_error()),
-            Outcome::failed(SendError::aborted()),
-        ] {
-            let bytes = encode_outcome(&outcome).unwrap();
-            let again = encode_outcome(&decode_outcome(&bytes).unwrap()).unwrap();
-            assert_eq!(bytes, again);
-        }
-        let done = done_json(token(), fingerprint(), &kept_sent()).unwrap();
-        let (t, record) = decode_record(done.as_bytes()).unwrap();
-        assert_eq!(t, token());
-        assert_eq!(record.state, RecordState::Done);
-        assert_eq!(record.fingerprint, fingerprint());
-        assert_eq!(encode_record(t, &record).unwrap(), done.into_bytes());
-    }
-
-    #[test]
-    fn undecodable_records_are_corrupt() {
-        let done_without_outcome =
-            format!(r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}"}}"#);
-        let without_token = format!(r#"{{"state":"pending","fingerprint":"{FINGERPRINT}"}}"#);
-        for value in [
-            &b"garbage"[..],
-            b"",
-            b"null",
-            b"{}",
-            b"\xff\xfe",
-            done_without_outcome.as_bytes(),
-            without_token.as_bytes(),
-        ] {
-            let err = decode_record(value).unwrap_err();
-            assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-        }
-        for value in [&b"42"[..], br#"{"nope":1}"#, b"[]", b""] {
-            let err = decode_outcome(value).unwrap_err();
-            assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-        }
-    }
-
-    fn failure_of(category: &str) -> String {
-        format!(
-            r#"{{"failed":{{"code":"provider.x","category":"{category}","retryable":false,"message":"m"}}}}"#
-        )
-    }
-
-    #[test]
-    fn a_pending_record_that_carries_an_outcome_is_corrupt() {
-        let sent = r#"{"sent":{"id":"m","transport":"t","accepted":[],"replayed":false}}"#;
-        for outcome in [sent.to_owned(), failure_of("unknown")] {
-            let value = format!(
-                r#"{{"state":"pending","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{outcome}}}"#
-            );
-            let err = decode_record(value.as_bytes()).unwrap_err();
-            assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-            assert!(
-                err.to_string()
-                    .contains("pending record carries an outcome"),
-                "{err}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_kept_failure_of_category_delivered_is_corrupt_alone_or_in_a_record() {
-        let failure = failure_of("delivered");
-        let err = decode_outcome(failure.as_bytes()).unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-        assert!(err.to_string().contains("category delivered"), "{err}");
-        let done = format!(
-            r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{failure}}}"#
-        );
-        let err = decode_record(done.as_bytes()).unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-        assert!(err.to_string().contains("category delivered"), "{err}");
-    }
-
-    #[test]
-    fn a_kept_failure_of_any_other_category_reads_back() {
-        for (name, category) in [
-            ("retryable", Category::Retryable),
-            ("permanent", Category::Permanent),
-            ("validation", Category::Validation),
-            ("unknown", Category::Unknown),
-        ] {
-            let kept = decode_outcome(failure_of(name).as_bytes()).unwrap();
-            assert_eq!(kept.category(), category, "{name}");
-        }
-    }
-
-    #[test]
-    fn a_record_that_breaks_the_rules_is_not_written() {
-        let mut pending = Record::pending(fingerprint());
-        pending.outcome = Some(kept_sent());
-        let err = encode_record(token(), &pending).unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-        let mut done = Record::done(fingerprint(), kept_sent());
-        done.outcome = None;
-        let err = encode_record(token(), &done).unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-    }
-
-    #[test]
-    fn a_later_version_byte_is_refused_by_name() {
-        assert_eq!(Form::of(b"{}"), Form::JsonV1);
-        assert_eq!(Form::of(b" \n\t{}"), Form::JsonV1);
-        assert_eq!(Form::of(b"\x02rest"), Form::Later(2));
-        let err = decode_outcome(b"\x02\x00\x01").unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-        assert!(err.to_string().contains("version 2"), "{err}");
-        let err = decode_record(b"\x07").unwrap_err();
-        assert!(err.to_string().contains("version 7"), "{err}");
-    }
-}
+mod tests;
