@@ -7,7 +7,7 @@
 //!   task and at 64 tasks.
 //! - `peers/redis/*` (when `REDIS_URL` is set): our layer on a `RedisStore`, the peer's
 //!   `ValkeyStore` behind the same adapter, and "raw": the commands our store issues, through
-//!   the same client (`SET NX GET PX`, then `EVALSHA` of the complete script), with none of
+//!   the same client (`EVALSHA` of the reserve script, then of the complete script), with none of
 //!   our code.
 //!
 //! The peer is a dev-dependency of the `suite` member only: no user and not the quickstart
@@ -43,10 +43,9 @@ fn message(key: String) -> Message {
         .expect("valid message")
 }
 
-fn provider() -> impl Service<Message, Response = Receipt, Error = BoxError, Future: Send>
-+ Clone
-+ Send
-+ 'static {
+fn provider()
+-> impl Service<Message, Response = Receipt, Error = BoxError, Future: Send> + Clone + Send + 'static
+{
     tower::service_fn(|_m: Message| {
         std::future::ready(Ok::<_, BoxError>(Receipt::new("msg_1", "bench")))
     })
@@ -149,7 +148,11 @@ impl Keys {
     }
 
     fn next(&self) -> Message {
-        message(format!("{}:{}", self.1, self.0.fetch_add(1, Ordering::Relaxed)))
+        message(format!(
+            "{}:{}",
+            self.1,
+            self.0.fetch_add(1, Ordering::Relaxed)
+        ))
     }
 }
 
@@ -214,8 +217,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn memory(c: &mut Criterion) {
     let rt = runtime();
-    let ours = IdempotencyLayer::new(MemoryStore::with_max_entries(usize::MAX))
-        .layer(provider());
+    let ours = IdempotencyLayer::new(MemoryStore::with_max_entries(usize::MAX)).layer(provider());
     compare(c, "peers/memory", "ours", &rt, Ours(ours));
     for (name, hashing) in [
         ("idempotent-xxh3", Hashing::Shipped),

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use criterion::Criterion;
 use redis::Script;
 use redis::aio::ConnectionManager;
-use tower_idempotency::outcome::Receipt;
-use tower_idempotency::store::redis::COMPLETE_SCRIPT;
-use tower_idempotency::store::{RedisStore, Token};
 use tower::Layer;
+use tower_idempotency::outcome::Receipt;
+use tower_idempotency::store::redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT};
+use tower_idempotency::store::{RedisStore, Token};
 use tower_idempotency::{Fingerprint, IdempotencyLayer, Message};
 
 use super::{Hashing, NAMESPACE, Ours, Peer, Sender, TTL, compare, provider, runtime};
@@ -21,6 +21,7 @@ const RECEIPT_JSON: &str =
 #[derive(Clone)]
 struct Raw {
     manager: ConnectionManager,
+    reserve: Arc<Script>,
     script: Arc<Script>,
     prefix: Arc<str>,
 }
@@ -34,17 +35,17 @@ impl Sender for Raw {
         let pending =
             format!(r#"{{"state":"pending","token":"{token}","fingerprint":"{fingerprint}"}}"#);
         let mut connection = self.manager.clone();
-        let previous: Option<Vec<u8>> = redis::cmd("SET")
-            .arg(&key)
+        let reserved: Vec<redis::Value> = self
+            .reserve
+            .key(&key)
             .arg(pending)
-            .arg("NX")
-            .arg("GET")
-            .arg("PX")
+            .arg(fingerprint.to_string())
             .arg(TTL.as_millis() as u64)
-            .query_async(&mut connection)
+            .arg(TTL.as_millis() as u64)
+            .invoke_async(&mut connection)
             .await
-            .expect("SET NX GET PX");
-        if previous.is_some() {
+            .expect("EVALSHA reserve");
+        if reserved.first() != Some(&redis::Value::Int(0)) {
             return Receipt::new("msg_1", "bench");
         }
         let done = format!(
@@ -83,12 +84,15 @@ pub(super) fn bench(c: &mut Criterion) {
 
     let raw = Raw {
         manager,
+        reserve: Arc::new(Script::new(RESERVE_SCRIPT)),
         script: Arc::new(Script::new(COMPLETE_SCRIPT)),
         prefix: Arc::from(prefix.as_str()),
     };
-    // Load the script once, as `RedisStore` does, so EVALSHA finds it.
-    rt.block_on(raw.script.prepare_invoke().load_async(&mut raw.manager.clone()))
-        .expect("SCRIPT LOAD");
+    // Load the scripts once, as `RedisStore` does, so EVALSHA finds them.
+    for script in [&raw.reserve, &raw.script] {
+        rt.block_on(script.prepare_invoke().load_async(&mut raw.manager.clone()))
+            .expect("SCRIPT LOAD");
+    }
     compare(c, "peers/redis", "raw", &rt, raw);
 
     for (name, hashing) in [
