@@ -234,6 +234,8 @@ fn memory(c: &mut Criterion) {
     }
 }
 
+#[path = "stores/raw_redis.rs"]
+mod raw_redis;
 #[path = "peers/redis.rs"]
 mod redis_peers;
 

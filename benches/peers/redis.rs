@@ -12,17 +12,15 @@ use tower_idempotency::store::redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT};
 use tower_idempotency::store::{RedisStore, Token};
 use tower_idempotency::{Fingerprint, IdempotencyLayer, Message};
 
+use crate::raw_redis::RawRedis;
+
 use super::{Hashing, NAMESPACE, Ours, Peer, Sender, TTL, compare, provider, runtime};
 
-const RECEIPT_JSON: &str =
-    r#"{"sent":{"id":"msg_1","transport":"bench","accepted":[],"replayed":false}}"#;
-
-/// The commands `RedisStore` issues for a send, built with `format!`, none of our code.
+/// The commands `RedisStore` sends, none of our code.
 #[derive(Clone)]
 struct Raw {
     manager: ConnectionManager,
-    reserve: Arc<Script>,
-    script: Arc<Script>,
+    commands: Arc<RawRedis>,
     prefix: Arc<str>,
 }
 
@@ -31,36 +29,10 @@ impl Sender for Raw {
         let key = message.idempotency_key().expect("keyed");
         let key = format!("{}{NAMESPACE}:{}", self.prefix, key.as_str());
         let fingerprint = Fingerprint::of(&message);
-        let token = Token::new().to_string();
-        let pending =
-            format!(r#"{{"state":"pending","token":"{token}","fingerprint":"{fingerprint}"}}"#);
         let mut connection = self.manager.clone();
-        let reserved: Vec<redis::Value> = self
-            .reserve
-            .key(&key)
-            .arg(pending)
-            .arg(fingerprint.to_string())
-            .arg(TTL.as_millis() as u64)
-            .arg(TTL.as_millis() as u64)
-            .invoke_async(&mut connection)
-            .await
-            .expect("EVALSHA reserve");
-        if reserved.first() != Some(&redis::Value::Int(0)) {
-            return Receipt::new("msg_1", "bench");
-        }
-        let done = format!(
-            r#"{{"state":"done","token":"{token}","fingerprint":"{fingerprint}","outcome":{RECEIPT_JSON}}}"#
-        );
-        let wrote: i64 = self
-            .script
-            .key(&key)
-            .arg(&token)
-            .arg(done)
-            .arg(TTL.as_millis() as u64)
-            .invoke_async(&mut connection)
-            .await
-            .expect("EVALSHA complete");
-        assert_eq!(wrote, 1);
+        self.commands
+            .send(&mut connection, &key, fingerprint, TTL, TTL)
+            .await;
         Receipt::new("msg_1", "bench")
     }
 }
@@ -84,12 +56,14 @@ pub(super) fn bench(c: &mut Criterion) {
 
     let raw = Raw {
         manager,
-        reserve: Arc::new(Script::new(RESERVE_SCRIPT)),
-        script: Arc::new(Script::new(COMPLETE_SCRIPT)),
+        commands: Arc::new(RawRedis {
+            reserve: Script::new(RESERVE_SCRIPT),
+            complete: Script::new(COMPLETE_SCRIPT),
+        }),
         prefix: Arc::from(prefix.as_str()),
     };
     // Load the scripts once, as `RedisStore` does, so EVALSHA finds them.
-    for script in [&raw.reserve, &raw.script] {
+    for script in [&raw.commands.reserve, &raw.commands.complete] {
         rt.block_on(script.prepare_invoke().load_async(&mut raw.manager.clone()))
             .expect("SCRIPT LOAD");
     }
