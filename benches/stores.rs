@@ -12,6 +12,9 @@ mod outbox;
 #[path = "stores/postgres.rs"]
 mod postgres;
 #[cfg(feature = "redis")]
+#[path = "stores/raw_redis.rs"]
+mod raw_redis;
+#[cfg(feature = "redis")]
 #[path = "stores/redis.rs"]
 mod redis;
 

@@ -241,6 +241,70 @@ async fn two_stores_see_each_others_keys() {
     forget(&url, &key).await;
 }
 
+/// The row's version: `ctid` moves and `xmin` changes whenever the row is written again.
+async fn row_version(admin: &tokio_postgres::Client, key: &str) -> (String, String) {
+    let sql = format!("SELECT ctid::text, xmin::text FROM {CONFORMANCE_TABLE} WHERE key = $1");
+    let row = admin.query_one(&sql, &[&key]).await.expect("the row");
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(backend_postgres),
+    ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
+)]
+async fn replays_do_not_rewrite_the_row_they_find_held() {
+    let Some(url) = database_url() else { return };
+    let store = shared_store(&url).await;
+    let admin = admin(&url).await;
+    let done = unique("replays-done");
+    let pending = unique("replays-pending");
+
+    let Ok(Reservation::Reserved { token }) = store.reserve(&done, fp(1), LEASE).await else {
+        panic!("a fresh key is reserved")
+    };
+    let outcome = Outcome::sent(Receipt::new("msg-1", "test"));
+    assert!(
+        store
+            .complete(&done, token, fp(1), &outcome, LEASE)
+            .await
+            .unwrap()
+    );
+    let Ok(Reservation::Reserved { .. }) = store.reserve(&pending, fp(2), LEASE).await else {
+        panic!("a fresh key is reserved")
+    };
+    let before = (
+        row_version(&admin, &done).await,
+        row_version(&admin, &pending).await,
+    );
+
+    // 10,000 replays of the done key and of the pending one, 16 at a time.
+    for _ in 0..10_000 / 16 {
+        let replays = (0..16).map(|i| {
+            let (key, fingerprint) = if i % 2 == 0 {
+                (&done, fp(1))
+            } else {
+                (&pending, fp(2))
+            };
+            store.reserve(key, fingerprint, LEASE)
+        });
+        for answer in futures_util::future::join_all(replays).await {
+            assert!(matches!(answer, Ok(Reservation::Held { .. })), "{answer:?}");
+        }
+    }
+
+    let after = (
+        row_version(&admin, &done).await,
+        row_version(&admin, &pending).await,
+    );
+    assert_eq!(
+        before, after,
+        "a replay wrote a new version of the row it found held"
+    );
+    forget(&url, &done).await;
+    forget(&url, &pending).await;
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(backend_postgres),

@@ -17,6 +17,8 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use futures_util::future::join_all;
 use redis::Script;
 use redis::aio::ConnectionManager;
+
+use crate::raw_redis::RawRedis;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT};
@@ -26,14 +28,10 @@ use tower_idempotency::store::{Completion, RedisStore, Reservation, Store, Token
 const LEASE: Duration = Duration::from_secs(10);
 const TTL: Duration = Duration::from_secs(10);
 
-const RECEIPT_JSON: &str =
-    r#"{"sent":{"id":"msg-1","transport":"bench","accepted":[],"replayed":false}}"#;
-
 struct Fixture {
     store: RedisStore,
     manager: ConnectionManager,
-    script: Script,
-    reserve: Script,
+    raw: RawRedis,
     prefix: String,
     fingerprint: Fingerprint,
     outcome: Outcome,
@@ -93,35 +91,12 @@ impl Fixture {
 
     async fn raw(&self) {
         let key = format!("{}{}", self.prefix, self.key());
-        let token = Token::new().to_string();
-        let fingerprint = self.fingerprint;
-        let pending =
-            format!(r#"{{"state":"pending","token":"{token}","fingerprint":"{fingerprint}"}}"#);
         let mut connection = self.manager.clone();
-        let reserved: Vec<i64> = self
-            .reserve
-            .key(&key)
-            .arg(pending)
-            .arg(fingerprint.to_string())
-            .arg(LEASE.as_millis() as u64)
-            .arg(LEASE.as_millis() as u64)
-            .invoke_async(&mut connection)
-            .await
-            .expect("EVALSHA reserve");
-        assert_eq!(reserved, [0], "fresh key held");
-        let done = format!(
-            r#"{{"state":"done","token":"{token}","fingerprint":"{fingerprint}","outcome":{RECEIPT_JSON}}}"#
-        );
-        let wrote: i64 = self
-            .script
-            .key(&key)
-            .arg(&token)
-            .arg(done)
-            .arg(TTL.as_millis() as u64)
-            .invoke_async(&mut connection)
-            .await
-            .expect("EVALSHA complete");
-        assert_eq!(wrote, 1);
+        let free = self
+            .raw
+            .send(&mut connection, &key, self.fingerprint, LEASE, TTL)
+            .await;
+        assert!(free, "fresh key held");
     }
 }
 
@@ -145,8 +120,10 @@ pub fn bench(c: &mut Criterion) {
         Fixture {
             store: RedisStore::new(manager.clone()).key_prefix(prefix.clone()),
             manager,
-            script: Script::new(COMPLETE_SCRIPT),
-            reserve: Script::new(RESERVE_SCRIPT),
+            raw: RawRedis {
+                reserve: Script::new(RESERVE_SCRIPT),
+                complete: Script::new(COMPLETE_SCRIPT),
+            },
             prefix,
             fingerprint: Fingerprint::from_bytes([7; 32]),
             outcome: Outcome::sent(Receipt::new("msg-1", "bench")),

@@ -1,7 +1,8 @@
 //! Key derivation: which key a request is stored under ([`StoredKeys`], in the layer's
 //! [`KeyForm`]), and the hash that stands for it in logs.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
+use std::io::Write as _;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -9,7 +10,7 @@ use sha2::{Digest, Sha256};
 use super::config::{Config, ConfigError, KeyForm, validate_namespace};
 use super::request::IdempotentRequest;
 use super::stats::bump;
-use crate::message::{KeyError, validate_key};
+use crate::message::{KeyError, MAX_KEY_LEN, validate_key};
 use crate::outcome::{SendError, codes};
 
 /// The marker of version 1 of the hashed form, after the namespace.
@@ -100,10 +101,44 @@ impl fmt::Debug for StoredKeys {
     }
 }
 
+/// The longest stored form: a namespace of 64 bytes, `:`, and a key of
+/// [`MAX_KEY_LEN`] bytes (the hashed form, 132 bytes, is shorter).
+const MAX_STORED_LEN: usize = 64 + 1 + MAX_KEY_LEN;
+
 /// The stored form of a key already checked, under a namespace already checked.
 fn stored_form(namespace: &str, form: KeyForm, key: &str) -> String {
+    let mut buf = [0; MAX_STORED_LEN];
+    match write_stored_form(&mut buf, namespace, form, key) {
+        Some(stored) => stored.to_owned(),
+        // Unreachable for checked input; spelled out rather than trusted.
+        None => format!("{namespace}:{key}"),
+    }
+}
+
+/// The stored form as the layer keeps it: built on the stack and allocated once, for the
+/// `Arc<str>` the send holds (a send makes one key; `format!` and a copy made two).
+fn stored_arc(namespace: &str, form: KeyForm, key: &str) -> Arc<str> {
+    let mut buf = [0; MAX_STORED_LEN];
+    match write_stored_form(&mut buf, namespace, form, key) {
+        Some(stored) => Arc::from(stored),
+        None => Arc::from(stored_form(namespace, form, key)),
+    }
+}
+
+/// Writes the stored form into `buf`; `None` when it does not fit (never for checked input).
+fn write_stored_form<'b>(
+    buf: &'b mut [u8],
+    namespace: &str,
+    form: KeyForm,
+    key: &str,
+) -> Option<&'b str> {
+    let mut rest = &mut buf[..];
     match form {
-        KeyForm::Raw => format!("{namespace}:{key}"),
+        KeyForm::Raw => {
+            rest.write_all(namespace.as_bytes()).ok()?;
+            rest.write_all(b":").ok()?;
+            rest.write_all(key.as_bytes()).ok()?;
+        }
         KeyForm::Hashed => {
             // The namespace holds no `:`, so the first `:` ends it: `namespace:key` names one
             // (namespace, key) pair only.
@@ -111,21 +146,29 @@ fn stored_form(namespace: &str, form: KeyForm, key: &str) -> String {
             digest.update(namespace.as_bytes());
             digest.update(b":");
             digest.update(key.as_bytes());
-            let mut stored = String::with_capacity(namespace.len() + 4 + 64);
-            stored.push_str(namespace);
-            stored.push(':');
-            stored.push_str(HASHED_V1);
-            stored.push(':');
-            push_hex(&mut stored, &digest.finalize());
-            stored
+            rest.write_all(namespace.as_bytes()).ok()?;
+            rest.write_all(b":").ok()?;
+            rest.write_all(HASHED_V1.as_bytes()).ok()?;
+            rest.write_all(b":").ok()?;
+            for b in digest.finalize() {
+                rest.write_all(&hex_pair(b)).ok()?;
+            }
         }
     }
+    let unused = rest.len();
+    let len = buf.len() - unused;
+    std::str::from_utf8(&buf[..len]).ok()
+}
+
+/// The two lowercase hex digits of a byte.
+fn hex_pair(b: u8) -> [u8; 2] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0x0f)]]
 }
 
 fn push_hex(out: &mut String, bytes: &[u8]) {
     for b in bytes {
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{b:02x}");
+        out.extend(hex_pair(*b).map(char::from));
     }
 }
 
@@ -150,11 +193,7 @@ pub(crate) fn derive_key<R: IdempotentRequest>(
 ) -> Option<Result<Arc<str>, KeyError>> {
     let stored = |key: &str| -> Result<Arc<str>, KeyError> {
         validate_key(key)?;
-        Ok(Arc::from(stored_form(
-            &config.namespace,
-            config.key_form,
-            key,
-        )))
+        Ok(stored_arc(&config.namespace, config.key_form, key))
     };
     match config.keys.get::<R>() {
         Some(key_fn) => key_fn(request).map(|key| stored(&key)),

@@ -177,6 +177,10 @@ pub const DEFAULT_PURGE_BATCH: u32 = 1_000;
 /// store's sessions are easy to find in `pg_stat_activity`.
 pub const DEFAULT_APPLICATION_NAME: &str = "tower-idempotency";
 
+/// How often a reserve asks again when the key changed under its statement (each time
+/// another session wrote it between the snapshot and the upsert).
+const RESERVE_ATTEMPTS: usize = 3;
+
 /// A `migrate` given much less time than this could fail on a busy server for no good
 /// reason; DDL waits for locks.
 const MIN_MIGRATE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -362,17 +366,24 @@ impl PostgresStore {
             .map_err(|e| self.db_error(e))?;
         let token = Token::new();
         let fingerprint = &fingerprint.as_bytes()[..];
-        let row = client
-            .query_opt(
-                &statement,
-                &[&key, token.as_uuid(), &fingerprint, &millis(lease)],
-            )
-            .await
-            .map_err(|e| self.db_error(e))?
-            .ok_or_else(|| {
-                StoreError::new(StoreErrorKind::Unavailable, "reserve answered no row")
-            })?;
-        self.reported_reservation(&row, token)
+        // No row: the row changed after the statement's snapshot and before its upsert (a
+        // race with another session); the next statement's snapshot sees it.
+        for _ in 0..RESERVE_ATTEMPTS {
+            let row = client
+                .query_opt(
+                    &statement,
+                    &[&key, token.as_uuid(), &fingerprint, &millis(lease)],
+                )
+                .await
+                .map_err(|e| self.db_error(e))?;
+            if let Some(row) = row {
+                return self.reported_reservation(&row, token);
+            }
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "reserve answered no row: the key kept changing under it",
+        ))
     }
 
     async fn try_retake(

@@ -71,16 +71,18 @@ impl Table {
                  CREATE INDEX IF NOT EXISTS {unknown_index} ON {quoted} (expires_at, key)
                      WHERE {UNKNOWN};"
             ),
-            // Every SET expression sees the row as it was before this statement, so the live
-            // row is written back unchanged and an expired one becomes the new reservation.
-            // `old` is the row as this statement's snapshot saw it: when the reserve took the
-            // key and `old` was pending past its lease, the reserve took it over from a holder
-            // that never settled it. (A row changed meanwhile by another session is live, so
-            // it is not taken; one deleted meanwhile was that same stale row.) The first
-            // attempt's time is kept for a takeover of the same message.
+            // The upsert writes only when it takes the row (`WHERE {takes}`): a live row is
+            // left as it is, so a replay writes no new row version (no dead tuple, no WAL),
+            // and is answered from `old`, the row as this statement's snapshot saw it. No row
+            // comes back when the snapshot cannot answer (the row appeared or changed after
+            // it); the store then asks again. When the reserve took the key and `old` was
+            // pending past its lease, it took it over from a holder that never settled it. (A
+            // row changed meanwhile by another session is live, so it is not taken; one
+            // deleted meanwhile was that same stale row.) The first attempt's time is kept
+            // for a takeover of the same message.
             reserve: format!(
                 "WITH old AS (
-                     SELECT state, fingerprint, outcome::text AS outcome,
+                     SELECT state, token, fingerprint, outcome::text AS outcome,
                             expires_at <= now() AS expired,
                             {FIRST_ATTEMPT_AGE} AS age
                      FROM {quoted} WHERE key = $1
@@ -90,23 +92,27 @@ impl Table {
                  VALUES ($1, 'pending', $2, $3, NULL,
                          now() + $4::bigint * interval '1 millisecond', now())
                  ON CONFLICT (key) DO UPDATE SET
-                     state = CASE WHEN {takes} THEN excluded.state ELSE r.state END,
-                     token = CASE WHEN {takes} THEN excluded.token ELSE r.token END,
-                     fingerprint = CASE WHEN {takes}
-                         THEN excluded.fingerprint ELSE r.fingerprint END,
-                     outcome = CASE WHEN {takes} THEN NULL ELSE r.outcome END,
-                     expires_at = CASE WHEN {takes}
-                         THEN excluded.expires_at ELSE r.expires_at END,
+                     state = excluded.state,
+                     token = excluded.token,
+                     fingerprint = excluded.fingerprint,
+                     outcome = NULL,
+                     expires_at = excluded.expires_at,
                      first_attempt_at = CASE
-                         WHEN NOT {takes} THEN r.first_attempt_at
                          WHEN r.state = 'pending' AND r.fingerprint = excluded.fingerprint
                              THEN r.first_attempt_at
                          ELSE excluded.first_attempt_at END
+                 WHERE {takes}
                  RETURNING r.state, r.token, r.fingerprint, r.outcome::text,
                      {FIRST_ATTEMPT_AGE_OF_R}
                  )
                  SELECT up.*, old.state, old.fingerprint, old.outcome, old.expired, old.age
-                 FROM up LEFT JOIN old ON true"
+                 FROM up LEFT JOIN old ON true
+                 UNION ALL
+                 SELECT old.state, old.token, old.fingerprint, old.outcome, old.age,
+                        old.state, old.fingerprint, old.outcome, old.expired, old.age
+                 FROM old
+                 WHERE NOT EXISTS (SELECT 1 FROM up) AND NOT old.expired
+                     AND NOT (old.state = 'claimed' AND old.fingerprint = $3)"
             ),
             retake: format!(
                 "UPDATE {quoted} SET state = 'pending', token = $2, outcome = NULL,

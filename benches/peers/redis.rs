@@ -1,0 +1,89 @@
+//! `peers/redis/*`: our layer on a `RedisStore`, the `idempotent` crate's `ValkeyStore`, and
+//! the raw commands our store issues through the same client. Skipped without `REDIS_URL`.
+
+use std::sync::Arc;
+
+use criterion::Criterion;
+use redis::Script;
+use redis::aio::ConnectionManager;
+use tower::Layer;
+use tower_idempotency::outcome::Receipt;
+use tower_idempotency::store::redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT};
+use tower_idempotency::store::{RedisStore, Token};
+use tower_idempotency::{Fingerprint, IdempotencyLayer, Message};
+
+use crate::raw_redis::RawRedis;
+
+use super::{Hashing, NAMESPACE, Ours, Peer, Sender, TTL, compare, provider, runtime};
+
+/// The commands `RedisStore` sends, none of our code.
+#[derive(Clone)]
+struct Raw {
+    manager: ConnectionManager,
+    commands: Arc<RawRedis>,
+    prefix: Arc<str>,
+}
+
+impl Sender for Raw {
+    async fn send(&self, message: Message) -> Receipt {
+        let key = message.idempotency_key().expect("keyed");
+        let key = format!("{}{NAMESPACE}:{}", self.prefix, key.as_str());
+        let fingerprint = Fingerprint::of(&message);
+        let mut connection = self.manager.clone();
+        self.commands
+            .send(&mut connection, &key, fingerprint, TTL, TTL)
+            .await;
+        Receipt::new("msg_1", "bench")
+    }
+}
+
+/// Benchmarks the three on `REDIS_URL`; skips when it is unset.
+pub(super) fn bench(c: &mut Criterion) {
+    let Some(url) = std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) else {
+        eprintln!("skipped: REDIS_URL is not set (peers/redis)");
+        return;
+    };
+    let rt = runtime();
+    let client = redis::Client::open(url.as_str()).expect("valid REDIS_URL");
+    let prefix = format!("bench-peers:{}:", Token::new());
+    let manager = rt
+        .block_on(ConnectionManager::new(client.clone()))
+        .expect("connect to REDIS_URL");
+
+    let store = RedisStore::new(manager.clone()).key_prefix(prefix.clone());
+    let ours = IdempotencyLayer::new(store).layer(provider());
+    compare(c, "peers/redis", "ours", &rt, Ours(ours));
+
+    let raw = Raw {
+        manager,
+        commands: Arc::new(RawRedis {
+            reserve: Script::new(RESERVE_SCRIPT),
+            complete: Script::new(COMPLETE_SCRIPT),
+        }),
+        prefix: Arc::from(prefix.as_str()),
+    };
+    // Load the scripts once, as `RedisStore` does, so EVALSHA finds them.
+    for script in [&raw.commands.reserve, &raw.commands.complete] {
+        rt.block_on(script.prepare_invoke().load_async(&mut raw.manager.clone()))
+            .expect("SCRIPT LOAD");
+    }
+    compare(c, "peers/redis", "raw", &rt, raw);
+
+    for (name, hashing) in [
+        ("idempotent-xxh3", Hashing::Shipped),
+        ("idempotent-sha256", Hashing::Sha256),
+    ] {
+        let peer_prefix = format!("{prefix}{name}");
+        let store = rt
+            .block_on(idempotent::store::valkey::ValkeyStore::with_prefix(
+                client.clone(),
+                Some(&peer_prefix),
+            ))
+            .expect("connect the peer");
+        let peer = Peer {
+            store: Arc::new(store),
+            hashing,
+        };
+        compare(c, "peers/redis", name, &rt, peer);
+    }
+}
