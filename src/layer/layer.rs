@@ -177,7 +177,9 @@ impl IdempotencyLayer {
     ///
     /// Write it in your own transaction with a store that can, such as
     /// [`PostgresStore::claim_in`](crate::store::postgres::PostgresStore::claim_in) (feature
-    /// `postgres`); the layer's send of the same request then takes the claim as its own.
+    /// `postgres`) or [`SqliteStore::claim_in`](crate::store::sqlite::SqliteStore::claim_in)
+    /// (feature `sqlite`); the layer's send of the same request then takes the claim as its
+    /// own.
     ///
     /// # Errors
     /// The layer's `idempotency.invalid_key` error for a key the rules refuse.

@@ -112,6 +112,28 @@ struct Entry {
 }
 
 impl Entry {
+    /// A pending record under `token`, held for `lease` from `now`, whose first attempt
+    /// began at `first_at`, as version `seq` of the shard: what a reserve and a retake write.
+    fn pending(
+        fingerprint: Fingerprint,
+        token: Token,
+        now: Instant,
+        lease: Duration,
+        first_at: Instant,
+        seq: u64,
+    ) -> Self {
+        Self {
+            state: RecordState::Pending,
+            fingerprint,
+            token,
+            outcome: None,
+            expires_at: deadline(now, lease),
+            written_at: now,
+            first_at: Some(first_at),
+            seq,
+        }
+    }
+
     fn is_live(&self, now: Instant) -> bool {
         self.expires_at > now
     }
@@ -354,16 +376,8 @@ impl Inner {
                 };
                 if existing || self.take_slot() {
                     let token = Token::new();
-                    let entry = Entry {
-                        state: RecordState::Pending,
-                        fingerprint,
-                        token,
-                        outcome: None,
-                        expires_at: deadline(now, lease),
-                        written_at: now,
-                        first_at: Some(first_at),
-                        seq: shard.next_seq(),
-                    };
+                    let entry =
+                        Entry::pending(fingerprint, token, now, lease, first_at, shard.next_seq());
                     shard.insert(Arc::from(key), entry);
                     return Ok(match previous {
                         Some(previous) => Reservation::TakenOver { token, previous },
@@ -470,16 +484,7 @@ impl Inner {
             return None;
         }
         let token = Token::new();
-        let entry = Entry {
-            state: RecordState::Pending,
-            fingerprint,
-            token,
-            outcome: None,
-            expires_at: deadline(now, lease),
-            written_at: now,
-            first_at: Some(first_at),
-            seq: shard.next_seq(),
-        };
+        let entry = Entry::pending(fingerprint, token, now, lease, first_at, shard.next_seq());
         shard.insert(Arc::from(key), entry);
         Some(token)
     }
