@@ -12,7 +12,7 @@ use futures_util::future::join_all;
 use tower::{Layer, ServiceExt};
 
 use support::Provider;
-use support::stores::postgres_admin::admin;
+use support::stores::postgres_admin::{admin, drop_table};
 use support::stores::{backend_url, unique};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::{IdempotencyLayer, Message};
@@ -45,11 +45,6 @@ fn alert(text: &str) -> Message {
         .expect("valid message")
 }
 
-async fn drop_table(url: &str, store: &PostgresStore) {
-    let sql = format!("DROP TABLE IF EXISTS \"{}\"", store.table_name());
-    admin(url).await.batch_execute(&sql).await.expect("drop");
-}
-
 #[tokio::test]
 #[cfg_attr(
     not(backend_postgres),
@@ -71,7 +66,7 @@ async fn a_claim_rolls_back_with_the_callers_transaction() {
     let service = layer.layer(provider.clone());
     service.oneshot(alert("sold")).await.unwrap();
     assert_eq!(provider.calls(), 1);
-    drop_table(&url, &store).await;
+    drop_table(&url, store.table_name()).await;
 }
 
 #[tokio::test]
@@ -112,7 +107,7 @@ async fn a_claim_left_by_a_crash_before_the_send_is_found_and_sent_once() {
     let tx = client.transaction().await.unwrap();
     assert!(!store.claim_in(&tx, &claim).await.unwrap());
     tx.commit().await.unwrap();
-    drop_table(&url, &store).await;
+    drop_table(&url, store.table_name()).await;
 }
 
 #[tokio::test]
@@ -143,7 +138,7 @@ async fn another_message_under_a_claimed_key_is_key_reused_and_not_sent() {
         [claim.key],
         "the claim still waits"
     );
-    drop_table(&url, &store).await;
+    drop_table(&url, store.table_name()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,5 +182,5 @@ async fn forty_concurrent_sends_of_a_claimed_message_through_two_layers_send_onc
         }),
         "every other answer is a replay or in flight"
     );
-    drop_table(&url, &store).await;
+    drop_table(&url, store.table_name()).await;
 }

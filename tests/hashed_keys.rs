@@ -612,7 +612,7 @@ async fn no_raw_key_reaches_redis() {
 #[cfg(feature = "postgres")]
 mod postgres {
     use super::*;
-    use support::stores::postgres_admin::admin;
+    use support::stores::postgres_admin::{admin, drop_table};
     use support::stores::{backend_url, unique};
     use tower_idempotency::store::postgres::PostgresStore;
 
@@ -626,11 +626,6 @@ mod postgres {
         store.migrate().await.expect("migrate");
         let layer = hashed_layer(store.clone());
         Some((url, store, layer))
-    }
-
-    async fn drop_table(url: &str, store: &PostgresStore) {
-        let sql = format!("DROP TABLE IF EXISTS \"{}\"", store.table_name());
-        admin(url).await.batch_execute(&sql).await.expect("drop");
     }
 
     #[tokio::test]
@@ -679,7 +674,7 @@ mod postgres {
         for row in rows {
             assert!(!row.contains(ADDRESS) && !row.contains("ord_"), "{row}");
         }
-        drop_table(&url, &store).await;
+        drop_table(&url, store.table_name()).await;
     }
 
     #[tokio::test]
@@ -718,6 +713,6 @@ mod postgres {
         assert!(again.replayed);
         assert_eq!(again.id, sent.id);
         assert_eq!(provider.calls(), 1);
-        drop_table(&url, &store).await;
+        drop_table(&url, store.table_name()).await;
     }
 }

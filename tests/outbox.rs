@@ -19,7 +19,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::{Notify, oneshot};
 use tower::{Layer, ServiceExt};
 
-use support::stores::postgres_admin::admin;
+use support::stores::postgres_admin::{admin, drop_table};
 use support::stores::{backend_url, unique};
 use tower_idempotency::outbox::{Enqueued, Outbox, WorkerStats};
 use tower_idempotency::store::StoreErrorKind;
@@ -35,11 +35,6 @@ async fn outbox(test: &str) -> Option<(String, Outbox)> {
         .expect("valid table name");
     outbox.migrate().await.expect("migrate");
     Some((url, outbox))
-}
-
-async fn drop_table(url: &str, outbox: &Outbox) {
-    let sql = format!("DROP TABLE IF EXISTS \"{}\"", outbox.table_name());
-    admin(url).await.batch_execute(&sql).await.expect("drop");
 }
 
 fn message(key: &str) -> Message {
@@ -216,7 +211,7 @@ async fn a_message_commits_or_rolls_back_with_the_callers_transaction() {
     let tx = client.transaction().await.unwrap();
     let error = outbox.enqueue(&tx, &unkeyed).await.unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::InvalidInput);
-    drop_table(&url, &outbox).await;
+    drop_table(&url, outbox.table_name()).await;
 }
 
 #[tokio::test]
@@ -271,7 +266,7 @@ async fn a_worker_sends_each_message_once_and_a_second_worker_finds_nothing_to_s
         .unwrap();
     assert_eq!(stats.claimed, 0);
     assert_eq!(provider.total(), 5);
-    drop_table(&url, &outbox).await;
+    drop_table(&url, outbox.table_name()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,7 +302,7 @@ async fn four_workers_on_one_table_send_a_thousand_messages_exactly_once() {
     let calls = provider.calls.lock().unwrap().clone();
     assert_eq!(calls.len(), 1000);
     assert!(calls.values().all(|&n| n == 1), "a message went twice");
-    drop_table(&url, &outbox).await;
+    drop_table(&url, outbox.table_name()).await;
 }
 
 #[tokio::test]
@@ -383,7 +378,7 @@ async fn a_poison_message_ends_dead_after_its_attempts_and_blocks_nothing() {
         !outbox.requeue(by_key["refused"].id).await.unwrap(),
         "no longer dead"
     );
-    drop_table(&url, &outbox).await;
+    drop_table(&url, outbox.table_name()).await;
 }
 
 #[tokio::test]
@@ -436,7 +431,7 @@ async fn notify_wakes_an_idle_worker_that_polls_once_an_hour() {
         "nothing woke the polling worker"
     );
     quiet.stop().await;
-    drop_table(&url, &outbox).await;
+    drop_table(&url, outbox.table_name()).await;
 }
 
 fn outbox_pool(url: &str) -> tower_idempotency::store::postgres::deadpool_postgres::Pool {
@@ -489,7 +484,7 @@ async fn a_worker_killed_before_sending_leaves_its_rows_to_the_next_once_the_cla
     .await;
     next.stop().await;
     assert_eq!(provider.calls("k"), 1);
-    drop_table(&url, &outbox).await;
+    drop_table(&url, outbox.table_name()).await;
 }
 
 #[tokio::test]
@@ -567,7 +562,7 @@ async fn a_worker_killed_after_the_provider_took_the_message_does_not_send_it_ag
         "id-k",
         "the row keeps the original receipt"
     );
-    drop_table(&url, &outbox).await;
+    drop_table(&url, outbox.table_name()).await;
 }
 
 #[tokio::test]
@@ -627,7 +622,7 @@ async fn a_worker_told_to_stop_finishes_its_send_and_puts_back_the_rest() {
     .await;
     next.stop().await;
     assert!((0..5).all(|i| provider.calls(&format!("stop-{i}")) == 1));
-    drop_table(&url, &outbox).await;
+    drop_table(&url, outbox.table_name()).await;
 }
 
 #[tokio::test]
@@ -670,5 +665,5 @@ async fn done_rows_are_purged_after_their_retention_and_lag_reads_the_oldest_wai
         (0, 1),
         "a waiting row is never purged"
     );
-    drop_table(&url, &outbox).await;
+    drop_table(&url, outbox.table_name()).await;
 }

@@ -97,6 +97,12 @@ pub mod postgres_admin {
         });
         client
     }
+
+    /// Drops the test's own `table` on the server at `url`, as the test's last step.
+    pub async fn drop_table(url: &str, table: &str) {
+        let sql = format!("DROP TABLE IF EXISTS \"{table}\"");
+        admin(url).await.batch_execute(&sql).await.expect("drop");
+    }
 }
 
 /// Records that decode but break the record rules of `store::record` (a pending record with an
