@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
-use tower_idempotency::store::sqlite::rusqlite::{Connection, params};
+use tower_idempotency::store::sqlite::rusqlite::{Connection, Statement, params};
 use tower_idempotency::store::sqlite::statements::{BEFORE_RESERVE, COMPLETE, RESERVE, SCHEMA};
 use tower_idempotency::store::{Reservation, SqliteStore, Store, Token};
 
@@ -105,20 +105,35 @@ fn raw_connection(path: &Path) -> Connection {
     connection
 }
 
-/// The same two statements, each one autocommit transaction, with the same parameters.
-fn raw_pair(connection: &Connection, keys: &Keys, outcome_json: &str) {
+/// The store's statements, prepared once on a connection, as the store's thread holds them.
+struct RawStatements<'c> {
+    before: Statement<'c>,
+    reserve: Statement<'c>,
+    complete: Statement<'c>,
+}
+
+impl<'c> RawStatements<'c> {
+    fn prepare(connection: &'c Connection) -> Self {
+        Self {
+            before: connection.prepare(BEFORE_RESERVE).expect("prepare"),
+            reserve: connection.prepare(RESERVE).expect("prepare"),
+            complete: connection.prepare(COMPLETE).expect("prepare"),
+        }
+    }
+}
+
+/// The same statements, each one autocommit transaction, with the same parameters.
+fn raw_pair(statements: &mut RawStatements<'_>, keys: &Keys, outcome_json: &str) {
     let key = keys.next();
     let token = Token::new();
     // The store reads the row before its reserve, to report a takeover: so does raw.
-    let before = connection
-        .prepare_cached(BEFORE_RESERVE)
-        .expect("prepare")
+    let before = statements
+        .before
         .exists([&key])
         .expect("read before reserve");
     assert!(!before, "a fresh key");
-    let holder: Vec<u8> = connection
-        .prepare_cached(RESERVE)
-        .expect("prepare")
+    let holder: Vec<u8> = statements
+        .reserve
         .query_row(
             params![
                 key,
@@ -130,9 +145,8 @@ fn raw_pair(connection: &Connection, keys: &Keys, outcome_json: &str) {
         )
         .expect("reserve");
     assert_eq!(holder, token.as_uuid().as_bytes());
-    let written = connection
-        .prepare_cached(COMPLETE)
-        .expect("prepare")
+    let written = statements
+        .complete
         .exists(params![
             key,
             &token.as_uuid().as_bytes()[..],
@@ -187,8 +201,9 @@ fn run_raw(connections: &[Arc<std::sync::Mutex<Connection>>], iters: u64) -> Dur
             scope.spawn(move || {
                 let (keys, json) = (Keys::new(), outcome_json());
                 let connection = connection.lock().expect("connection");
+                let mut statements = RawStatements::prepare(&connection);
                 for _ in 0..pairs {
-                    raw_pair(&connection, &keys, &json);
+                    raw_pair(&mut statements, &keys, &json);
                 }
             });
         }
@@ -259,9 +274,10 @@ fn run_for(path: &Path, mode: &str) -> u64 {
                 let done = Arc::clone(&done);
                 scope.spawn(move || {
                     let connection = raw_connection(path);
+                    let mut statements = RawStatements::prepare(&connection);
                     let (keys, json) = (Keys::new(), outcome_json());
                     while Instant::now() < deadline {
-                        raw_pair(&connection, &keys, &json);
+                        raw_pair(&mut statements, &keys, &json);
                         done.fetch_add(1, Ordering::Relaxed);
                     }
                 });

@@ -7,9 +7,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use rusqlite::{Connection, OptionalExtension, Row};
+use rusqlite::{OptionalExtension, Row, Statement};
 
 use super::row::{bytes, key_state, record, text};
+use super::session::Session;
 use super::{SqliteStore, millis, sql, writer};
 use crate::outcome::Outcome;
 use crate::store::admin::{
@@ -67,9 +68,9 @@ impl AdminRow {
 }
 
 /// Whether a live send holds `key`: `None` when no record does.
-fn live(connection: &Connection, key: &str) -> rusqlite::Result<Option<bool>> {
-    connection
-        .prepare_cached(sql::LIVE)?
+fn live(session: &mut Session<'_>, key: &str) -> rusqlite::Result<Option<bool>> {
+    session
+        .statement(sql::LIVE)?
         .query_row([key], |row| row.get::<_, bool>(0))
         .optional()
 }
@@ -77,16 +78,17 @@ fn live(connection: &Connection, key: &str) -> rusqlite::Result<Option<bool>> {
 /// Changes the record of `key` with `change` unless a live send holds it and `force` is no;
 /// inside the thread's transaction, so nothing changes between the look and the change.
 fn settle(
-    connection: &Connection,
+    session: &mut Session<'_>,
     key: &str,
     force: Force,
-    change: impl FnOnce(&Connection) -> rusqlite::Result<usize>,
+    change: impl FnOnce(&mut Statement<'_>) -> rusqlite::Result<usize>,
+    change_sql: &'static str,
 ) -> rusqlite::Result<AdminOutcome> {
-    Ok(match live(connection, key)? {
+    Ok(match live(session, key)? {
         None => AdminOutcome::NothingThere,
         Some(true) if !force.is_forced() => AdminOutcome::HeldByLiveSend,
         Some(_) => {
-            change(connection)?;
+            change(session.statement(change_sql)?)?;
             AdminOutcome::Done
         }
     })
@@ -95,10 +97,14 @@ fn settle(
 impl SqliteStore {
     async fn try_forget(&self, key: &str, force: Force) -> Result<AdminOutcome, StoreError> {
         let (key, path) = (key.to_owned(), self.inner.path.clone());
-        self.call(move |connection| {
-            settle(connection, &key, force, |connection| {
-                connection.prepare_cached(sql::FORGET)?.execute([&key])
-            })
+        self.call(move |session| {
+            settle(
+                session,
+                &key,
+                force,
+                |forget| forget.execute([&key]),
+                sql::FORGET,
+            )
             .map_err(|e| writer::failure(&e, &path))
         })
         .await
@@ -125,17 +131,21 @@ impl SqliteStore {
         let (key, path) = (key.to_owned(), self.inner.path.clone());
         // A new token fences out a forced-out holder's late settlement.
         let token = Token::new();
-        self.call(move |connection| {
-            settle(connection, &key, force, |connection| {
-                connection
-                    .prepare_cached(sql::RESOLVE)?
-                    .execute(rusqlite::params![
+        self.call(move |session| {
+            settle(
+                session,
+                &key,
+                force,
+                |resolve| {
+                    resolve.execute(rusqlite::params![
                         key,
                         &token.as_uuid().as_bytes()[..],
                         outcome,
                         ttl
                     ])
-            })
+                },
+                sql::RESOLVE,
+            )
             .map_err(|e| writer::failure(&e, &path))
         })
         .await
@@ -143,10 +153,10 @@ impl SqliteStore {
 
     async fn try_inspect(&self, key: &str) -> Result<Option<Inspected>, StoreError> {
         let (key, path) = (key.to_owned(), self.inner.path.clone());
-        self.call(move |connection| {
-            let row = connection
-                .prepare_cached(sql::INSPECT)
-                .and_then(|mut statement| statement.query_row([&key], AdminRow::read).optional())
+        self.call(move |session| {
+            let row = session
+                .statement(sql::INSPECT)
+                .and_then(|statement| statement.query_row([&key], AdminRow::read).optional())
                 .map_err(|e| writer::failure(&e, &path))?;
             row.map(|row| row.inspected(&path).map(|(record, _)| record))
                 .transpose()
@@ -167,10 +177,10 @@ impl SqliteStore {
         }
         let path = self.inner.path.clone();
         let rows = self
-            .call(move |connection| {
-                connection
-                    .prepare_cached(sql::LIST)
-                    .and_then(|mut statement| {
+            .call(move |session| {
+                session
+                    .statement(sql::LIST)
+                    .and_then(|statement| {
                         statement
                             .query_map(
                                 rusqlite::params![

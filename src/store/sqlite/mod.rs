@@ -111,6 +111,7 @@ use crate::outcome::Outcome;
 mod admin;
 mod purge;
 mod row;
+mod session;
 mod sql;
 mod writer;
 
@@ -123,6 +124,7 @@ pub mod statements {
     pub use super::sql::{BEFORE_RESERVE, COMPLETE, RESERVE, SCHEMA};
 }
 
+use session::Session;
 use writer::{Call, Job};
 
 /// The default bound on each operation, including the wait for other processes' writes.
@@ -306,7 +308,7 @@ impl SqliteStore {
     async fn call<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&mut Session<'_>) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         self.inner
@@ -371,8 +373,9 @@ impl SqliteStore {
     /// The statement's failure (a locked file is a [`Timeout`](StoreErrorKind::Timeout)).
     pub fn claim_in(&self, connection: &Connection, claim: &Claim) -> Result<bool, StoreError> {
         let token = Token::new();
+        // Your connection, not the store's: prepared here, per call, inside your transaction.
         connection
-            .prepare_cached(sql::CLAIM)
+            .prepare(sql::CLAIM)
             .and_then(|mut statement| {
                 statement.exists(rusqlite::params![
                     claim.key,
@@ -388,14 +391,12 @@ impl SqliteStore {
     /// after a crash, the messages the next run must send.
     pub async fn claims(&self, limit: u32) -> Result<Vec<String>, StoreError> {
         let path = self.inner.path.clone();
-        self.call(move |connection| {
-            let keys = connection
-                .prepare_cached(sql::CLAIMS)
-                .and_then(|mut statement| {
-                    statement
-                        .query_map([i64::from(limit)], |row| row.get::<_, String>(0))?
-                        .collect::<Result<Vec<_>, _>>()
-                });
+        self.call(move |session| {
+            let keys = session.statement(sql::CLAIMS).and_then(|statement| {
+                statement
+                    .query_map([i64::from(limit)], |row| row.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()
+            });
             keys.map_err(|e| writer::failure(&e, &path))
         })
         .await
@@ -421,20 +422,20 @@ fn distinct<'k>(operation: &str, keys: impl Iterator<Item = &'k str>) -> Result<
 
 /// One reserve, on the store's thread.
 fn reserve(
-    connection: &Connection,
+    session: &mut Session<'_>,
     path: &Path,
     key: &str,
     fingerprint: Fingerprint,
     lease: i64,
 ) -> Result<Reservation, StoreError> {
     let token = Token::new();
-    let before = connection
-        .prepare_cached(sql::BEFORE_RESERVE)
-        .and_then(|mut statement| statement.query_row([key], row::Before::read).optional())
+    let before = session
+        .statement(sql::BEFORE_RESERVE)
+        .and_then(|statement| statement.query_row([key], row::Before::read).optional())
         .map_err(|e| writer::failure(&e, path))?;
-    let found = connection
-        .prepare_cached(sql::RESERVE)
-        .and_then(|mut statement| {
+    let found = session
+        .statement(sql::RESERVE)
+        .and_then(|statement| {
             statement.query_row(
                 rusqlite::params![
                     key,
@@ -451,7 +452,7 @@ fn reserve(
 
 /// One complete, on the store's thread: whether it wrote.
 fn complete(
-    connection: &Connection,
+    session: &mut Session<'_>,
     path: &Path,
     key: &str,
     token: Token,
@@ -459,9 +460,9 @@ fn complete(
     outcome: &str,
     ttl: i64,
 ) -> Result<bool, StoreError> {
-    connection
-        .prepare_cached(sql::COMPLETE)
-        .and_then(|mut statement| {
+    session
+        .statement(sql::COMPLETE)
+        .and_then(|statement| {
             statement.exists(rusqlite::params![
                 key,
                 &token.as_uuid().as_bytes()[..],
@@ -475,14 +476,14 @@ fn complete(
 
 /// One release, on the store's thread: whether it deleted.
 fn release(
-    connection: &Connection,
+    session: &mut Session<'_>,
     path: &Path,
     key: &str,
     token: Token,
 ) -> Result<bool, StoreError> {
-    connection
-        .prepare_cached(sql::RELEASE)
-        .and_then(|mut statement| {
+    session
+        .statement(sql::RELEASE)
+        .and_then(|statement| {
             statement.execute(rusqlite::params![key, &token.as_uuid().as_bytes()[..]])
         })
         .map(|deleted| deleted > 0)
@@ -497,7 +498,7 @@ impl Store for SqliteStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
         let (key, path, lease) = (key.to_owned(), self.inner.path.clone(), millis(lease));
-        Box::pin(self.call(move |connection| reserve(connection, &path, &key, fingerprint, lease)))
+        Box::pin(self.call(move |session| reserve(session, &path, &key, fingerprint, lease)))
     }
 
     fn complete<'a>(
@@ -511,8 +512,8 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let outcome = record::outcome_json(outcome)?;
             let (key, path, ttl) = (key.to_owned(), self.inner.path.clone(), millis(ttl));
-            self.call(move |connection| {
-                complete(connection, &path, &key, token, fingerprint, &outcome, ttl)
+            self.call(move |session| {
+                complete(session, &path, &key, token, fingerprint, &outcome, ttl)
             })
             .await
         })
@@ -524,7 +525,7 @@ impl Store for SqliteStore {
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         let (key, path) = (key.to_owned(), self.inner.path.clone());
-        Box::pin(self.call(move |connection| release(connection, &path, &key, token)))
+        Box::pin(self.call(move |session| release(session, &path, &key, token)))
     }
 
     fn extend<'a>(
@@ -534,10 +535,10 @@ impl Store for SqliteStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         let (key, path, lease) = (key.to_owned(), self.inner.path.clone(), millis(lease));
-        Box::pin(self.call(move |connection| {
-            connection
-                .prepare_cached(sql::EXTEND)
-                .and_then(|mut statement| {
+        Box::pin(self.call(move |session| {
+            session
+                .statement(sql::EXTEND)
+                .and_then(|statement| {
                     statement.execute(rusqlite::params![
                         key,
                         &token.as_uuid().as_bytes()[..],
@@ -558,11 +559,11 @@ impl Store for SqliteStore {
     ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
         let (key, path) = (key.to_owned(), self.inner.path.clone());
         let (lease, within) = (millis(lease), millis(within));
-        Box::pin(self.call(move |connection| {
+        Box::pin(self.call(move |session| {
             let token = Token::new();
-            connection
-                .prepare_cached(sql::RETAKE)
-                .and_then(|mut statement| {
+            session
+                .statement(sql::RETAKE)
+                .and_then(|statement| {
                     statement.exists(rusqlite::params![
                         key,
                         &token.as_uuid().as_bytes()[..],
@@ -591,12 +592,12 @@ impl Store for SqliteStore {
                 .map(|(key, fingerprint)| ((*key).to_owned(), *fingerprint))
                 .collect();
             let (path, lease) = (self.inner.path.clone(), millis(lease));
-            self.call(move |connection| {
+            self.call(move |session| {
                 // A statement that fails outright (not one row that does not decode) fails
                 // the call: no key may then be assumed reserved.
                 let mut answers = Vec::with_capacity(requests.len());
                 for (key, fingerprint) in &requests {
-                    match reserve(connection, &path, key, *fingerprint, lease) {
+                    match reserve(session, &path, key, *fingerprint, lease) {
                         Err(e) if e.kind() != StoreErrorKind::Corrupt => return Err(e),
                         answer => answers.push(answer),
                     }
@@ -625,11 +626,11 @@ impl Store for SqliteStore {
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?;
             let (path, ttl) = (self.inner.path.clone(), millis(ttl));
-            self.call(move |connection| {
+            self.call(move |session| {
                 completions
                     .iter()
                     .map(|(key, token, fingerprint, outcome)| {
-                        complete(connection, &path, key, *token, *fingerprint, outcome, ttl)
+                        complete(session, &path, key, *token, *fingerprint, outcome, ttl)
                     })
                     .collect()
             })
@@ -651,10 +652,10 @@ impl Store for SqliteStore {
                 .map(|(key, token)| ((*key).to_owned(), *token))
                 .collect();
             let path = self.inner.path.clone();
-            self.call(move |connection| {
+            self.call(move |session| {
                 releases
                     .iter()
-                    .map(|(key, token)| release(connection, &path, key, *token))
+                    .map(|(key, token)| release(session, &path, key, *token))
                     .collect()
             })
             .await

@@ -1,8 +1,7 @@
 //! Deleting expired rows: [`SqliteStore::purge_expired`], which the store's thread also runs
 //! on its own while idle (see [`SqliteStoreBuilder::purge_every`](super::SqliteStoreBuilder::purge_every)).
 
-use rusqlite::Connection;
-
+use super::session::Session;
 use super::{SqliteStore, sql};
 use crate::store::StoreError;
 
@@ -17,8 +16,8 @@ impl SqliteStore {
         loop {
             let path = self.inner.path.clone();
             let deleted = self
-                .call(move |connection| {
-                    purge(connection, batch).map_err(|e| super::writer::failure(&e, &path))
+                .call(move |session| {
+                    purge(session, batch).map_err(|e| super::writer::failure(&e, &path))
                 })
                 .await?;
             purged += deleted;
@@ -30,20 +29,19 @@ impl SqliteStore {
 }
 
 /// One purge statement: deletes at most `batch` expired rows, answering how many it did.
-fn purge(connection: &Connection, batch: u32) -> rusqlite::Result<u64> {
-    let deleted = connection
-        .prepare_cached(sql::PURGE)?
-        .execute([i64::from(batch)])?;
+fn purge(session: &mut Session<'_>, batch: u32) -> rusqlite::Result<u64> {
+    let deleted = session.statement(sql::PURGE)?.execute([i64::from(batch)])?;
     Ok(u64::try_from(deleted).unwrap_or(u64::MAX))
 }
 
 /// Every expired row, one transaction per batch: the thread's own purge, outside any
 /// transaction of the queue.
-pub(super) fn purge_all(connection: &Connection, batch: u32) -> rusqlite::Result<u64> {
+pub(super) fn purge_all(session: &mut Session<'_>, batch: u32) -> rusqlite::Result<u64> {
+    let connection = session.connection();
     let mut purged = 0;
     loop {
         connection.execute_batch("BEGIN IMMEDIATE")?;
-        let deleted = match purge(connection, batch) {
+        let deleted = match purge(session, batch) {
             Ok(deleted) => deleted,
             Err(error) => {
                 let _ = connection.execute_batch("ROLLBACK");

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 use tokio::sync::oneshot;
 
+use super::session::Session;
 use super::sql;
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -23,7 +24,7 @@ pub(super) trait Job: Send {
     fn abandoned(&self) -> bool;
     /// Runs its statements in the open transaction, keeping its answer; nothing when its
     /// caller stopped waiting meanwhile.
-    fn run(&mut self, connection: &Connection);
+    fn run(&mut self, session: &mut Session<'_>);
     /// Sends its answer when the transaction committed, or the error `failed` makes.
     fn answer(self: Box<Self>, failed: Option<&dyn Fn() -> StoreError>);
 }
@@ -48,20 +49,20 @@ impl<T, F> Call<T, F> {
 impl<T, F> Job for Call<T, F>
 where
     T: Send,
-    F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
+    F: FnOnce(&mut Session<'_>) -> Result<T, StoreError> + Send,
 {
     fn abandoned(&self) -> bool {
         self.reply.is_closed()
     }
 
-    fn run(&mut self, connection: &Connection) {
+    fn run(&mut self, session: &mut Session<'_>) {
         // Checked again here: the wait for the write lock may have outlasted the caller,
         // and a reserve nobody hears of would hold its key for the whole lease.
         if self.abandoned() {
             return;
         }
         if let Some(work) = self.work.take() {
-            self.answer = Some(work(connection));
+            self.answer = Some(work(session));
         }
     }
 
@@ -95,7 +96,6 @@ pub(super) fn open(path: &Path, busy_timeout: Duration) -> Result<Connection, St
     let setup = |connection: &Connection| -> rusqlite::Result<String> {
         BUSY_BOUND.with(|bound| bound.set(busy_timeout));
         connection.busy_handler(Some(wait_for_the_lock))?;
-        connection.set_prepared_statement_cache_capacity(32);
         let mode: String =
             connection.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
         // With WAL, FULL syncs the log at every commit: a kept outcome survives a power
@@ -189,6 +189,7 @@ pub(super) fn serve(
     purge_every: Option<Duration>,
     purge_batch: u32,
 ) {
+    let mut session = Session::new(&connection);
     let mut next_purge = purge_every.map(|every| Instant::now() + every);
     let mut batch: Vec<Box<dyn Job>> = Vec::new();
     loop {
@@ -200,7 +201,7 @@ pub(super) fn serve(
             Ok(job) => batch.push(job),
             Err(RecvTimeoutError::Disconnected) => return,
             Err(RecvTimeoutError::Timeout) => {
-                match super::purge::purge_all(&connection, purge_batch) {
+                match super::purge::purge_all(&mut session, purge_batch) {
                     Ok(0) => {}
                     Ok(purged) => tracing::debug!(
                         path = %path.display(), purged, "purged expired idempotency keys"
@@ -223,7 +224,7 @@ pub(super) fn serve(
         }
         batch.retain(|job| !job.abandoned());
         if !batch.is_empty() {
-            run(&connection, &path, &mut batch);
+            run(&mut session, &path, &mut batch);
         }
         batch.clear();
     }
@@ -231,7 +232,8 @@ pub(super) fn serve(
 
 /// Runs `batch` in one write transaction and answers every job: each its own answer once
 /// the transaction committed, all the same error when it did not.
-fn run(connection: &Connection, path: &Path, batch: &mut Vec<Box<dyn Job>>) {
+fn run(session: &mut Session<'_>, path: &Path, batch: &mut Vec<Box<dyn Job>>) {
+    let connection = session.connection();
     // IMMEDIATE takes the write lock first (waiting up to the timeout), so no statement
     // inside can fail to upgrade a read to a write.
     if let Err(error) = connection.execute_batch("BEGIN IMMEDIATE") {
@@ -242,7 +244,7 @@ fn run(connection: &Connection, path: &Path, batch: &mut Vec<Box<dyn Job>>) {
         return;
     }
     for job in batch.iter_mut() {
-        job.run(connection);
+        job.run(session);
     }
     // A statement that failed badly enough (disk full, I/O error) makes SQLite roll the
     // whole transaction back: then no answer of this batch stands.
