@@ -8,13 +8,13 @@
 
 mod support;
 
-use std::process::Stdio;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::stores::{SqliteDir, broken_records, fp};
 use support::{Provider, message, send};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::sync::mpsc;
 use tower::ServiceBuilder;
 use tower_idempotency::outcome::codes;
 use tower_idempotency::store::admin::{Expiry, KeyState, StoreAdmin};
@@ -71,9 +71,13 @@ fn alert() -> Message {
 }
 
 /// A child process in `role` on the file at `path`, with its stdout read line by line.
+///
+/// Plain `std::process` (tokio's `process` feature would reach the quickstart's build through
+/// cargo's feature unification): a thread of its own reads the child's stdout and hands each
+/// line over a channel, so waiting for a line is an async wait bounded by a timeout.
 struct ChildProcess {
     child: Child,
-    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+    lines: mpsc::UnboundedReceiver<String>,
 }
 
 impl ChildProcess {
@@ -83,21 +87,26 @@ impl ChildProcess {
             .env(CHILD_ROLE, role)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn the child process");
         let stdout = child.stdout.take().expect("the child's stdout");
-        Self {
-            child,
-            lines: BufReader::new(stdout).lines(),
-        }
+        let (sender, lines) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines }
     }
 
     /// The text after `CHILD <word>` on the child's next such line.
     async fn said(&mut self, word: &str) -> String {
         let prefix = format!("CHILD {word}");
         let found = tokio::time::timeout(CHILD_BOUND, async {
-            while let Some(line) = self.lines.next_line().await.expect("read the child") {
+            while let Some(line) = self.lines.recv().await {
                 if let Some(rest) = line.strip_prefix(&prefix) {
                     return Some(rest.trim().to_owned());
                 }
@@ -109,10 +118,34 @@ impl ChildProcess {
         found.unwrap_or_else(|| panic!("the child ended without saying {word:?}"))
     }
 
-    async fn go(&mut self) {
+    fn go(&mut self) {
         let stdin = self.child.stdin.as_mut().expect("the child's stdin");
-        stdin.write_all(b"go\n").await.expect("tell the child go");
-        stdin.flush().await.expect("flush the child's stdin");
+        stdin.write_all(b"go\n").expect("tell the child go");
+        stdin.flush().expect("flush the child's stdin");
+    }
+
+    /// The child's exit status, once it closed its stdout (bounded) and ended.
+    async fn exit(&mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(CHILD_BOUND, async {
+            while self.lines.recv().await.is_some() {}
+        })
+        .await
+        .expect("the child closes its stdout");
+        tokio::task::block_in_place(|| self.child.wait()).expect("wait for the child")
+    }
+
+    /// SIGKILL: no destructor, no release.
+    fn kill(&mut self) {
+        self.child.kill().expect("kill the child");
+        self.child.wait().expect("reap the killed child");
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        // A test that failed half-way leaves no child behind.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -140,7 +173,7 @@ async fn two_processes_sending_fifty_duplicates_each_reach_the_provider_once() {
         child.said("ready").await;
     }
     for child in &mut children {
-        child.go().await;
+        child.go();
     }
     let mut results = Vec::new();
     for child in &mut children {
@@ -160,10 +193,7 @@ async fn two_processes_sending_fifty_duplicates_each_reach_the_provider_once() {
         "{results:?}"
     );
     for child in &mut children {
-        let status = tokio::time::timeout(CHILD_BOUND, child.child.wait())
-            .await
-            .expect("the child exits")
-            .expect("wait for the child");
+        let status = child.exit().await;
         assert!(status.success(), "{status}");
     }
 
@@ -193,7 +223,7 @@ async fn a_key_held_by_a_process_killed_with_sigkill_is_free_after_its_lease() {
     assert_eq!(error.code(), codes::IN_FLIGHT, "the child holds the key");
 
     // SIGKILL: no destructor, no release; only the lease can free the key.
-    child.child.kill().await.expect("kill the child");
+    child.kill();
     let key = "multi-process:order.created:ord_1";
     let record = store
         .inspect(key)

@@ -39,12 +39,9 @@
 //! the versioned stored form of [`record`], open to third-party stores too.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use serde::{Deserialize, Serialize};
-use uuid::Uuid;
 
 use crate::fingerprint::Fingerprint;
 use crate::outcome::{BoxError, Outcome};
@@ -60,6 +57,7 @@ pub mod record;
 pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+mod token;
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
@@ -71,55 +69,7 @@ pub use postgres::PostgresStore;
 pub use redis::RedisStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
-
-/// An unguessable token that proves who holds a reservation: a UUID v4 from the OS random
-/// source.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Token(Uuid);
-
-impl Token {
-    /// A new random token.
-    pub fn new() -> Self {
-        Self(Uuid::new_v4())
-    }
-
-    /// The token as a UUID.
-    pub fn as_uuid(&self) -> &Uuid {
-        &self.0
-    }
-}
-
-impl Default for Token {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl From<Uuid> for Token {
-    fn from(uuid: Uuid) -> Self {
-        Self(uuid)
-    }
-}
-
-impl fmt::Display for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Token({})", self.0)
-    }
-}
-
-impl FromStr for Token {
-    type Err = uuid::Error;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Uuid::parse_str(s).map(Self)
-    }
-}
+pub use token::Token;
 
 /// The state of a live record.
 ///
