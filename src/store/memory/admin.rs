@@ -1,7 +1,6 @@
 //! [`StoreAdmin`] for [`MemoryStore`]: each operation under the key's shard lock; the listing
 //! walks every shard.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use futures_util::future::{BoxFuture, FutureExt};
@@ -61,7 +60,7 @@ impl Inner {
             return AdminOutcome::HeldByLiveSend;
         }
         match change(entry, seq, now) {
-            Some(replacement) => shard.insert(Arc::from(key), replacement),
+            Some(replacement) => shard.replace(key, replacement),
             None => {
                 if shard.remove(key) {
                     self.len.fetch_sub(1, Ordering::AcqRel);

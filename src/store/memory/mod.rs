@@ -91,10 +91,13 @@ struct Inner {
 #[derive(Default)]
 struct Shard {
     map: HashMap<Arc<str>, Entry>,
-    by_expiry: BTreeMap<(Instant, u64), Arc<str>>,
-    by_completion: BTreeMap<(Instant, u64), Arc<str>>,
+    by_expiry: BTreeMap<Order, Arc<str>>,
+    by_completion: BTreeMap<Order, Arc<str>>,
     next_seq: u64,
 }
+
+/// A record's place in an index: an instant, then its version to break ties.
+type Order = (Instant, u64);
 
 struct Entry {
     state: RecordState,
@@ -134,6 +137,16 @@ impl Entry {
         }
     }
 
+    /// Where the record stands in the expiry index.
+    fn expiry_order(&self) -> Order {
+        (self.expires_at, self.seq)
+    }
+
+    /// Where a done record stands in the completion index.
+    fn completion_order(&self) -> Option<Order> {
+        (self.state == RecordState::Done).then_some((self.written_at, self.seq))
+    }
+
     fn is_live(&self, now: Instant) -> bool {
         self.expires_at > now
     }
@@ -154,23 +167,41 @@ impl Shard {
         self.next_seq
     }
 
-    fn insert(&mut self, key: Arc<str>, entry: Entry) {
-        self.by_expiry
-            .insert((entry.expires_at, entry.seq), Arc::clone(&key));
-        if entry.state == RecordState::Done {
-            self.by_completion
-                .insert((entry.written_at, entry.seq), Arc::clone(&key));
-        }
-        if let Some(old) = self.map.insert(key, entry) {
-            self.unindex(&old);
-        }
+    /// Adds `entry` as the record of `key`, which the shard does not hold: the key is copied
+    /// into the store, once for the map and both indexes.
+    fn add(&mut self, key: &str, entry: Entry) {
+        let stored: Arc<str> = Arc::from(key);
+        let orders = (entry.expiry_order(), entry.completion_order());
+        self.index(Arc::clone(&stored), orders);
+        self.map.insert(stored, entry);
     }
 
-    fn unindex(&mut self, entry: &Entry) {
-        self.by_expiry.remove(&(entry.expires_at, entry.seq));
-        if entry.state == RecordState::Done {
-            self.by_completion.remove(&(entry.written_at, entry.seq));
+    /// Replaces the record of `key` with `entry`, or adds it. A key already held keeps its
+    /// stored copy, taken from its old place in the expiry index.
+    fn replace(&mut self, key: &str, entry: Entry) {
+        let Some(slot) = self.map.get_mut(key) else {
+            return self.add(key, entry);
+        };
+        let orders = (entry.expiry_order(), entry.completion_order());
+        let old = std::mem::replace(slot, entry);
+        let stored = self.unindex(&old).unwrap_or_else(|| Arc::from(key));
+        self.index(stored, orders);
+    }
+
+    /// Puts the stored `key` in the indexes at `(expiry, completion)`, a record's orders.
+    fn index(&mut self, key: Arc<str>, (expiry, completion): (Order, Option<Order>)) {
+        if let Some(order) = completion {
+            self.by_completion.insert(order, Arc::clone(&key));
         }
+        self.by_expiry.insert(expiry, key);
+    }
+
+    /// Takes `entry` out of the indexes; answers the stored key they held.
+    fn unindex(&mut self, entry: &Entry) -> Option<Arc<str>> {
+        if let Some(order) = entry.completion_order() {
+            self.by_completion.remove(&order);
+        }
+        self.by_expiry.remove(&entry.expiry_order())
     }
 
     fn remove(&mut self, key: &str) -> bool {
@@ -378,7 +409,11 @@ impl Inner {
                     let token = Token::new();
                     let entry =
                         Entry::pending(fingerprint, token, now, lease, first_at, shard.next_seq());
-                    shard.insert(Arc::from(key), entry);
+                    if existing {
+                        shard.replace(key, entry);
+                    } else {
+                        shard.add(key, entry);
+                    }
                     return Ok(match previous {
                         Some(previous) => Reservation::TakenOver { token, previous },
                         None => Reservation::Reserved { token },
@@ -419,7 +454,11 @@ impl Inner {
                         first_at,
                         seq: shard.next_seq(),
                     };
-                    shard.insert(Arc::from(key), entry);
+                    if existing {
+                        shard.replace(key, entry);
+                    } else {
+                        shard.add(key, entry);
+                    }
                     return Ok(true);
                 }
             }
@@ -460,7 +499,7 @@ impl Inner {
             first_at,
             seq: shard.next_seq(),
         };
-        shard.insert(Arc::from(key), entry);
+        shard.replace(key, entry);
         true
     }
 
@@ -485,7 +524,7 @@ impl Inner {
         }
         let token = Token::new();
         let entry = Entry::pending(fingerprint, token, now, lease, first_at, shard.next_seq());
-        shard.insert(Arc::from(key), entry);
+        shard.replace(key, entry);
         Some(token)
     }
 }
