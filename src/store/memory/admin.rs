@@ -3,40 +3,39 @@
 
 use std::sync::atomic::Ordering;
 
-use futures_util::future::{BoxFuture, FutureExt};
-use tokio::time::Instant;
-
-use super::{Entry, Inner, MemoryStore, deadline, lock};
+use super::{Entry, Inner, KeptOutcome, MemoryStore, Tick, lock};
 use crate::outcome::Outcome;
 use crate::store::admin::{
     AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, StoreAdmin,
     split_cursor,
 };
 use crate::store::{RecordState, StoreError, StoreErrorKind, Token};
+use futures_util::future::{BoxFuture, FutureExt};
 
 impl Entry {
-    fn inspected(&self, key: &str, now: Instant) -> Inspected {
+    fn inspected(&self, key: &str, now: Tick) -> Inspected {
         let state = match self.state {
             RecordState::Pending => KeyState::Pending,
             RecordState::Done => KeyState::Done,
         };
         let expires = if self.is_live(now) {
-            Expiry::In(self.expires_at - now)
+            Expiry::In(self.expires_at.since(now))
         } else {
             Expiry::Passed
         };
-        Inspected::new(key, state, self.fingerprint, self.outcome.clone(), expires)
+        let outcome = self.outcome.as_ref().map(KeptOutcome::outcome);
+        Inspected::new(key, state, self.fingerprint, outcome, expires)
     }
 }
 
 impl Inner {
     /// Where `expires_at` falls in the listing's order, counted from the store's making.
-    fn position(&self, expires_at: Instant) -> u128 {
-        expires_at.saturating_duration_since(self.epoch).as_nanos()
+    fn position(&self, expires_at: Tick) -> u128 {
+        u128::from(expires_at.0)
     }
 
     fn inspect(&self, key: &str) -> Option<Inspected> {
-        let now = Instant::now();
+        let now = self.now();
         let shard = self.shard(key);
         shard.map.get(key).map(|entry| entry.inspected(key, now))
     }
@@ -48,9 +47,9 @@ impl Inner {
         &self,
         key: &str,
         force: Force,
-        change: impl FnOnce(&Entry, u64, Instant) -> Option<Entry>,
+        change: impl FnOnce(&Entry, u64, Tick) -> Option<Entry>,
     ) -> AdminOutcome {
-        let now = Instant::now();
+        let now = self.now();
         let mut shard = self.shard(key);
         let seq = shard.next_seq();
         let Some(entry) = shard.map.get(key) else {
@@ -80,8 +79,8 @@ impl Inner {
                         fingerprint: entry.fingerprint,
                         // A new token fences out a forced-out holder's late settlement.
                         token: Token::new(),
-                        outcome: Some(outcome),
-                        expires_at: deadline(now, *ttl),
+                        outcome: Some(KeptOutcome::of(&outcome)),
+                        expires_at: now.after(*ttl),
                         written_at: now,
                         first_at: entry.first_at,
                         seq,
@@ -105,7 +104,7 @@ impl Inner {
                 Ok::<_, StoreError>((at, key.to_owned()))
             })
             .transpose()?;
-        let now = Instant::now();
+        let now = self.now();
         let mut found: Vec<(u128, Inspected)> = Vec::new();
         for shard in self.shards.iter() {
             let shard = lock(shard);
