@@ -14,7 +14,7 @@ use futures_util::future::{BoxFuture, FutureExt};
 
 impl Entry {
     fn inspected(&self, key: &str, now: Tick) -> Inspected {
-        let state = match self.state {
+        let state = match self.state() {
             RecordState::Pending => KeyState::Pending,
             RecordState::Done => KeyState::Done,
         };
@@ -75,7 +75,6 @@ impl Inner {
                 let outcome = Outcome::sent(receipt.clone());
                 self.settle(key, force, |entry, seq, now| {
                     Some(Entry {
-                        state: RecordState::Done,
                         fingerprint: entry.fingerprint,
                         // A new token fences out a forced-out holder's late settlement.
                         token: Token::new(),

@@ -1,5 +1,5 @@
-//! [`KeptOutcome`]: an outcome as [`MemoryStore`](super::MemoryStore) keeps it, in less than
-//! half the room of an [`Outcome`].
+//! [`KeptOutcome`]: an outcome as [`MemoryStore`](super::MemoryStore) keeps it, in
+//! about half the room of an [`Outcome`].
 
 use crate::outcome::{Kept, Outcome, Receipt};
 

@@ -125,9 +125,9 @@ fn nanos(d: Duration) -> u64 {
 }
 
 struct Entry {
-    state: RecordState,
     fingerprint: Fingerprint,
     token: Token,
+    /// The kept outcome: a record is done exactly when it has one, pending otherwise.
     outcome: Option<KeptOutcome>,
     expires_at: Tick,
     /// When the record was written; for a done record, its completion time.
@@ -151,7 +151,6 @@ impl Entry {
         seq: u64,
     ) -> Self {
         Self {
-            state: RecordState::Pending,
             fingerprint,
             token,
             outcome: None,
@@ -159,6 +158,13 @@ impl Entry {
             written_at: now,
             first_at: Some(first_at),
             seq,
+        }
+    }
+
+    fn state(&self) -> RecordState {
+        match self.outcome {
+            Some(_) => RecordState::Done,
+            None => RecordState::Pending,
         }
     }
 
@@ -170,7 +176,7 @@ impl Entry {
     /// When a done record was completed, then its version: how the oldest done records of
     /// different shards compare.
     fn completion_order(&self) -> Option<Order> {
-        (self.state == RecordState::Done).then_some((self.written_at, self.seq))
+        (self.state() == RecordState::Done).then_some((self.written_at, self.seq))
     }
 
     fn is_live(&self, now: Tick) -> bool {
@@ -179,7 +185,7 @@ impl Entry {
 
     fn record(&self, now: Tick) -> Record {
         Record {
-            state: self.state,
+            state: self.state(),
             fingerprint: self.fingerprint,
             outcome: self.outcome.as_ref().map(KeptOutcome::outcome),
             first_attempt_age: self.first_at.map(|at| now.since(at)),
@@ -197,7 +203,7 @@ impl Shard {
     /// into the store, once for the map and both indexes.
     fn add(&mut self, key: &str, entry: Entry) {
         let stored: Arc<str> = Arc::from(key);
-        self.index(Arc::clone(&stored), entry.expiry_order(), entry.state);
+        self.index(Arc::clone(&stored), entry.expiry_order(), entry.state());
         self.map.insert(stored, entry);
     }
 
@@ -207,7 +213,7 @@ impl Shard {
         let Some(slot) = self.map.get_mut(key) else {
             return self.add(key, entry);
         };
-        let (expiry, state) = (entry.expiry_order(), entry.state);
+        let (expiry, state) = (entry.expiry_order(), entry.state());
         let old = std::mem::replace(slot, entry);
         let stored = self.unindex(&old).unwrap_or_else(|| Arc::from(key));
         self.index(stored, expiry, state);
@@ -431,7 +437,7 @@ impl Inner {
                             record: entry.record(now),
                         });
                     }
-                    Some(entry) if entry.state == RecordState::Pending => {
+                    Some(entry) if entry.state() == RecordState::Pending => {
                         let first_at = entry
                             .first_at
                             .filter(|_| entry.fingerprint == fingerprint)
@@ -481,7 +487,6 @@ impl Inner {
                 };
                 if existing || self.take_slot() {
                     let entry = Entry {
-                        state: RecordState::Done,
                         fingerprint,
                         token,
                         outcome: Some(KeptOutcome::of(outcome)),
@@ -507,7 +512,7 @@ impl Inner {
         let holds = shard
             .map
             .get(key)
-            .is_some_and(|e| e.token == token && e.state == RecordState::Pending);
+            .is_some_and(|e| e.token == token && e.state() == RecordState::Pending);
         if holds && shard.remove(key) {
             self.len.fetch_sub(1, Ordering::AcqRel);
             return true;
@@ -519,14 +524,13 @@ impl Inner {
         let now = self.now();
         let mut shard = self.shard(key);
         let (fingerprint, written_at, first_at) = match shard.map.get(key) {
-            Some(e) if e.is_live(now) && e.token == token && e.state == RecordState::Pending => {
+            Some(e) if e.is_live(now) && e.token == token && e.state() == RecordState::Pending => {
                 (e.fingerprint, e.written_at, e.first_at)
             }
             _ => return false,
         };
         // Re-inserted under a new sequence number, so the expiry index moves with it.
         let entry = Entry {
-            state: RecordState::Pending,
             fingerprint,
             token,
             outcome: None,

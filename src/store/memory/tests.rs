@@ -33,7 +33,12 @@ async fn complete(store: &MemoryStore, key: &str, token: Token) {
 }
 
 fn state(store: &MemoryStore, key: &str) -> Option<RecordState> {
-    store.inner.shard(key).map.get(key).map(|entry| entry.state)
+    store
+        .inner
+        .shard(key)
+        .map
+        .get(key)
+        .map(|entry| entry.state())
 }
 
 #[tokio::test(start_paused = true)]
