@@ -95,7 +95,7 @@ struct Shard {
     /// Done records in the order they were completed, oldest first: the version (`seq`) of
     /// each and its key. Writes come in that order, so a queue keeps it; a record rewritten
     /// or removed since leaves a stale element, skipped when it reaches the front and swept
-    /// out before stale elements could outnumber the records.
+    /// out once the queue holds twice as many elements as the shard holds records (and 64).
     completed: VecDeque<(u64, Arc<str>)>,
     next_seq: u64,
 }

@@ -65,8 +65,12 @@ async fn rewrites_do_not_grow_the_completion_queue_without_bound() {
     for _ in 0..10_000 {
         complete(&store, "k", token).await;
     }
+    // Swept once it holds more than twice the records and 64, before the next element.
     let queued = store.inner.shard("k").completed.len();
-    assert!(queued <= 2 + 64, "{queued} elements queued for one record");
+    assert!(
+        queued <= 2 + 64 + 1,
+        "{queued} elements queued for one record"
+    );
 }
 
 #[tokio::test(start_paused = true)]
