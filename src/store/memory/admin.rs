@@ -3,6 +3,8 @@
 
 use std::sync::atomic::Ordering;
 
+use futures_util::future::{BoxFuture, FutureExt};
+
 use super::{Entry, Inner, KeptOutcome, MemoryStore, Tick, lock};
 use crate::outcome::Outcome;
 use crate::store::admin::{
@@ -10,7 +12,6 @@ use crate::store::admin::{
     split_cursor,
 };
 use crate::store::{RecordState, StoreError, StoreErrorKind, Token};
-use futures_util::future::{BoxFuture, FutureExt};
 
 impl Entry {
     fn inspected(&self, key: &str, now: Tick) -> Inspected {
