@@ -183,8 +183,14 @@ where
         Some(result) => result.map_err(|e| into_send_error(&config.classifier, e.into())),
         None => Err(given_up(&config, 1)),
     };
+    // A receipt's accepted recipients are kept by position in the request's list: only
+    // then is that list needed.
+    let recipients = match &result {
+        Ok(receipt) if !receipt.accepted.is_empty() => kept.recipients(),
+        _ => Vec::new(),
+    };
     settle
-        .run(vec![Finish::for_result(&result, &kept.recipients())])
+        .run(vec![Finish::for_result(&result, &recipients)])
         .await;
     result
 }

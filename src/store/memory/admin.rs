@@ -1,13 +1,11 @@
 //! [`StoreAdmin`] for [`MemoryStore`]: each operation under the key's shard lock; the listing
 //! walks every shard.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use futures_util::future::{BoxFuture, FutureExt};
-use tokio::time::Instant;
 
-use super::{Entry, Inner, MemoryStore, deadline, lock};
+use super::{Entry, Inner, KeptOutcome, MemoryStore, Tick, lock};
 use crate::outcome::Outcome;
 use crate::store::admin::{
     AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, StoreAdmin,
@@ -16,28 +14,29 @@ use crate::store::admin::{
 use crate::store::{RecordState, StoreError, StoreErrorKind, Token};
 
 impl Entry {
-    fn inspected(&self, key: &str, now: Instant) -> Inspected {
-        let state = match self.state {
+    fn inspected(&self, key: &str, now: Tick) -> Inspected {
+        let state = match self.state() {
             RecordState::Pending => KeyState::Pending,
             RecordState::Done => KeyState::Done,
         };
         let expires = if self.is_live(now) {
-            Expiry::In(self.expires_at - now)
+            Expiry::In(self.expires_at.since(now))
         } else {
             Expiry::Passed
         };
-        Inspected::new(key, state, self.fingerprint, self.outcome.clone(), expires)
+        let outcome = self.outcome.as_ref().map(KeptOutcome::outcome);
+        Inspected::new(key, state, self.fingerprint, outcome, expires)
     }
 }
 
 impl Inner {
     /// Where `expires_at` falls in the listing's order, counted from the store's making.
-    fn position(&self, expires_at: Instant) -> u128 {
-        expires_at.saturating_duration_since(self.epoch).as_nanos()
+    fn position(&self, expires_at: Tick) -> u128 {
+        u128::from(expires_at.0)
     }
 
     fn inspect(&self, key: &str) -> Option<Inspected> {
-        let now = Instant::now();
+        let now = self.now();
         let shard = self.shard(key);
         shard.map.get(key).map(|entry| entry.inspected(key, now))
     }
@@ -49,9 +48,9 @@ impl Inner {
         &self,
         key: &str,
         force: Force,
-        change: impl FnOnce(&Entry, u64, Instant) -> Option<Entry>,
+        change: impl FnOnce(&Entry, u64, Tick) -> Option<Entry>,
     ) -> AdminOutcome {
-        let now = Instant::now();
+        let now = self.now();
         let mut shard = self.shard(key);
         let seq = shard.next_seq();
         let Some(entry) = shard.map.get(key) else {
@@ -61,7 +60,7 @@ impl Inner {
             return AdminOutcome::HeldByLiveSend;
         }
         match change(entry, seq, now) {
-            Some(replacement) => shard.insert(Arc::from(key), replacement),
+            Some(replacement) => shard.replace(key, replacement),
             None => {
                 if shard.remove(key) {
                     self.len.fetch_sub(1, Ordering::AcqRel);
@@ -77,12 +76,11 @@ impl Inner {
                 let outcome = Outcome::sent(receipt.clone());
                 self.settle(key, force, |entry, seq, now| {
                     Some(Entry {
-                        state: RecordState::Done,
                         fingerprint: entry.fingerprint,
                         // A new token fences out a forced-out holder's late settlement.
                         token: Token::new(),
-                        outcome: Some(outcome),
-                        expires_at: deadline(now, *ttl),
+                        outcome: Some(KeptOutcome::of(&outcome)),
+                        expires_at: now.after(*ttl),
                         written_at: now,
                         first_at: entry.first_at,
                         seq,
@@ -106,7 +104,7 @@ impl Inner {
                 Ok::<_, StoreError>((at, key.to_owned()))
             })
             .transpose()?;
-        let now = Instant::now();
+        let now = self.now();
         let mut found: Vec<(u128, Inspected)> = Vec::new();
         for shard in self.shards.iter() {
             let shard = lock(shard);

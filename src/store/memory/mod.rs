@@ -1,6 +1,6 @@
 //! [`MemoryStore`]: the default store, in this process, bounded and sharded.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,16 +13,15 @@ use tokio::time::Instant;
 use super::{Record, RecordState, Reservation, Store, StoreError, Token};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
+use kept::KeptOutcome;
 
 mod admin;
+mod kept;
 
 /// The default bound on the records a [`MemoryStore`] keeps.
 pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
 const SHARDS: usize = 32;
-
-/// Far enough to mean "never" without overflowing `Instant` arithmetic.
-const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// An idempotency store in this process's memory.
 ///
@@ -81,32 +80,61 @@ struct Inner {
     hasher: RandomState,
     max_entries: usize,
     len: AtomicUsize,
-    /// When the store was made: listing cursors count from it.
+    /// When the store was made: its [`Tick`]s, and so listing cursors, count from it.
     epoch: Instant,
 }
 
 /// One lock's worth of records with two indexes: by expiry (to drop expired records first) and,
-/// for done records, by completion time (to drop the oldest done one next). Completion times
-/// come from the clock rather than a shared counter, so shards never touch a common cache line.
+/// for done records, in order of completion (to drop the oldest done one next). Completion
+/// times come from the clock rather than a shared counter, so shards never touch a common
+/// cache line.
 #[derive(Default)]
 struct Shard {
     map: HashMap<Arc<str>, Entry>,
-    by_expiry: BTreeMap<(Instant, u64), Arc<str>>,
-    by_completion: BTreeMap<(Instant, u64), Arc<str>>,
+    by_expiry: BTreeMap<Order, Arc<str>>,
+    /// Done records in the order they were completed, oldest first: the version (`seq`) of
+    /// each and its key. Writes come in that order, so a queue keeps it; a record rewritten
+    /// or removed since leaves a stale element, skipped when it reaches the front and swept
+    /// out once the queue holds twice as many elements as the shard holds records (and 64).
+    completed: VecDeque<(u64, Arc<str>)>,
     next_seq: u64,
 }
 
+/// A record's place in an index: a tick, then its version to break ties.
+type Order = (Tick, u64);
+
+/// An instant by the store's clock, as nanoseconds since the store was made: half the room of
+/// an `Instant` in every record and index entry, and good for 584 years.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Tick(u64);
+
+impl Tick {
+    /// `d` after this tick, saturating at the end of time rather than overflowing.
+    fn after(self, d: Duration) -> Self {
+        Self(self.0.saturating_add(nanos(d)))
+    }
+
+    /// How long after `earlier` this tick is; zero when it is not.
+    fn since(self, earlier: Self) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 struct Entry {
-    state: RecordState,
     fingerprint: Fingerprint,
     token: Token,
-    outcome: Option<Outcome>,
-    expires_at: Instant,
+    /// The kept outcome: a record is done exactly when it has one, pending otherwise.
+    outcome: Option<KeptOutcome>,
+    expires_at: Tick,
     /// When the record was written; for a done record, its completion time.
-    written_at: Instant,
+    written_at: Tick,
     /// When the first attempt under the key began: the reserve that first took it, kept
     /// through retakes and takeovers of the same message.
-    first_at: Option<Instant>,
+    first_at: Option<Tick>,
     /// Unique (within the shard) id of this version of the record; breaks ties in the indexes.
     seq: u64,
 }
@@ -117,33 +145,50 @@ impl Entry {
     fn pending(
         fingerprint: Fingerprint,
         token: Token,
-        now: Instant,
+        now: Tick,
         lease: Duration,
-        first_at: Instant,
+        first_at: Tick,
         seq: u64,
     ) -> Self {
         Self {
-            state: RecordState::Pending,
             fingerprint,
             token,
             outcome: None,
-            expires_at: deadline(now, lease),
+            expires_at: now.after(lease),
             written_at: now,
             first_at: Some(first_at),
             seq,
         }
     }
 
-    fn is_live(&self, now: Instant) -> bool {
+    fn state(&self) -> RecordState {
+        match self.outcome {
+            Some(_) => RecordState::Done,
+            None => RecordState::Pending,
+        }
+    }
+
+    /// Where the record stands in the expiry index.
+    fn expiry_order(&self) -> Order {
+        (self.expires_at, self.seq)
+    }
+
+    /// When a done record was completed, then its version: how the oldest done records of
+    /// different shards compare.
+    fn completion_order(&self) -> Option<Order> {
+        (self.state() == RecordState::Done).then_some((self.written_at, self.seq))
+    }
+
+    fn is_live(&self, now: Tick) -> bool {
         self.expires_at > now
     }
 
-    fn record(&self, now: Instant) -> Record {
+    fn record(&self, now: Tick) -> Record {
         Record {
-            state: self.state,
+            state: self.state(),
             fingerprint: self.fingerprint,
-            outcome: self.outcome.clone(),
-            first_attempt_age: self.first_at.map(|at| now.saturating_duration_since(at)),
+            outcome: self.outcome.as_ref().map(KeptOutcome::outcome),
+            first_attempt_age: self.first_at.map(|at| now.since(at)),
         }
     }
 }
@@ -154,23 +199,64 @@ impl Shard {
         self.next_seq
     }
 
-    fn insert(&mut self, key: Arc<str>, entry: Entry) {
-        self.by_expiry
-            .insert((entry.expires_at, entry.seq), Arc::clone(&key));
-        if entry.state == RecordState::Done {
-            self.by_completion
-                .insert((entry.written_at, entry.seq), Arc::clone(&key));
-        }
-        if let Some(old) = self.map.insert(key, entry) {
-            self.unindex(&old);
-        }
+    /// Adds `entry` as the record of `key`, which the shard does not hold: the key is copied
+    /// into the store, once for the map and both indexes.
+    fn add(&mut self, key: &str, entry: Entry) {
+        let stored: Arc<str> = Arc::from(key);
+        self.index(Arc::clone(&stored), entry.expiry_order(), entry.state());
+        self.map.insert(stored, entry);
     }
 
-    fn unindex(&mut self, entry: &Entry) {
-        self.by_expiry.remove(&(entry.expires_at, entry.seq));
-        if entry.state == RecordState::Done {
-            self.by_completion.remove(&(entry.written_at, entry.seq));
+    /// Replaces the record of `key` with `entry`, or adds it. A key already held keeps its
+    /// stored copy, taken from its old place in the expiry index.
+    fn replace(&mut self, key: &str, entry: Entry) {
+        let Some(slot) = self.map.get_mut(key) else {
+            return self.add(key, entry);
+        };
+        let (expiry, state) = (entry.expiry_order(), entry.state());
+        let old = std::mem::replace(slot, entry);
+        let stored = self.unindex(&old).unwrap_or_else(|| Arc::from(key));
+        self.index(stored, expiry, state);
+    }
+
+    /// Indexes the stored `key` of a record in `state` whose place by expiry is `expiry`.
+    fn index(&mut self, key: Arc<str>, expiry: Order, state: RecordState) {
+        if state == RecordState::Done {
+            if self.completed.len() > 2 * self.map.len() + 64 {
+                self.sweep_completed();
+            }
+            self.completed.push_back((expiry.1, Arc::clone(&key)));
         }
+        self.by_expiry.insert(expiry, key);
+    }
+
+    /// Takes `entry` out of the expiry index; answers the stored key it held. (Its place in
+    /// the completion queue goes stale.)
+    fn unindex(&mut self, entry: &Entry) -> Option<Arc<str>> {
+        self.by_expiry.remove(&entry.expiry_order())
+    }
+
+    /// Whether `element` of the completion queue is still the done record it was queued for.
+    fn is_current(&self, (seq, key): &(u64, Arc<str>)) -> bool {
+        self.map.get(key).is_some_and(|entry| entry.seq == *seq)
+    }
+
+    /// Drops the stale elements of the completion queue.
+    fn sweep_completed(&mut self) {
+        let mut completed = std::mem::take(&mut self.completed);
+        completed.retain(|element| self.is_current(element));
+        self.completed = completed;
+    }
+
+    /// The completion order of the oldest done record, dropping stale elements in front of it.
+    fn oldest_done(&mut self) -> Option<Order> {
+        while let Some(front) = self.completed.front() {
+            if let Some(entry) = self.map.get(&front.1).filter(|e| e.seq == front.0) {
+                return entry.completion_order();
+            }
+            self.completed.pop_front();
+        }
+        None
     }
 
     fn remove(&mut self, key: &str) -> bool {
@@ -186,12 +272,8 @@ impl Shard {
     /// Drops up to `n` of the oldest done records; answers how many went.
     fn evict_oldest_done(&mut self, n: usize) -> usize {
         let mut dropped = 0;
-        while dropped < n {
-            let Some(key) = self
-                .by_completion
-                .first_key_value()
-                .map(|(_, k)| Arc::clone(k))
-            else {
+        while dropped < n && self.oldest_done().is_some() {
+            let Some((_, key)) = self.completed.pop_front() else {
                 break;
             };
             if !self.remove(&key) {
@@ -203,17 +285,14 @@ impl Shard {
     }
 
     /// Drops every expired record; answers how many went.
-    fn purge_expired(&mut self, now: Instant) -> usize {
+    fn purge_expired(&mut self, now: Tick) -> usize {
         let mut dropped = 0;
         while let Some(entry) = self.by_expiry.first_entry() {
             if entry.key().0 > now {
                 break;
             }
             let key = entry.remove();
-            if let Some(old) = self.map.remove(&key) {
-                if old.state == RecordState::Done {
-                    self.by_completion.remove(&(old.written_at, old.seq));
-                }
+            if self.map.remove(&key).is_some() {
                 dropped += 1;
             }
         }
@@ -272,13 +351,12 @@ impl fmt::Debug for MemoryStore {
     }
 }
 
-fn deadline(now: Instant, after: Duration) -> Instant {
-    now.checked_add(after)
-        .or_else(|| now.checked_add(FOREVER))
-        .unwrap_or(now)
-}
-
 impl Inner {
+    /// Now, by the store's clock.
+    fn now(&self) -> Tick {
+        Tick(nanos(Instant::now().saturating_duration_since(self.epoch)))
+    }
+
     fn shard_index(&self, key: &str) -> usize {
         (self.hasher.hash_one(key) as usize) % self.shards.len()
     }
@@ -299,7 +377,7 @@ impl Inner {
     /// Drops expired records, or else the oldest done ones, first in the new key's `home`
     /// shard (large stores only), then across shards; refuses when only live pending records
     /// remain. Never called with a shard lock held.
-    fn make_room(&self, now: Instant, home: usize) -> Result<(), StoreError> {
+    fn make_room(&self, now: Tick, home: usize) -> Result<(), StoreError> {
         if self.eviction_batch() > 1 {
             let mut shard = lock(&self.shards[home]);
             let mut dropped = shard.purge_expired(now);
@@ -323,12 +401,7 @@ impl Inner {
             .shards
             .iter()
             .enumerate()
-            .filter_map(|(i, shard)| {
-                lock(shard)
-                    .by_completion
-                    .first_key_value()
-                    .map(|(order, _)| (*order, i))
-            })
+            .filter_map(|(i, shard)| lock(shard).oldest_done().map(|order| (order, i)))
             .min();
         let Some((_, index)) = oldest else {
             return Err(StoreError::capacity(self.max_entries));
@@ -353,7 +426,7 @@ impl Inner {
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
         loop {
-            let now = Instant::now();
+            let now = self.now();
             {
                 let mut shard = self.shard(key);
                 // A pending record whose lease passed lingers until room is made: taking it
@@ -364,7 +437,7 @@ impl Inner {
                             record: entry.record(now),
                         });
                     }
-                    Some(entry) if entry.state == RecordState::Pending => {
+                    Some(entry) if entry.state() == RecordState::Pending => {
                         let first_at = entry
                             .first_at
                             .filter(|_| entry.fingerprint == fingerprint)
@@ -378,7 +451,11 @@ impl Inner {
                     let token = Token::new();
                     let entry =
                         Entry::pending(fingerprint, token, now, lease, first_at, shard.next_seq());
-                    shard.insert(Arc::from(key), entry);
+                    if existing {
+                        shard.replace(key, entry);
+                    } else {
+                        shard.add(key, entry);
+                    }
                     return Ok(match previous {
                         Some(previous) => Reservation::TakenOver { token, previous },
                         None => Reservation::Reserved { token },
@@ -398,7 +475,7 @@ impl Inner {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         loop {
-            let now = Instant::now();
+            let now = self.now();
             {
                 let mut shard = self.shard(key);
                 // The first attempt is known when this token's own record is still there.
@@ -410,16 +487,19 @@ impl Inner {
                 };
                 if existing || self.take_slot() {
                     let entry = Entry {
-                        state: RecordState::Done,
                         fingerprint,
                         token,
-                        outcome: Some(outcome.clone()),
-                        expires_at: deadline(now, ttl),
+                        outcome: Some(KeptOutcome::of(outcome)),
+                        expires_at: now.after(ttl),
                         written_at: now,
                         first_at,
                         seq: shard.next_seq(),
                     };
-                    shard.insert(Arc::from(key), entry);
+                    if existing {
+                        shard.replace(key, entry);
+                    } else {
+                        shard.add(key, entry);
+                    }
                     return Ok(true);
                 }
             }
@@ -432,7 +512,7 @@ impl Inner {
         let holds = shard
             .map
             .get(key)
-            .is_some_and(|e| e.token == token && e.state == RecordState::Pending);
+            .is_some_and(|e| e.token == token && e.state() == RecordState::Pending);
         if holds && shard.remove(key) {
             self.len.fetch_sub(1, Ordering::AcqRel);
             return true;
@@ -441,26 +521,25 @@ impl Inner {
     }
 
     fn extend(&self, key: &str, token: Token, lease: Duration) -> bool {
-        let now = Instant::now();
+        let now = self.now();
         let mut shard = self.shard(key);
         let (fingerprint, written_at, first_at) = match shard.map.get(key) {
-            Some(e) if e.is_live(now) && e.token == token && e.state == RecordState::Pending => {
+            Some(e) if e.is_live(now) && e.token == token && e.state() == RecordState::Pending => {
                 (e.fingerprint, e.written_at, e.first_at)
             }
             _ => return false,
         };
         // Re-inserted under a new sequence number, so the expiry index moves with it.
         let entry = Entry {
-            state: RecordState::Pending,
             fingerprint,
             token,
             outcome: None,
-            expires_at: deadline(now, lease),
+            expires_at: now.after(lease),
             written_at,
             first_at,
             seq: shard.next_seq(),
         };
-        shard.insert(Arc::from(key), entry);
+        shard.replace(key, entry);
         true
     }
 
@@ -471,7 +550,7 @@ impl Inner {
         lease: Duration,
         within: Duration,
     ) -> Option<Token> {
-        let now = Instant::now();
+        let now = self.now();
         let mut shard = self.shard(key);
         let entry = shard.map.get(key)?;
         let record = entry.record(now);
@@ -485,7 +564,7 @@ impl Inner {
         }
         let token = Token::new();
         let entry = Entry::pending(fingerprint, token, now, lease, first_at, shard.next_seq());
-        shard.insert(Arc::from(key), entry);
+        shard.replace(key, entry);
         Some(token)
     }
 }
@@ -544,3 +623,6 @@ impl Store for MemoryStore {
         std::future::ready(Ok(self.inner.retake(key, fingerprint, lease, within))).boxed()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,99 @@
+//! The memory store's own bookkeeping: its completion queue, which the conformance suite
+//! cannot see.
+
+use std::time::Duration;
+
+use super::MemoryStore;
+use crate::fingerprint::Fingerprint;
+use crate::outcome::{Outcome, Receipt, SendError};
+use crate::store::{RecordState, Reservation, Store, Token};
+
+const LEASE: Duration = Duration::from_secs(60);
+const TTL: Duration = Duration::from_secs(3600);
+
+fn fp() -> Fingerprint {
+    Fingerprint::from_bytes([7; 32])
+}
+
+async fn reserve(store: &MemoryStore, key: &str) -> Token {
+    match store.reserve(key, fp(), LEASE).await {
+        Ok(Reservation::Reserved { token }) => token,
+        other => panic!("{key}: expected a reservation, got {other:?}"),
+    }
+}
+
+async fn complete(store: &MemoryStore, key: &str, token: Token) {
+    let outcome = Outcome::sent(Receipt::new(key, "test"));
+    assert!(
+        store
+            .complete(key, token, fp(), &outcome, TTL)
+            .await
+            .unwrap()
+    );
+}
+
+fn state(store: &MemoryStore, key: &str) -> Option<RecordState> {
+    store
+        .inner
+        .shard(key)
+        .map
+        .get(key)
+        .map(|entry| entry.state())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_completed_again_is_as_old_as_its_latest_completion() {
+    let store = MemoryStore::with_max_entries(2);
+    let a = reserve(&store, "a").await;
+    complete(&store, "a", a).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let b = reserve(&store, "b").await;
+    complete(&store, "b", b).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // The same token keeps "a" again: its first completion is now stale.
+    complete(&store, "a", a).await;
+
+    reserve(&store, "c").await;
+    assert_eq!(state(&store, "b"), None, "b is the oldest completion");
+    assert_eq!(state(&store, "a"), Some(RecordState::Done));
+}
+
+#[tokio::test(start_paused = true)]
+async fn rewrites_do_not_grow_the_completion_queue_without_bound() {
+    let store = MemoryStore::with_max_entries(10);
+    let token = reserve(&store, "k").await;
+    for _ in 0..10_000 {
+        complete(&store, "k", token).await;
+    }
+    // Swept once it holds more than twice the records and 64, before the next element.
+    let queued = store.inner.shard("k").completed.len();
+    assert!(
+        queued <= 2 + 64 + 1,
+        "{queued} elements queued for one record"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn outcomes_come_back_as_they_were_kept() {
+    let store = MemoryStore::new();
+    let given = [
+        Outcome::sent(Receipt::new("m1", "resend")),
+        Outcome::sent(Receipt::new("m2", "resend").with_accepted(["a@example.com"])),
+        Outcome::failed(SendError::aborted()),
+    ];
+    for (i, outcome) in given.iter().enumerate() {
+        let key = format!("k{i}");
+        let token = reserve(&store, &key).await;
+        assert!(
+            store
+                .complete(&key, token, fp(), outcome, TTL)
+                .await
+                .unwrap()
+        );
+        let Ok(Reservation::Held { record }) = store.reserve(&key, fp(), LEASE).await else {
+            panic!("{key} is held");
+        };
+        let kept = record.outcome.expect("a done record keeps its outcome");
+        assert_eq!(format!("{kept:?}"), format!("{outcome:?}"), "{key}");
+    }
+}
