@@ -574,6 +574,12 @@ impl Outcome {
         }
     }
 
+    /// Whether [`into_replay_for`](Self::into_replay_for) reads its recipients: only a kept
+    /// receipt that names accepted recipients (by position in the request's list) does.
+    pub(crate) fn names_recipients(&self) -> bool {
+        matches!(&self.0, Kept::Sent { accepted_at, .. } if !accepted_at.is_empty())
+    }
+
     /// The kept outcome as the caller sees it when a repeat of the message is answered from
     /// the store: marked replayed, its accepted recipients restored from the repeat's
     /// `recipients` (the same as the original's, as their fingerprints match).

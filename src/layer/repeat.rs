@@ -6,7 +6,7 @@ use super::key::key_hash;
 use super::request::IdempotentRequest;
 use super::stats::bump;
 use crate::fingerprint::Fingerprint;
-use crate::outcome::{Kept, Receipt, SendError, codes};
+use crate::outcome::{Receipt, SendError, codes};
 use crate::store::{Record, RecordState, StoreError};
 
 /// The answer to `request` when the store holds its key in `record`: the kept outcome of the
@@ -48,11 +48,10 @@ pub(crate) fn answer_held<R: IdempotentRequest>(
                 key_hash = %key_hash(store_key),
                 "answered from the idempotency store"
             );
-            // A kept receipt names its accepted recipients by position in the request's list:
-            // only then is that list needed.
-            let recipients = match &outcome.0 {
-                Kept::Sent { accepted_at, .. } if !accepted_at.is_empty() => request.recipients(),
-                _ => Vec::new(),
+            let recipients = if outcome.names_recipients() {
+                request.recipients()
+            } else {
+                Vec::new()
             };
             outcome.into_replay_for(&recipients)
         }
