@@ -3,8 +3,9 @@
 //! - `peers/memory/*`: a keyed 2 KiB message through our layer on a `MemoryStore`, against
 //!   the `idempotent` crate's `MemoryStore` behind an adapter giving it the same contract
 //!   (claim, send, complete; a replay answers the stored receipt), with its own fingerprint
-//!   as shipped (xxh3) and with SHA-256 over the same bytes. Fresh keys and replays, at 1
-//!   task and at 64 tasks.
+//!   as shipped (xxh3) and with SHA-256 over the same bytes. Fresh keys and replays, from 1
+//!   worker and from 64 concurrent workers (long-lived tasks, each sending its share one
+//!   send after another): criterion reports the time per send and sends per second.
 //! - `peers/redis/*` (when `REDIS_URL` is set): our layer on a `RedisStore`, the peer's
 //!   `ValkeyStore` behind the same adapter, and "raw": the commands our store issues, through
 //!   the same client (`EVALSHA` of the reserve script, then of the complete script), with none of
@@ -16,9 +17,9 @@
 use std::hint::black_box;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use idempotent::entry::{CachedResponse, ExistingEntry, IdempotencyEntry, Metadata};
 use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
 use idempotent::key::IdempotencyKey;
@@ -156,7 +157,13 @@ impl Keys {
     }
 }
 
-/// Benchmarks `sender` on fresh keys and replays, at 1 task (inline) and 64 (spawned).
+/// Benchmarks `sender` on fresh keys and replays, with 1 worker and with 64.
+///
+/// A worker is a task that sends its share of the messages one after another; the workers
+/// of a sample run side by side on a 2-thread runtime, live for the whole sample, and the
+/// clock runs from the moment they all start to the last answer. One iteration is one send,
+/// so criterion reports the time per send and, as throughput, sends per second. The
+/// messages (a fresh key each, or the replayed one) are made before the clock starts.
 fn compare<T: Sender>(
     c: &mut Criterion,
     group: &str,
@@ -167,44 +174,56 @@ fn compare<T: Sender>(
     let keys = Keys::new(name);
     let replayed = keys.next();
     rt.block_on(sender.send(replayed.clone()));
-    for tasks in [1usize, 64] {
-        let mut g = c.benchmark_group(format!("{group}/{tasks}-tasks"));
-        g.throughput(Throughput::Elements(tasks as u64));
+    for workers in WORKERS {
+        let mut g = c.benchmark_group(format!("{group}/{workers}-workers"));
+        g.throughput(Throughput::Elements(1));
         g.bench_function(BenchmarkId::new("fresh", name), |b| {
-            b.to_async(rt).iter_batched(
-                || (0..tasks).map(|_| keys.next()).collect::<Vec<_>>(),
-                |messages| run(&sender, messages),
-                BatchSize::SmallInput,
-            )
+            b.to_async(rt).iter_custom(|sends| {
+                let messages = (0..sends).map(|_| keys.next()).collect();
+                run(&sender, workers, messages)
+            })
         });
         g.bench_function(BenchmarkId::new("replay", name), |b| {
-            b.to_async(rt).iter_batched(
-                || vec![replayed.clone(); tasks],
-                |messages| run(&sender, messages),
-                BatchSize::SmallInput,
-            )
+            b.to_async(rt).iter_custom(|sends| {
+                let messages = (0..sends).map(|_| replayed.clone()).collect();
+                run(&sender, workers, messages)
+            })
         });
         g.finish();
     }
 }
 
-async fn run<T: Sender>(sender: &T, messages: Vec<Message>) {
-    if messages.len() == 1 {
-        for m in messages {
-            black_box(sender.send(m).await);
-        }
-        return;
+/// The numbers of concurrent workers each case runs with.
+const WORKERS: [usize; 2] = [1, 64];
+
+/// Sends `messages` from `workers` tasks, message `i` from worker `i % workers`, and answers
+/// the time from their common start to the last answer.
+async fn run<T: Sender>(sender: &T, workers: usize, messages: Vec<Message>) -> Duration {
+    let mut shares: Vec<Vec<Message>> = (0..workers).map(|_| Vec::new()).collect();
+    for (i, m) in messages.into_iter().enumerate() {
+        shares[i % workers].push(m);
     }
-    let tasks: Vec<_> = messages
+    // Every worker is spawned and waiting before the clock starts.
+    let start = Arc::new(tokio::sync::Barrier::new(workers + 1));
+    let tasks: Vec<_> = shares
         .into_iter()
-        .map(|m| {
+        .map(|share| {
             let sender = sender.clone();
-            tokio::spawn(async move { black_box(sender.send(m).await) })
+            let start = Arc::clone(&start);
+            tokio::spawn(async move {
+                start.wait().await;
+                for m in share {
+                    black_box(sender.send(m).await);
+                }
+            })
         })
         .collect();
+    start.wait().await;
+    let began = Instant::now();
     for t in tasks {
-        t.await.expect("task");
+        t.await.expect("worker");
     }
+    began.elapsed()
 }
 
 fn runtime() -> tokio::runtime::Runtime {
