@@ -92,6 +92,8 @@
 //! Statements are prepared once per pooled connection (deadpool's statement cache). Every
 //! operation, including the wait for a pooled connection, is bounded by a timeout
 //! ([`DEFAULT_TIMEOUT`]) and fails with a [`Timeout`](super::StoreErrorKind::Timeout) error.
+//! Under the layer, that timeout and the layer's reserve timeout are one timer, at the
+//! earlier of the two deadlines.
 //! A row that does not decode (unknown state, an outcome that is not a kept [`Outcome`], a
 //! fingerprint that is not 32 bytes) or breaks the
 //! [record rules](super::record#the-record-rules) (a pending row with an outcome, a done row
@@ -147,7 +149,7 @@ use uuid::Uuid;
 
 // `millis` is imported here so the submodules name it `super::millis`, as before it moved.
 use super::millis::millis;
-use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, record};
+use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, deadline, record};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
@@ -321,15 +323,15 @@ impl PostgresStore {
             .unwrap_or_else(|_| Err(StoreError::timeout()))
     }
 
-    /// Runs `work` within the operation timeout.
+    /// Runs `work` within the operation timeout: one timer, shared with the layer's bound when
+    /// the layer awaits the call (see `store::deadline`).
     async fn bounded<T>(
         &self,
         work: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.timeout, work)
-            .await
-            .unwrap_or_else(|_| Err(StoreError::timeout()))
+        deadline::store_call(self.timeout, work).await
     }
+
 
     async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
         pooled(&self.pool).await
