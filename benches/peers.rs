@@ -157,36 +157,42 @@ impl Keys {
     }
 }
 
-/// Benchmarks `sender` on fresh keys and replays, with 1 worker and with 64.
+/// Benchmarks the senders `new` makes on fresh keys and replays, with 1 worker and with 64.
 ///
 /// A worker is a task that sends its share of the messages one after another; the workers
 /// of a sample run side by side on a 2-thread runtime, live for the whole sample, and the
 /// clock runs from the moment they all start to the last answer. One iteration is one send,
 /// so criterion reports the time per send and, as throughput, sends per second. The
-/// messages (a fresh key each, or the replayed one) are made before the clock starts.
+/// messages (a fresh key each, or the replayed one) are made before the clock starts, and
+/// each sample gets a sender from `new` (an empty store, for the in-memory ones: a store
+/// grown by every earlier sample would make later samples pay for its size).
 fn compare<T: Sender>(
     c: &mut Criterion,
     group: &str,
     name: &str,
     rt: &tokio::runtime::Runtime,
-    sender: T,
+    new: impl Fn() -> T,
 ) {
     let keys = Keys::new(name);
-    let replayed = keys.next();
-    rt.block_on(sender.send(replayed.clone()));
+    let new = &new;
+    let keys = &keys;
     for workers in WORKERS {
         let mut g = c.benchmark_group(format!("{group}/{workers}-workers"));
         g.throughput(Throughput::Elements(1));
         g.bench_function(BenchmarkId::new("fresh", name), |b| {
-            b.to_async(rt).iter_custom(|sends| {
+            b.to_async(rt).iter_custom(|sends| async move {
+                let sender = new();
                 let messages = (0..sends).map(|_| keys.next()).collect();
-                run(&sender, workers, messages)
+                run(&sender, workers, messages).await
             })
         });
         g.bench_function(BenchmarkId::new("replay", name), |b| {
-            b.to_async(rt).iter_custom(|sends| {
+            b.to_async(rt).iter_custom(|sends| async move {
+                let sender = new();
+                let replayed = keys.next();
+                sender.send(replayed.clone()).await;
                 let messages = (0..sends).map(|_| replayed.clone()).collect();
-                run(&sender, workers, messages)
+                run(&sender, workers, messages).await
             })
         });
         g.finish();
@@ -236,20 +242,21 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn memory(c: &mut Criterion) {
     let rt = runtime();
-    let ours = IdempotencyLayer::new(MemoryStore::with_max_entries(usize::MAX)).layer(provider());
-    compare(c, "peers/memory", "ours", &rt, Ours(ours));
+    compare(c, "peers/memory", "ours", &rt, || {
+        Ours(IdempotencyLayer::new(MemoryStore::with_max_entries(usize::MAX)).layer(provider()))
+    });
     for (name, hashing) in [
         ("idempotent-xxh3", Hashing::Shipped),
         ("idempotent-sha256", Hashing::Sha256),
     ] {
-        let store = rt.block_on(async {
-            idempotent::store::memory::MemoryStore::new(1024, Duration::from_secs(60))
-        });
-        let peer = Peer {
-            store: Arc::new(store),
+        // Made inside the runtime: the store spawns its actor task.
+        compare(c, "peers/memory", name, &rt, || Peer {
+            store: Arc::new(idempotent::store::memory::MemoryStore::new(
+                1024,
+                Duration::from_secs(60),
+            )),
             hashing,
-        };
-        compare(c, "peers/memory", name, &rt, peer);
+        });
     }
 }
 

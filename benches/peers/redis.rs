@@ -52,7 +52,8 @@ pub(super) fn bench(c: &mut Criterion) {
 
     let store = RedisStore::new(manager.clone()).key_prefix(prefix.clone());
     let ours = IdempotencyLayer::new(store).layer(provider());
-    compare(c, "peers/redis", "ours", &rt, Ours(ours));
+    let ours = Ours(ours);
+    compare(c, "peers/redis", "ours", &rt, || ours.clone());
 
     let raw = Raw {
         manager,
@@ -67,7 +68,7 @@ pub(super) fn bench(c: &mut Criterion) {
         rt.block_on(script.prepare_invoke().load_async(&mut raw.manager.clone()))
             .expect("SCRIPT LOAD");
     }
-    compare(c, "peers/redis", "raw", &rt, raw);
+    compare(c, "peers/redis", "raw", &rt, || raw.clone());
 
     for (name, hashing) in [
         ("idempotent-xxh3", Hashing::Shipped),
@@ -84,6 +85,6 @@ pub(super) fn bench(c: &mut Criterion) {
             store: Arc::new(store),
             hashing,
         };
-        compare(c, "peers/redis", name, &rt, peer);
+        compare(c, "peers/redis", name, &rt, || peer.clone());
     }
 }
