@@ -13,6 +13,10 @@
 //!
 //! The peer is a dev-dependency of the `suite` member only: no user and not the quickstart
 //! builds it. `cargo bench --bench peers -- --warm-up-time 1 --measurement-time 3`.
+//!
+//! On a shared, noisy machine, `PEERS_INTERLEAVED=15 cargo bench --bench peers` instead
+//! times ours against the peer with SHA-256 (memory) and against raw (Redis) in alternating
+//! slices of 0.2 s, and prints the median ratio per case: see [`interleaved`].
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -232,6 +236,93 @@ async fn run<T: Sender>(sender: &T, workers: usize, messages: Vec<Message>) -> D
     began.elapsed()
 }
 
+/// The rounds of `PEERS_INTERLEAVED=<rounds>`, when set: the bench then runs [`interleaved`]
+/// instead of criterion's benchmarks.
+fn interleaved_rounds() -> Option<usize> {
+    std::env::var("PEERS_INTERLEAVED").ok()?.parse().ok()
+}
+
+/// Times `ours` and `other` in alternating slices of about 0.2 s each (which goes first
+/// alternates too), `rounds` times per case, and prints each one's median time per send and
+/// the median over the rounds of other's time ÷ ours (above 1: we are faster). The two sides
+/// of a ratio are measured a fraction of a second apart, so load that comes and goes on a
+/// shared machine hits both alike, where criterion's benchmarks of the two run seconds or
+/// minutes apart.
+fn interleaved<A: Sender, B: Sender>(
+    rt: &tokio::runtime::Runtime,
+    group: &str,
+    rounds: usize,
+    ours: (&str, impl Fn() -> A),
+    other: (&str, impl Fn() -> B),
+) {
+    let (ours_keys, other_keys) = (Keys::new(ours.0), Keys::new(other.0));
+    for workers in WORKERS {
+        for replay in [false, true] {
+            let case = if replay { "replay" } else { "fresh" };
+            // Sends per slice: about 0.2 s of ours.
+            let probe = rt.block_on(slice(&ours.1, &ours_keys, replay, workers, 256));
+            let sends = ((0.2e6 / probe) as usize).clamp(256, 200_000);
+            let (mut a, mut b, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for round in 0..rounds {
+                let (x, y) = if round % 2 == 0 {
+                    let x = rt.block_on(slice(&ours.1, &ours_keys, replay, workers, sends));
+                    (
+                        x,
+                        rt.block_on(slice(&other.1, &other_keys, replay, workers, sends)),
+                    )
+                } else {
+                    let y = rt.block_on(slice(&other.1, &other_keys, replay, workers, sends));
+                    (
+                        rt.block_on(slice(&ours.1, &ours_keys, replay, workers, sends)),
+                        y,
+                    )
+                };
+                a.push(x);
+                b.push(y);
+                ratios.push(y / x);
+            }
+            println!(
+                "{group}/{workers}-workers/{case}: {} {:.3} µs, {} {:.3} µs a send (medians \
+                 of {rounds} slices of {sends} sends); {} ÷ {}: median {:.2}, range {:.2} to {:.2}",
+                ours.0,
+                median(&mut a),
+                other.0,
+                median(&mut b),
+                other.0,
+                ours.0,
+                median(&mut ratios),
+                ratios.iter().copied().fold(f64::INFINITY, f64::min),
+                ratios.iter().copied().fold(0.0, f64::max),
+            );
+        }
+    }
+}
+
+/// One slice of [`interleaved`]: `sends` sends by `workers` workers from a new sender, in
+/// µs per send.
+async fn slice<T: Sender>(
+    new: &impl Fn() -> T,
+    keys: &Keys,
+    replay: bool,
+    workers: usize,
+    sends: usize,
+) -> f64 {
+    let sender = new();
+    let messages = if replay {
+        let replayed = keys.next();
+        sender.send(replayed.clone()).await;
+        vec![replayed; sends]
+    } else {
+        (0..sends).map(|_| keys.next()).collect()
+    };
+    run(&sender, workers, messages).await.as_secs_f64() * 1e6 / sends as f64
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -242,6 +333,27 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn memory(c: &mut Criterion) {
     let rt = runtime();
+    if let Some(rounds) = interleaved_rounds() {
+        let ours = || {
+            Ours(IdempotencyLayer::new(MemoryStore::with_max_entries(usize::MAX)).layer(provider()))
+        };
+        let peer = || Peer {
+            store: Arc::new(idempotent::store::memory::MemoryStore::new(
+                1024,
+                Duration::from_secs(60),
+            )),
+            hashing: Hashing::Sha256,
+        };
+        let _enter = rt.enter();
+        interleaved(
+            &rt,
+            "peers/memory",
+            rounds,
+            ("ours", ours),
+            ("idempotent-sha256", peer),
+        );
+        return;
+    }
     compare(c, "peers/memory", "ours", &rt, || {
         Ours(IdempotencyLayer::new(MemoryStore::with_max_entries(usize::MAX)).layer(provider()))
     });
