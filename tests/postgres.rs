@@ -338,10 +338,10 @@ async fn replayed_batches_do_not_rewrite_the_rows_they_find_held() {
     }
 
     // 10,000 replays: 1,250 batches of the eight held keys, each batch with a fresh key too,
-    // four batches at a time.
+    // five batches at a time.
     let fresh = AtomicU64::new(0);
-    for _ in 0..1_250 / 4 {
-        let batches = (0..4).map(|_| {
+    for _ in 0..1_250 / 5 {
+        let batches = (0..5).map(|_| {
             let fresh = format!("{prefix}:fresh:{}", fresh.fetch_add(1, Ordering::Relaxed));
             let (store, held) = (&store, &held);
             async move {
@@ -384,6 +384,17 @@ async fn replayed_batches_do_not_rewrite_the_rows_they_find_held() {
         before, after,
         "a replayed batch wrote a new version of a row it found held"
     );
+    // The keys the batches inserted know their first attempt's time, as a reserve's do.
+    let sql = format!(
+        "SELECT count(*), count(first_attempt_at) FROM {CONFORMANCE_TABLE}
+         WHERE starts_with(key, $1)"
+    );
+    let row = admin
+        .query_one(&sql, &[&format!("{prefix}:fresh:")])
+        .await
+        .unwrap();
+    let (fresh, timed): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!((fresh, timed), (1_250, 1_250));
     forget(&url, &prefix).await;
 }
 
