@@ -3,8 +3,9 @@
 //! - `peers/memory/*`: a keyed 2 KiB message through our layer on a `MemoryStore`, against
 //!   the `idempotent` crate's `MemoryStore` behind an adapter giving it the same contract
 //!   (claim, send, complete; a replay answers the stored receipt), with its own fingerprint
-//!   as shipped (xxh3) and with SHA-256 over the same bytes. Fresh keys and replays, at 1
-//!   task and at 64 tasks.
+//!   as shipped (xxh3) and with SHA-256 over the same bytes. Fresh keys and replays, from 1
+//!   worker and from 64 concurrent workers (long-lived tasks, each sending its share one
+//!   send after another): criterion reports the time per send and sends per second.
 //! - `peers/redis/*` (when `REDIS_URL` is set): our layer on a `RedisStore`, the peer's
 //!   `ValkeyStore` behind the same adapter, and "raw": the commands our store issues, through
 //!   the same client (`EVALSHA` of the reserve script, then of the complete script), with none of
@@ -12,13 +13,17 @@
 //!
 //! The peer is a dev-dependency of the `suite` member only: no user and not the quickstart
 //! builds it. `cargo bench --bench peers -- --warm-up-time 1 --measurement-time 3`.
+//!
+//! On a shared, noisy machine, `PEERS_INTERLEAVED=15 cargo bench --bench peers` instead
+//! times ours against the peer with SHA-256 (memory) and against raw (Redis) in alternating
+//! slices of 0.2 s, and prints the median ratio per case: see [`interleaved`].
 
 use std::hint::black_box;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use idempotent::entry::{CachedResponse, ExistingEntry, IdempotencyEntry, Metadata};
 use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
 use idempotent::key::IdempotencyKey;
@@ -156,55 +161,167 @@ impl Keys {
     }
 }
 
-/// Benchmarks `sender` on fresh keys and replays, at 1 task (inline) and 64 (spawned).
+/// Benchmarks the senders `new` makes on fresh keys and replays, with 1 worker and with 64.
+///
+/// A worker is a task that sends its share of the messages one after another; the workers
+/// of a sample run side by side on a 2-thread runtime, live for the whole sample, and the
+/// clock runs from the moment they all start to the last answer. One iteration is one send,
+/// so criterion reports the time per send and, as throughput, sends per second. The
+/// messages (a fresh key each, or the replayed one) are made before the clock starts, and
+/// each sample gets a sender from `new` (an empty store, for the in-memory ones: a store
+/// grown by every earlier sample would make later samples pay for its size).
 fn compare<T: Sender>(
     c: &mut Criterion,
     group: &str,
     name: &str,
     rt: &tokio::runtime::Runtime,
-    sender: T,
+    new: impl Fn() -> T,
 ) {
     let keys = Keys::new(name);
-    let replayed = keys.next();
-    rt.block_on(sender.send(replayed.clone()));
-    for tasks in [1usize, 64] {
-        let mut g = c.benchmark_group(format!("{group}/{tasks}-tasks"));
-        g.throughput(Throughput::Elements(tasks as u64));
+    let new = &new;
+    let keys = &keys;
+    for workers in WORKERS {
+        let mut g = c.benchmark_group(format!("{group}/{workers}-workers"));
+        g.throughput(Throughput::Elements(1));
         g.bench_function(BenchmarkId::new("fresh", name), |b| {
-            b.to_async(rt).iter_batched(
-                || (0..tasks).map(|_| keys.next()).collect::<Vec<_>>(),
-                |messages| run(&sender, messages),
-                BatchSize::SmallInput,
-            )
+            b.to_async(rt).iter_custom(|sends| async move {
+                let sender = new();
+                let messages = (0..sends).map(|_| keys.next()).collect();
+                run(&sender, workers, messages).await
+            })
         });
         g.bench_function(BenchmarkId::new("replay", name), |b| {
-            b.to_async(rt).iter_batched(
-                || vec![replayed.clone(); tasks],
-                |messages| run(&sender, messages),
-                BatchSize::SmallInput,
-            )
+            b.to_async(rt).iter_custom(|sends| async move {
+                let sender = new();
+                let replayed = keys.next();
+                sender.send(replayed.clone()).await;
+                let messages = (0..sends).map(|_| replayed.clone()).collect();
+                run(&sender, workers, messages).await
+            })
         });
         g.finish();
     }
 }
 
-async fn run<T: Sender>(sender: &T, messages: Vec<Message>) {
-    if messages.len() == 1 {
-        for m in messages {
-            black_box(sender.send(m).await);
-        }
-        return;
+/// The numbers of concurrent workers each case runs with.
+const WORKERS: [usize; 2] = [1, 64];
+
+/// Sends `messages` from `workers` tasks, message `i` from worker `i % workers`, and answers
+/// the time from their common start to the last answer.
+async fn run<T: Sender>(sender: &T, workers: usize, messages: Vec<Message>) -> Duration {
+    let mut shares: Vec<Vec<Message>> = (0..workers).map(|_| Vec::new()).collect();
+    for (i, m) in messages.into_iter().enumerate() {
+        shares[i % workers].push(m);
     }
-    let tasks: Vec<_> = messages
+    // Every worker is spawned and waiting before the clock starts.
+    let start = Arc::new(tokio::sync::Barrier::new(workers + 1));
+    let tasks: Vec<_> = shares
         .into_iter()
-        .map(|m| {
+        .map(|share| {
             let sender = sender.clone();
-            tokio::spawn(async move { black_box(sender.send(m).await) })
+            let start = Arc::clone(&start);
+            tokio::spawn(async move {
+                start.wait().await;
+                for m in share {
+                    black_box(sender.send(m).await);
+                }
+            })
         })
         .collect();
+    start.wait().await;
+    let began = Instant::now();
     for t in tasks {
-        t.await.expect("task");
+        t.await.expect("worker");
     }
+    began.elapsed()
+}
+
+/// The rounds of `PEERS_INTERLEAVED=<rounds>`, when set: the bench then runs [`interleaved`]
+/// instead of criterion's benchmarks.
+fn interleaved_rounds() -> Option<usize> {
+    std::env::var("PEERS_INTERLEAVED").ok()?.parse().ok()
+}
+
+/// Times `ours` and `other` in alternating slices of about 0.2 s each (which goes first
+/// alternates too), `rounds` times per case, and prints each one's median time per send and
+/// the median over the rounds of other's time ÷ ours (above 1: we are faster). The two sides
+/// of a ratio are measured a fraction of a second apart, so load that comes and goes on a
+/// shared machine hits both alike, where criterion's benchmarks of the two run seconds or
+/// minutes apart.
+fn interleaved<A: Sender, B: Sender>(
+    rt: &tokio::runtime::Runtime,
+    group: &str,
+    rounds: usize,
+    ours: (&str, impl Fn() -> A),
+    other: (&str, impl Fn() -> B),
+) {
+    let (ours_keys, other_keys) = (Keys::new(ours.0), Keys::new(other.0));
+    for workers in WORKERS {
+        for replay in [false, true] {
+            let case = if replay { "replay" } else { "fresh" };
+            // Sends per slice: about 0.2 s of ours, at most 50,000 (100 MB of messages made
+            // up front: more makes the allocator's work part of what is measured).
+            let probe = rt.block_on(slice(&ours.1, &ours_keys, replay, workers, 256));
+            let sends = ((0.2e6 / probe) as usize).clamp(256, 50_000);
+            let (mut a, mut b, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for round in 0..rounds {
+                let (x, y) = if round % 2 == 0 {
+                    let x = rt.block_on(slice(&ours.1, &ours_keys, replay, workers, sends));
+                    (
+                        x,
+                        rt.block_on(slice(&other.1, &other_keys, replay, workers, sends)),
+                    )
+                } else {
+                    let y = rt.block_on(slice(&other.1, &other_keys, replay, workers, sends));
+                    (
+                        rt.block_on(slice(&ours.1, &ours_keys, replay, workers, sends)),
+                        y,
+                    )
+                };
+                a.push(x);
+                b.push(y);
+                ratios.push(y / x);
+            }
+            println!(
+                "{group}/{workers}-workers/{case}: {} {:.3} µs, {} {:.3} µs a send (medians \
+                 of {rounds} slices of {sends} sends); {} ÷ {}: median {:.2}, range {:.2} to {:.2}",
+                ours.0,
+                median(&mut a),
+                other.0,
+                median(&mut b),
+                other.0,
+                ours.0,
+                median(&mut ratios),
+                ratios.iter().copied().fold(f64::INFINITY, f64::min),
+                ratios.iter().copied().fold(0.0, f64::max),
+            );
+        }
+    }
+}
+
+/// One slice of [`interleaved`]: `sends` sends by `workers` workers from a new sender, in
+/// µs per send.
+async fn slice<T: Sender>(
+    new: &impl Fn() -> T,
+    keys: &Keys,
+    replay: bool,
+    workers: usize,
+    sends: usize,
+) -> f64 {
+    let sender = new();
+    let messages = if replay {
+        let replayed = keys.next();
+        sender.send(replayed.clone()).await;
+        vec![replayed; sends]
+    } else {
+        (0..sends).map(|_| keys.next()).collect()
+    };
+    run(&sender, workers, messages).await.as_secs_f64() * 1e6 / sends as f64
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -217,20 +334,42 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn memory(c: &mut Criterion) {
     let rt = runtime();
-    let ours = IdempotencyLayer::new(MemoryStore::with_max_entries(usize::MAX)).layer(provider());
-    compare(c, "peers/memory", "ours", &rt, Ours(ours));
+    if let Some(rounds) = interleaved_rounds() {
+        let ours = || {
+            Ours(IdempotencyLayer::new(MemoryStore::with_max_entries(usize::MAX)).layer(provider()))
+        };
+        let peer = || Peer {
+            store: Arc::new(idempotent::store::memory::MemoryStore::new(
+                1024,
+                Duration::from_secs(60),
+            )),
+            hashing: Hashing::Sha256,
+        };
+        let _enter = rt.enter();
+        interleaved(
+            &rt,
+            "peers/memory",
+            rounds,
+            ("ours", ours),
+            ("idempotent-sha256", peer),
+        );
+        return;
+    }
+    compare(c, "peers/memory", "ours", &rt, || {
+        Ours(IdempotencyLayer::new(MemoryStore::with_max_entries(usize::MAX)).layer(provider()))
+    });
     for (name, hashing) in [
         ("idempotent-xxh3", Hashing::Shipped),
         ("idempotent-sha256", Hashing::Sha256),
     ] {
-        let store = rt.block_on(async {
-            idempotent::store::memory::MemoryStore::new(1024, Duration::from_secs(60))
-        });
-        let peer = Peer {
-            store: Arc::new(store),
+        // Made inside the runtime: the store spawns its actor task.
+        compare(c, "peers/memory", name, &rt, || Peer {
+            store: Arc::new(idempotent::store::memory::MemoryStore::new(
+                1024,
+                Duration::from_secs(60),
+            )),
             hashing,
-        };
-        compare(c, "peers/memory", name, &rt, peer);
+        });
     }
 }
 

@@ -1,7 +1,8 @@
 //! Networked stores against the raw commands they issue, in one run.
 //!
 //! Each backend runs when its URL is set (`REDIS_URL`, `DATABASE_URL`) and its feature is on:
-//! `cargo bench --all-features --bench stores`.
+//! `cargo bench --all-features --bench stores`. `record/*` (the stored form's encoding, no
+//! server) always runs.
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -14,11 +15,14 @@ mod postgres;
 #[cfg(feature = "redis")]
 #[path = "stores/raw_redis.rs"]
 mod raw_redis;
+#[path = "stores/record.rs"]
+mod record;
 #[cfg(feature = "redis")]
 #[path = "stores/redis.rs"]
 mod redis;
 
 fn benches(c: &mut Criterion) {
+    record::bench(c);
     #[cfg(feature = "redis")]
     redis::bench(c);
     #[cfg(feature = "postgres")]

@@ -305,6 +305,99 @@ async fn replays_do_not_rewrite_the_row_they_find_held() {
     forget(&url, &pending).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(backend_postgres),
+    ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
+)]
+async fn replayed_batches_do_not_rewrite_the_rows_they_find_held() {
+    let Some(url) = database_url() else { return };
+    let store = shared_store(&url).await;
+    let admin = admin(&url).await;
+    let prefix = unique("batch-replays");
+    // Eight held keys: even ones done, odd ones pending, each of its own message.
+    let held: Vec<String> = (0..8).map(|i| format!("{prefix}:held:{i}")).collect();
+    let outcome = Outcome::sent(Receipt::new("msg-1", "test"));
+    for (i, key) in held.iter().enumerate() {
+        let Ok(Reservation::Reserved { token }) = store.reserve(key, fp(i as u8), LEASE).await
+        else {
+            panic!("a fresh key is reserved")
+        };
+        if i % 2 == 0 {
+            assert!(
+                store
+                    .complete(key, token, fp(i as u8), &outcome, LEASE)
+                    .await
+                    .unwrap()
+            );
+        }
+    }
+    let mut before = Vec::new();
+    for key in &held {
+        before.push(row_version(&admin, key).await);
+    }
+
+    // 10,000 replays: 1,250 batches of the eight held keys, each batch with a fresh key too,
+    // five batches at a time.
+    let fresh = AtomicU64::new(0);
+    for _ in 0..1_250 / 5 {
+        let batches = (0..5).map(|_| {
+            let fresh = format!("{prefix}:fresh:{}", fresh.fetch_add(1, Ordering::Relaxed));
+            let (store, held) = (&store, &held);
+            async move {
+                let mut requests: Vec<(&str, Fingerprint)> = held
+                    .iter()
+                    .enumerate()
+                    .map(|(i, key)| (key.as_str(), fp(i as u8)))
+                    .collect();
+                requests.push((&fresh, fp(9)));
+                store.reserve_many(&requests, LEASE).await.map(|answers| {
+                    let last = answers.len() - 1;
+                    for (at, answer) in answers.into_iter().enumerate() {
+                        match (at, answer) {
+                            (at, Ok(Reservation::Reserved { .. })) if at == last => {}
+                            (at, Ok(Reservation::Held { record })) if at < last => {
+                                let state = if at % 2 == 0 {
+                                    RecordState::Done
+                                } else {
+                                    RecordState::Pending
+                                };
+                                assert_eq!(record.state, state, "key {at}");
+                                assert_eq!(record.fingerprint, fp(at as u8), "key {at}");
+                            }
+                            (at, other) => panic!("key {at}: {other:?}"),
+                        }
+                    }
+                })
+            }
+        });
+        for answer in futures_util::future::join_all(batches).await {
+            answer.expect("reserve_many");
+        }
+    }
+
+    let mut after = Vec::new();
+    for key in &held {
+        after.push(row_version(&admin, key).await);
+    }
+    assert_eq!(
+        before, after,
+        "a replayed batch wrote a new version of a row it found held"
+    );
+    // The keys the batches inserted know their first attempt's time, as a reserve's do.
+    let sql = format!(
+        "SELECT count(*), count(first_attempt_at) FROM {CONFORMANCE_TABLE}
+         WHERE starts_with(key, $1)"
+    );
+    let row = admin
+        .query_one(&sql, &[&format!("{prefix}:fresh:")])
+        .await
+        .unwrap();
+    let (fresh, timed): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!((fresh, timed), (1_250, 1_250));
+    forget(&url, &prefix).await;
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(backend_postgres),

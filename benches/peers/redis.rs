@@ -14,7 +14,10 @@ use tower_idempotency::{Fingerprint, IdempotencyLayer, Message};
 
 use crate::raw_redis::RawRedis;
 
-use super::{Hashing, NAMESPACE, Ours, Peer, Sender, TTL, compare, provider, runtime};
+use super::{
+    Hashing, NAMESPACE, Ours, Peer, Sender, TTL, compare, interleaved, interleaved_rounds,
+    provider, runtime,
+};
 
 /// The commands `RedisStore` sends, none of our code.
 #[derive(Clone)]
@@ -52,7 +55,7 @@ pub(super) fn bench(c: &mut Criterion) {
 
     let store = RedisStore::new(manager.clone()).key_prefix(prefix.clone());
     let ours = IdempotencyLayer::new(store).layer(provider());
-    compare(c, "peers/redis", "ours", &rt, Ours(ours));
+    let ours = Ours(ours);
 
     let raw = Raw {
         manager,
@@ -67,7 +70,18 @@ pub(super) fn bench(c: &mut Criterion) {
         rt.block_on(script.prepare_invoke().load_async(&mut raw.manager.clone()))
             .expect("SCRIPT LOAD");
     }
-    compare(c, "peers/redis", "raw", &rt, raw);
+    if let Some(rounds) = interleaved_rounds() {
+        interleaved(
+            &rt,
+            "peers/redis",
+            rounds,
+            ("ours", || ours.clone()),
+            ("raw", || raw.clone()),
+        );
+        return;
+    }
+    compare(c, "peers/redis", "ours", &rt, || ours.clone());
+    compare(c, "peers/redis", "raw", &rt, || raw.clone());
 
     for (name, hashing) in [
         ("idempotent-xxh3", Hashing::Shipped),
@@ -84,6 +98,6 @@ pub(super) fn bench(c: &mut Criterion) {
             store: Arc::new(store),
             hashing,
         };
-        compare(c, "peers/redis", name, &rt, peer);
+        compare(c, "peers/redis", name, &rt, || peer.clone());
     }
 }

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
-use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, join_all};
 use tokio::time::Instant;
 
@@ -22,7 +21,7 @@ use super::key::key_hash;
 use super::stats::{bump, bump_by};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::{SendError, codes};
-use crate::store::{StoreError, StoreErrorKind, Token};
+use crate::store::{StoreError, StoreErrorKind, Token, deadline};
 
 /// A key this send reserved.
 pub(crate) struct Held {
@@ -77,21 +76,13 @@ impl Backoff {
 }
 
 /// Awaits one store call, bounded by the reserve timeout when a runtime is there. An answer
-/// that is ready at once (an in-process store) is taken without arming a timer.
+/// that is ready at once (an in-process store) is taken without arming a timer; a store that
+/// bounds its own calls arms the only one (see `store::deadline`).
 pub(crate) async fn within<T>(
     config: &Config,
-    mut call: BoxFuture<'_, Result<T, StoreError>>,
+    call: BoxFuture<'_, Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    if let Some(answer) = (&mut call).now_or_never() {
-        return answer;
-    }
-    if has_runtime() {
-        tokio::time::timeout(config.reserve_timeout, call)
-            .await
-            .unwrap_or_else(|_| Err(StoreError::timeout()))
-    } else {
-        call.await
-    }
+    deadline::within(config.reserve_timeout, call).await
 }
 
 /// The lease of the keys a send holds, as this process sees it: when it ends, and which keys

@@ -11,11 +11,14 @@ use futures_util::future::BoxFuture;
 
 use super::config::Config;
 use crate::fingerprint::Fingerprint;
-use crate::store::{Reservation, StoreError, StoreErrorKind, Token};
+use crate::store::{Reservation, StoreError, StoreErrorKind, Token, deadline};
 
 /// Awaits a store call under the reserve timeout. If the caller drops the send, or the
 /// timeout fires, while the store is still answering, `abandon` gets the unfinished call to
 /// finish in the background (so reservations it makes are freed at once, not after a lease).
+///
+/// One timer at most: none when the store answers at its first poll (an in-process store),
+/// and the store's own when it bounds its calls (see [`deadline`]).
 async fn bounded<T: Send + 'static>(
     config: &Config,
     future: BoxFuture<'static, Result<T, StoreError>>,
@@ -25,19 +28,7 @@ async fn bounded<T: Send + 'static>(
         future: Some(future),
         abandon: Some(Box::new(abandon)),
     };
-    // An in-process store answers at once: take that answer without arming a timer.
-    if let Some(result) = poll_fn(|cx| pending.poll(cx)).now_or_never() {
-        return result;
-    }
-    let answer = poll_fn(|cx| pending.poll(cx));
-    if tokio::runtime::Handle::try_current().is_ok() {
-        match tokio::time::timeout(config.reserve_timeout, answer).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::timeout()),
-        }
-    } else {
-        answer.await
-    }
+    deadline::within(config.reserve_timeout, poll_fn(|cx| pending.poll(cx))).await
 }
 
 type Abandon<T> = Box<dyn FnOnce(BoxFuture<'static, Result<T, StoreError>>) + Send>;

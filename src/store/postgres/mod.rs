@@ -49,17 +49,17 @@
 //! prepared, meant for the default `READ COMMITTED` isolation, and every expiry is decided by
 //! the server's `now()`, never by the client's clock:
 //!
-//! - `reserve` is one `INSERT … ON CONFLICT (key) DO UPDATE` whose `SET` keeps the live row
-//!   as it is and replaces an expired one with the new reservation. An `ON CONFLICT` update
-//!   always locks the latest version of the row and always returns it, so of any number of
-//!   racing reserves exactly one finds its own new token in the answer (it reserved) and the
-//!   others find the winner's row (held). No retry loop is needed. The price: a reserve that
-//!   finds the key held rewrites the row unchanged (a cheap HOT update). A CTE of the same
-//!   statement reads the row as its snapshot saw it, so a reserve that took over a pending
-//!   row past its lease answers [`TakenOver`](super::Reservation::TakenOver) with it. Such
-//!   rows stay until [`purge_expired`](PostgresStore::purge_expired) deletes them; a reserve
-//!   after the purge answers `Reserved`, so purge rarely (hourly) to keep takeovers
-//!   reported. `reserve_many` reports takeovers as `Reserved`.
+//! - `reserve` is one `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row expired (or is
+//!   a claim of the same message): it writes only a row it takes, so a reserve that finds
+//!   the key held by a live row writes nothing (no new row version, no WAL) and answers that
+//!   row as its snapshot saw it (a CTE of the same statement). An `ON CONFLICT` update locks
+//!   the latest version of the row, so of any number of racing reserves exactly one takes
+//!   the key; a reserve whose key changed between its snapshot and its upsert gets no row
+//!   back and asks again (at most three statements). A reserve that took over a pending row
+//!   past its lease answers [`TakenOver`](super::Reservation::TakenOver) with it. Such rows
+//!   stay until [`purge_expired`](PostgresStore::purge_expired) deletes them; a reserve after
+//!   the purge answers `Reserved`, so purge rarely (hourly) to keep takeovers reported.
+//!   `reserve_many` reports takeovers as `Reserved`.
 //! - `retake` is `UPDATE … SET state = 'pending', token = $2 … WHERE` the row is done, live,
 //!   of the fingerprint, of unknown delivery, and `first_attempt_at > now() - window`.
 //! - `complete` is an upsert whose `DO UPDATE` applies only `WHERE token = $token OR
@@ -73,9 +73,11 @@
 //! tokens, fingerprints (and outcomes) travel as arrays and `unnest` turns them back into
 //! rows, so every row gets exactly the single operation's treatment:
 //!
-//! - `reserve_many` is the reserve upsert over `SELECT … FROM unnest($1::text[], $2::uuid[],
-//!   $3::bytea[]) ORDER BY key`, returning the key with each row. The rows are matched back to
-//!   the requests by key; an entry whose row does not decode is a
+//! - `reserve_many` is the reserve statement over `SELECT … FROM unnest($1::text[],
+//!   $2::uuid[], $3::bytea[]) ORDER BY key`, returning the key with each row: like the single
+//!   reserve it writes only the rows it takes and answers held keys from its snapshot, and
+//!   asks again for the keys that changed under it. The rows are matched back to the
+//!   requests by key; an entry whose row does not decode is a
 //!   [`Corrupt`](super::StoreErrorKind::Corrupt) error for that entry alone.
 //! - `complete_many` is the complete upsert over `unnest`, with the same token-or-expired
 //!   `WHERE`; `RETURNING key` names the rows it wrote.
@@ -92,6 +94,8 @@
 //! Statements are prepared once per pooled connection (deadpool's statement cache). Every
 //! operation, including the wait for a pooled connection, is bounded by a timeout
 //! ([`DEFAULT_TIMEOUT`]) and fails with a [`Timeout`](super::StoreErrorKind::Timeout) error.
+//! Under the layer, that timeout and the layer's reserve timeout are one timer, at the
+//! earlier of the two deadlines.
 //! A row that does not decode (unknown state, an outcome that is not a kept [`Outcome`], a
 //! fingerprint that is not 32 bytes) or breaks the
 //! [record rules](super::record#the-record-rules) (a pending row with an outcome, a done row
@@ -147,7 +151,7 @@ use uuid::Uuid;
 
 // `millis` is imported here so the submodules name it `super::millis`, as before it moved.
 use super::millis::millis;
-use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, record};
+use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, deadline, record};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
@@ -321,14 +325,13 @@ impl PostgresStore {
             .unwrap_or_else(|_| Err(StoreError::timeout()))
     }
 
-    /// Runs `work` within the operation timeout.
+    /// Runs `work` within the operation timeout: one timer, shared with the layer's bound when
+    /// the layer awaits the call (see `store::deadline`).
     async fn bounded<T>(
         &self,
         work: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.timeout, work)
-            .await
-            .unwrap_or_else(|_| Err(StoreError::timeout()))
+        deadline::store_call(self.timeout, work).await
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
@@ -423,27 +426,36 @@ impl PostgresStore {
     ) -> Result<Vec<Result<Reservation, StoreError>>, StoreError> {
         let positions = positions("reserve_many", requests.iter().map(|(key, _)| *key))?;
         let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
-        let keys: Vec<&str> = requests.iter().map(|(key, _)| *key).collect();
-        let uuids: Vec<Uuid> = tokens.iter().map(|token| *token.as_uuid()).collect();
-        let fingerprints: Vec<&[u8]> = requests
-            .iter()
-            .map(|(_, fingerprint)| &fingerprint.as_bytes()[..])
-            .collect();
         let client = self.client().await?;
         let statement = client
             .prepare_cached(&self.table.sql.reserve_many)
             .await
             .map_err(|e| self.db_error(e))?;
-        let rows = client
-            .query(&statement, &[&keys, &uuids, &fingerprints, &millis(lease)])
-            .await
-            .map_err(|e| self.db_error(e))?;
         let mut answered = vec![false; requests.len()];
         let mut answers: Vec<Option<Result<Reservation, StoreError>>> =
             requests.iter().map(|_| None).collect();
-        for row in &rows {
-            let at = self.position(&positions, row, 4, &mut answered)?;
-            answers[at] = Some(self.reservation(row, tokens[at]));
+        // The positions still without an answer: all at first; after that, the keys that
+        // changed under the statement (see `Sql::reserve_many`), asked again.
+        let mut asked: Vec<usize> = (0..requests.len()).collect();
+        for _ in 0..RESERVE_ATTEMPTS {
+            let keys: Vec<&str> = asked.iter().map(|&at| requests[at].0).collect();
+            let uuids: Vec<Uuid> = asked.iter().map(|&at| *tokens[at].as_uuid()).collect();
+            let fingerprints: Vec<&[u8]> = asked
+                .iter()
+                .map(|&at| &requests[at].1.as_bytes()[..])
+                .collect();
+            let rows = client
+                .query(&statement, &[&keys, &uuids, &fingerprints, &millis(lease)])
+                .await
+                .map_err(|e| self.db_error(e))?;
+            for row in &rows {
+                let at = self.position(&positions, row, 4, &mut answered)?;
+                answers[at] = Some(self.reservation(row, tokens[at]));
+            }
+            asked.retain(|&at| !answered[at]);
+            if asked.is_empty() {
+                break;
+            }
         }
         Ok(answers
             .into_iter()
@@ -451,7 +463,7 @@ impl PostgresStore {
                 answer.unwrap_or_else(|| {
                     Err(StoreError::new(
                         StoreErrorKind::Unavailable,
-                        "reserve_many answered no row for this key",
+                        "reserve_many answered no row for this key: it kept changing under it",
                     ))
                 })
             })

@@ -148,26 +148,47 @@ impl Table {
             // The batch statements feed the single statements' logic from arrays, one row per
             // key. `ORDER BY key` makes every batch lock its rows in one global order, so
             // overlapping batches wait on each other instead of deadlocking.
+            //
+            // `reserve_many` is the single reserve per key: it writes only the rows it takes,
+            // and answers a key held by a live row from `old`, that row as the statement's
+            // snapshot saw it. A key with no row back changed under the statement (another
+            // session wrote it between the snapshot and the upsert); the store asks again
+            // for those keys. Takeovers are answered as reservations.
             reserve_many: format!(
-                "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
+                "WITH i AS (
+                     SELECT * FROM unnest($1::text[], $2::uuid[], $3::bytea[])
+                         AS i(key, token, fingerprint)
+                 ), old AS (
+                     SELECT r.key, r.state, r.token, r.fingerprint, r.outcome::text AS outcome,
+                            r.expires_at <= now() AS expired, i.fingerprint AS asked
+                     FROM {quoted} AS r JOIN i ON r.key = i.key
+                 ), up AS (
+                 INSERT INTO {quoted} AS r
+                     (key, state, token, fingerprint, outcome, expires_at, first_attempt_at)
                  SELECT i.key, 'pending', i.token, i.fingerprint, NULL,
-                        now() + $4::bigint * interval '1 millisecond'
-                 FROM unnest($1::text[], $2::uuid[], $3::bytea[]) AS i(key, token, fingerprint)
+                        now() + $4::bigint * interval '1 millisecond', now()
+                 FROM i
                  ORDER BY i.key
                  ON CONFLICT (key) DO UPDATE SET
-                     state = CASE WHEN {takes} THEN excluded.state ELSE r.state END,
-                     token = CASE WHEN {takes} THEN excluded.token ELSE r.token END,
-                     fingerprint = CASE WHEN {takes}
-                         THEN excluded.fingerprint ELSE r.fingerprint END,
-                     outcome = CASE WHEN {takes} THEN NULL ELSE r.outcome END,
-                     expires_at = CASE WHEN {takes}
-                         THEN excluded.expires_at ELSE r.expires_at END,
+                     state = excluded.state,
+                     token = excluded.token,
+                     fingerprint = excluded.fingerprint,
+                     outcome = NULL,
+                     expires_at = excluded.expires_at,
                      first_attempt_at = CASE
-                         WHEN NOT {takes} THEN r.first_attempt_at
                          WHEN r.state = 'pending' AND r.fingerprint = excluded.fingerprint
                              THEN r.first_attempt_at
-                         ELSE now() END
-                 RETURNING r.state, r.token, r.fingerprint, r.outcome::text, r.key"
+                         ELSE excluded.first_attempt_at END
+                 WHERE {takes}
+                 RETURNING r.state, r.token, r.fingerprint, r.outcome::text, r.key
+                 )
+                 SELECT * FROM up
+                 UNION ALL
+                 SELECT old.state, old.token, old.fingerprint, old.outcome, old.key
+                 FROM old
+                 WHERE NOT EXISTS (SELECT 1 FROM up WHERE up.key = old.key)
+                     AND NOT old.expired
+                     AND NOT (old.state = 'claimed' AND old.fingerprint = old.asked)"
             ),
             // Rows the WHERE leaves alone are not returned: the keys returned were written.
             complete_many: format!(

@@ -152,7 +152,8 @@
 //! Every operation is bounded by a timeout ([`DEFAULT_TIMEOUT`], 2 s, set with
 //! [`RedisStore::timeout`]); when it passes the operation fails with a
 //! [`Timeout`](super::StoreErrorKind::Timeout) error. A timed-out `reserve` may still have
-//! reserved the key on the server; the lease frees it.
+//! reserved the key on the server; the lease frees it. Under the layer, that timeout and the
+//! layer's reserve timeout are one timer, at the earlier of the two deadlines.
 
 use std::fmt;
 use std::sync::Arc;
@@ -162,7 +163,7 @@ use futures_util::future::{BoxFuture, FutureExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 
-use super::{Completion, Reservation, Store, StoreError, Token, record};
+use super::{Completion, Reservation, Store, StoreError, Token, deadline, record};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
@@ -176,7 +177,7 @@ pub use admin::{
 };
 pub use scripts::{COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT};
 
-use scripts::{millis, millis_or_zero, reservation, script_answer};
+use scripts::{fingerprint_hex, millis, millis_or_zero, reservation, script_answer};
 
 /// The prefix put before every key unless [`RedisStore::key_prefix`] sets another.
 pub const DEFAULT_KEY_PREFIX: &str = "idem:";
@@ -386,13 +387,13 @@ impl RedisStore {
         k
     }
 
+    /// Runs `operation` within the timeout: one timer, shared with the layer's bound when the
+    /// layer awaits the call (see `store::deadline`).
     async fn bounded<T>(
         &self,
         operation: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.timeout, operation)
-            .await
-            .unwrap_or_else(|_| Err(StoreError::timeout()))
+        deadline::store_call(self.timeout, operation).await
     }
 
     async fn reserve_once(
@@ -408,7 +409,7 @@ impl RedisStore {
             .reserve
             .key(self.redis_key(key))
             .arg(pending)
-            .arg(fingerprint.to_string())
+            .arg(&fingerprint_hex(fingerprint)[..])
             .arg(millis(lease))
             .arg(millis_or_zero(self.pending_kept))
             .invoke_async(&mut connection)
@@ -431,7 +432,7 @@ impl RedisStore {
             .retake
             .key(self.redis_key(key))
             .arg(pending)
-            .arg(fingerprint.to_string())
+            .arg(&fingerprint_hex(fingerprint)[..])
             .arg(millis(lease))
             .arg(millis(within))
             .arg(millis_or_zero(self.pending_kept))
