@@ -143,7 +143,17 @@ where
                 token,
                 fingerprint,
             };
-            let decided = after_takeover(&config, held, previous, raw, &recipients, asked_at).await;
+            // Boxed: a takeover is the rare path, and every send's future would otherwise
+            // carry room for it.
+            let decided = Box::pin(after_takeover(
+                &config,
+                held,
+                previous,
+                raw,
+                &recipients,
+                asked_at,
+            ))
+            .await;
             match decided {
                 Takeover::Send => token,
                 Takeover::Answered(answer) => return answer,
@@ -172,11 +182,7 @@ where
         token,
         fingerprint,
     };
-    let mut settle = Settle::new(
-        Arc::clone(&config),
-        vec![held],
-        Lease::new(&config, asked_at),
-    );
+    let mut settle = Settle::new(Arc::clone(&config), [held], Lease::new(&config, asked_at));
     bump(&counters.sent);
     let kept = request.clone();
     let result = match settle.hold(inner.call(request)).await {
@@ -189,8 +195,6 @@ where
         Ok(receipt) if !receipt.accepted.is_empty() => kept.recipients(),
         _ => Vec::new(),
     };
-    settle
-        .run(vec![Finish::for_result(&result, &recipients)])
-        .await;
+    settle.run([Finish::for_result(&result, &recipients)]).await;
     result
 }
