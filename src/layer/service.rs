@@ -132,8 +132,8 @@ where
         }
         other => other,
     };
-    let reservation = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await;
-    let token = match reservation {
+    let token = match take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await
+    {
         Ok(Reservation::Reserved { token }) => token,
         Ok(Reservation::TakenOver { token, previous }) => {
             let raw = raw_key(&config, &request);
@@ -189,12 +189,15 @@ where
         Some(result) => result.map_err(|e| into_send_error(&config.classifier, e.into())),
         None => Err(given_up(&config, 1)),
     };
-    // A receipt's accepted recipients are kept by position in the request's list: only
-    // then is that list needed.
-    let recipients = match &result {
-        Ok(receipt) if !receipt.accepted.is_empty() => kept.recipients(),
-        _ => Vec::new(),
+    let finish = {
+        // A receipt's accepted recipients are kept by position in the request's list: only
+        // then is that list needed.
+        let recipients = match &result {
+            Ok(receipt) if !receipt.accepted.is_empty() => kept.recipients(),
+            _ => Vec::new(),
+        };
+        Finish::for_result(&result, &recipients)
     };
-    settle.run([Finish::for_result(&result, &recipients)]).await;
+    settle.run([finish]).await;
     result
 }

@@ -6,8 +6,10 @@
 //! caller drops the send, the settlement goes on in a task of its own. While it retries it
 //! keeps renewing the lease, so a store that flickers does not free a key whose message went.
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -82,8 +84,14 @@ impl<K: Keys> Settle<K> {
     /// Runs the send while holding its keys: their lease renewed, the send given up
     /// (`None`) past the maximum hold. See [`hold`].
     pub(crate) async fn hold<F: Future>(&self, send: F) -> Option<F::Output> {
+        let mut send = pin!(send);
+        // A send over at its first poll needs no watch: the watch is boxed, taken only by a
+        // send that waits, so every send's future keeps no room for it.
+        if let Poll::Ready(output) = poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx))).await {
+            return Some(output);
+        }
         match &self.holding {
-            Some((held, lease)) => hold(&self.config, held.as_ref(), lease, send).await,
+            Some((held, lease)) => Box::pin(hold(&self.config, held.as_ref(), lease, send)).await,
             None => Some(send.await),
         }
     }
@@ -91,21 +99,29 @@ impl<K: Keys> Settle<K> {
     /// Settles each held key by its finish (one per key, in order). Returns once the
     /// settlement is over or the settle timeout passed; the settlement goes on in the
     /// background past it, and when the caller drops this future.
-    pub(crate) async fn run(&mut self, finishes: K::Finishes) {
-        let Some((held, lease)) = self.holding.take() else {
-            return;
-        };
-        let mut settlement = settlement(Arc::clone(&self.config), held, lease, finishes).boxed();
-        // An in-process store settles at once: no task, no timer.
-        if (&mut settlement).now_or_never().is_some() {
-            return;
-        }
-        if has_runtime() {
-            let task = tokio::spawn(settlement);
-            // A panic in the task is tokio's to report; the caller keeps the real outcome.
-            let _ = tokio::time::timeout(self.config.settle_timeout, task).await;
-        } else {
-            settlement.await;
+    ///
+    /// The settlement is boxed before the future is made, so that future holds a pointer, not
+    /// the keys and finishes a second time.
+    pub(crate) fn run(&mut self, finishes: K::Finishes) -> impl Future<Output = ()> {
+        let settlement = self.holding.take().map(|(held, lease)| {
+            settlement(Arc::clone(&self.config), held, lease, finishes).boxed()
+        });
+        let settle_timeout = self.config.settle_timeout;
+        async move {
+            let Some(mut settlement) = settlement else {
+                return;
+            };
+            // An in-process store settles at once: no task, no timer.
+            if (&mut settlement).now_or_never().is_some() {
+                return;
+            }
+            if has_runtime() {
+                let task = tokio::spawn(settlement);
+                // A panic in the task is tokio's to report; the caller keeps the real outcome.
+                let _ = tokio::time::timeout(settle_timeout, task).await;
+            } else {
+                settlement.await;
+            }
         }
     }
 }
