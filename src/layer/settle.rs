@@ -101,7 +101,8 @@ impl<K: Keys> Settle<K> {
     /// background past it, and when the caller drops this future.
     ///
     /// The settlement is boxed before the future is made, so that future holds a pointer, not
-    /// the keys and finishes a second time.
+    /// the keys and finishes a second time. Await it at once: the keys leave `self` when it
+    /// is made, and only a polled settlement goes on after a drop.
     pub(crate) fn run(&mut self, finishes: K::Finishes) -> impl Future<Output = ()> {
         let settlement = self.holding.take().map(|(held, lease)| {
             settlement(Arc::clone(&self.config), held, lease, finishes).boxed()
@@ -155,9 +156,11 @@ fn margin(lease: Duration) -> Duration {
 /// Settles `held[i]` by `finishes[i]`, retrying the keys the store failed on transiently
 /// (with jittered backoff, renewing their lease when due) until each landed, was refused,
 /// failed for good, or the lease is about to end. Without a runtime, one attempt.
-///
-/// A block, not an `async fn`: an `async fn` keeps its arguments twice in its future, and
-/// this one is boxed for every send.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an `async fn` keeps its arguments twice in its future, and this one is boxed \
+              for every send: as a block it fits glibc's fast allocation cache"
+)]
 fn settlement(
     config: Arc<Config>,
     held: impl AsRef<[Held]> + Send,
