@@ -132,8 +132,8 @@ where
         }
         other => other,
     };
-    let token = match take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await
-    {
+    let reservation = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await;
+    let token = match reservation {
         Ok(Reservation::Reserved { token }) => token,
         Ok(Reservation::TakenOver { token, previous }) => {
             let raw = raw_key(&config, &request);
