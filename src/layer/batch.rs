@@ -123,7 +123,7 @@ where
     for (i, item) in items.into_iter().enumerate() {
         if let Plan::Send(held_at) = plans[i] {
             // The provider sees the key the store holds, and none for an unkeyed message.
-            let item = item.with_stored_key(held_at.and_then(|h| held.get(h)).map(|h| &*h.key));
+            let item = item.with_stored_key(held_at.and_then(|h| held.get(h)).map(|h| &h.key));
             if held_at.is_some() {
                 kept.push(item.clone());
             }

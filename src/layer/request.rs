@@ -1,5 +1,7 @@
 //! [`IdempotentRequest`]: what the layer asks of a request it deduplicates.
 
+use std::sync::Arc;
+
 use crate::fingerprint::Fingerprinted;
 use crate::message::{Message, RawMessage};
 
@@ -82,10 +84,11 @@ pub trait IdempotentRequest: Fingerprinted + Clone + Send + Sync + 'static {
     /// a provider client can send the provider the very key the store holds, and none for an
     /// unkeyed send.
     ///
+    /// The key is the layer's own `Arc`: clone it to keep it, sharing rather than copying.
     /// The default ignores it. [`Message`] keeps it for its transport
     /// ([`Message::provider_key`]).
     #[must_use]
-    fn with_stored_key(self, key: Option<&str>) -> Self {
+    fn with_stored_key(self, key: Option<&Arc<str>>) -> Self {
         let _ = key;
         self
     }
@@ -101,7 +104,7 @@ impl IdempotentRequest for Message {
         Message::recipients(self).collect()
     }
 
-    fn with_stored_key(self, key: Option<&str>) -> Self {
+    fn with_stored_key(self, key: Option<&Arc<str>>) -> Self {
         self.with_provider_key(key)
     }
 }

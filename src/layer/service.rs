@@ -143,7 +143,17 @@ where
                 token,
                 fingerprint,
             };
-            let decided = after_takeover(&config, held, previous, raw, &recipients, asked_at).await;
+            // Boxed: a takeover is the rare path, and every send's future would otherwise
+            // carry room for it.
+            let decided = Box::pin(after_takeover(
+                &config,
+                held,
+                previous,
+                raw,
+                &recipients,
+                asked_at,
+            ))
+            .await;
             match decided {
                 Takeover::Send => token,
                 Takeover::Answered(answer) => return answer,
@@ -172,25 +182,22 @@ where
         token,
         fingerprint,
     };
-    let mut settle = Settle::new(
-        Arc::clone(&config),
-        vec![held],
-        Lease::new(&config, asked_at),
-    );
+    let mut settle = Settle::new(Arc::clone(&config), [held], Lease::new(&config, asked_at));
     bump(&counters.sent);
     let kept = request.clone();
     let result = match settle.hold(inner.call(request)).await {
         Some(result) => result.map_err(|e| into_send_error(&config.classifier, e.into())),
         None => Err(given_up(&config, 1)),
     };
-    // A receipt's accepted recipients are kept by position in the request's list: only
-    // then is that list needed.
-    let recipients = match &result {
-        Ok(receipt) if !receipt.accepted.is_empty() => kept.recipients(),
-        _ => Vec::new(),
+    let finish = {
+        // A receipt's accepted recipients are kept by position in the request's list: only
+        // then is that list needed.
+        let recipients = match &result {
+            Ok(receipt) if !receipt.accepted.is_empty() => kept.recipients(),
+            _ => Vec::new(),
+        };
+        Finish::for_result(&result, &recipients)
     };
-    settle
-        .run(vec![Finish::for_result(&result, &recipients)])
-        .await;
+    settle.run([finish]).await;
     result
 }

@@ -6,8 +6,10 @@
 //! caller drops the send, the settlement goes on in a task of its own. While it retries it
 //! keeps renewing the lease, so a store that flickers does not free a key whose message went.
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -47,17 +49,32 @@ impl Finish {
     }
 }
 
+/// The keys a send holds, with one [`Finish`] each in the same shape: an array of one for a
+/// single send (nothing to allocate), a `Vec` for a batch.
+pub(crate) trait Keys: AsRef<[Held]> + Send + Sync + 'static {
+    /// One finish per key, in order.
+    type Finishes: AsRef<[Finish]> + Send + Sync + 'static;
+}
+
+impl Keys for [Held; 1] {
+    type Finishes = [Finish; 1];
+}
+
+impl Keys for Vec<Held> {
+    type Finishes = Vec<Finish>;
+}
+
 /// Keeps or frees the keys a send reserved once it is over, and, when the caller drops the
 /// send first, keeps them with an `idempotency.aborted` outcome from a background task. From
 /// the moment it exists the message may go: a drop must never free a key.
-pub(crate) struct Settle {
+pub(crate) struct Settle<K: Keys> {
     config: Arc<Config>,
     /// The keys and their lease, until a settlement takes them.
-    holding: Option<(Vec<Held>, Lease)>,
+    holding: Option<(K, Lease)>,
 }
 
-impl Settle {
-    pub(crate) fn new(config: Arc<Config>, held: Vec<Held>, lease: Lease) -> Self {
+impl<K: Keys> Settle<K> {
+    pub(crate) fn new(config: Arc<Config>, held: K, lease: Lease) -> Self {
         Self {
             config,
             holding: Some((held, lease)),
@@ -67,8 +84,14 @@ impl Settle {
     /// Runs the send while holding its keys: their lease renewed, the send given up
     /// (`None`) past the maximum hold. See [`hold`].
     pub(crate) async fn hold<F: Future>(&self, send: F) -> Option<F::Output> {
+        let mut send = pin!(send);
+        // A send over at its first poll needs no watch: the watch is boxed, taken only by a
+        // send that waits, so every send's future keeps no room for it.
+        if let Poll::Ready(output) = poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx))).await {
+            return Some(output);
+        }
         match &self.holding {
-            Some((held, lease)) => hold(&self.config, held, lease, send).await,
+            Some((held, lease)) => Box::pin(hold(&self.config, held.as_ref(), lease, send)).await,
             None => Some(send.await),
         }
     }
@@ -76,34 +99,44 @@ impl Settle {
     /// Settles each held key by its finish (one per key, in order). Returns once the
     /// settlement is over or the settle timeout passed; the settlement goes on in the
     /// background past it, and when the caller drops this future.
-    pub(crate) async fn run(&mut self, finishes: Vec<Finish>) {
-        let Some((held, lease)) = self.holding.take() else {
-            return;
-        };
-        let mut settlement = settlement(Arc::clone(&self.config), held, lease, finishes).boxed();
-        // An in-process store settles at once: no task, no timer.
-        if (&mut settlement).now_or_never().is_some() {
-            return;
-        }
-        if has_runtime() {
-            let task = tokio::spawn(settlement);
-            // A panic in the task is tokio's to report; the caller keeps the real outcome.
-            let _ = tokio::time::timeout(self.config.settle_timeout, task).await;
-        } else {
-            settlement.await;
+    ///
+    /// The settlement is boxed before the future is made, so that future holds a pointer, not
+    /// the keys and finishes a second time. Await it at once: the keys leave `self` when it
+    /// is made, and only a polled settlement goes on after a drop.
+    pub(crate) fn run(&mut self, finishes: K::Finishes) -> impl Future<Output = ()> {
+        let settlement = self.holding.take().map(|(held, lease)| {
+            settlement(Arc::clone(&self.config), held, lease, finishes).boxed()
+        });
+        let settle_timeout = self.config.settle_timeout;
+        async move {
+            let Some(mut settlement) = settlement else {
+                return;
+            };
+            // An in-process store settles at once: no task, no timer.
+            if (&mut settlement).now_or_never().is_some() {
+                return;
+            }
+            if has_runtime() {
+                let task = tokio::spawn(settlement);
+                // A panic in the task is tokio's to report; the caller keeps the real outcome.
+                let _ = tokio::time::timeout(settle_timeout, task).await;
+            } else {
+                settlement.await;
+            }
         }
     }
 }
 
-impl Drop for Settle {
+impl<K: Keys> Drop for Settle<K> {
     fn drop(&mut self) {
         let Some((held, lease)) = self.holding.take() else {
             return;
         };
-        if held.is_empty() {
+        if held.as_ref().is_empty() {
             return;
         }
-        let finishes = held
+        let finishes: Vec<Finish> = held
+            .as_ref()
             .iter()
             .map(|_| {
                 bump(&self.config.counters.aborted);
@@ -123,81 +156,103 @@ fn margin(lease: Duration) -> Duration {
 /// Settles `held[i]` by `finishes[i]`, retrying the keys the store failed on transiently
 /// (with jittered backoff, renewing their lease when due) until each landed, was refused,
 /// failed for good, or the lease is about to end. Without a runtime, one attempt.
-async fn settlement(config: Arc<Config>, held: Vec<Held>, lease: Lease, finishes: Vec<Finish>) {
-    // Set at the first failure: a settlement that lands at once reads no clock. Retries
-    // need a runtime to sleep on, asked only once something failed.
-    let mut started = None;
-    let mut backoff = Backoff::default();
-    let mut open: Option<Vec<usize>> = None; // None: every key, on the first attempt
-    let mut attempts = 1u32;
-    loop {
-        let answers = attempt(&config, &held, &finishes, open.as_deref(), attempts > 1).await;
-        let retry = |answer: &Result<bool, Arc<StoreError>>| {
-            matches!(answer, Err(error) if transient(error)) && has_runtime()
-        };
-        if answers.iter().any(|(_, answer)| retry(answer)) {
-            // The settled keys: a renewal while the rest retry would find them lost.
-            for (i, _) in answers.iter().filter(|(_, answer)| !retry(answer)) {
-                lease.stop_renewing(*i);
-            }
-        }
-        let mut again = Vec::new();
-        for (i, answer) in answers {
-            match answer {
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an `async fn` keeps its arguments twice in its future, and this one is boxed \
+              for every send: as a block it fits glibc's fast allocation cache"
+)]
+fn settlement(
+    config: Arc<Config>,
+    held: impl AsRef<[Held]> + Send,
+    lease: Lease,
+    finishes: impl AsRef<[Finish]> + Send,
+) -> impl Future<Output = ()> + Send {
+    async move {
+        let (held, finishes) = (held.as_ref(), finishes.as_ref());
+        // Set at the first failure: a settlement that lands at once reads no clock. Retries
+        // need a runtime to sleep on, asked only once something failed.
+        let mut started = None;
+        let mut backoff = Backoff::default();
+        let mut open: Option<Vec<usize>> = None; // None: every key, on the first attempt
+        let mut attempts = 1u32;
+        loop {
+            let mut again = Vec::new();
+            let answered = |i: usize, answer: Result<bool, Arc<StoreError>>| match answer {
                 Err(error) if transient(&error) && has_runtime() => again.push((i, error)),
                 Ok(true) => {}
                 Ok(false) => not_written(&config, &held[i], &finishes[i], attempts > 1),
                 Err(error) => gave_up(&config, &held[i], &finishes[i], &error, &lease, attempts),
+            };
+            attempt(
+                &config,
+                held,
+                finishes,
+                open.as_deref(),
+                attempts > 1,
+                answered,
+            )
+            .await;
+            if again.is_empty() {
+                return;
             }
-        }
-        if again.is_empty() {
-            return;
-        }
-        let now = Instant::now();
-        let started = *started.get_or_insert(now);
-        let resume = after(now, backoff.next_delay());
-        if after(resume, margin(config.lease)) >= lease.ends()
-            || resume >= after(started, config.max_hold)
-        {
-            for (i, error) in &again {
-                gave_up(&config, &held[*i], &finishes[*i], error, &lease, attempts);
+            // The keys settled for good: a renewal while the rest retry would find them lost.
+            for i in positions(open.as_deref(), held.len()) {
+                if !again.iter().any(|(j, _)| *j == i) {
+                    lease.stop_renewing(i);
+                }
             }
-            return;
+            let now = Instant::now();
+            let started = *started.get_or_insert(now);
+            let resume = after(now, backoff.next_delay());
+            if after(resume, margin(config.lease)) >= lease.ends()
+                || resume >= after(started, config.max_hold)
+            {
+                for (i, error) in &again {
+                    gave_up(&config, &held[*i], &finishes[*i], error, &lease, attempts);
+                }
+                return;
+            }
+            tokio::time::sleep_until(resume).await;
+            if lease.renewal_due(Instant::now()) {
+                renew_once(&config, held, &lease).await;
+            }
+            open = Some(again.into_iter().map(|(i, _)| i).collect());
+            attempts += 1;
         }
-        tokio::time::sleep_until(resume).await;
-        if lease.renewal_due(Instant::now()) {
-            renew_once(&config, &held, &lease).await;
-        }
-        open = Some(again.into_iter().map(|(i, _)| i).collect());
-        attempts += 1;
     }
 }
 
-/// One attempt at settling the keys at `open` (every key when `None`): the store's answer per
-/// key, by position. A `retry` counts its store calls in `settle_retries`.
+/// The positions of the keys an attempt settles: those at `open`, or every key when `None`.
+fn positions(open: Option<&[usize]>, keys: usize) -> impl Iterator<Item = usize> + '_ {
+    let every = open.is_none().then_some(0..keys);
+    open.into_iter()
+        .flatten()
+        .copied()
+        .chain(every.into_iter().flatten())
+}
+
+/// One attempt at settling the keys at `open` (every key when `None`), telling `answered`
+/// the store's answer for each key, by position. A `retry` counts its store calls in
+/// `settle_retries`.
 async fn attempt(
     config: &Config,
     held: &[Held],
     finishes: &[Finish],
     open: Option<&[usize]>,
     retry: bool,
-) -> Vec<(usize, Result<bool, Arc<StoreError>>)> {
+    mut answered: impl FnMut(usize, Result<bool, Arc<StoreError>>),
+) {
     let counted = |calls: usize| {
         if retry {
             bump_by(&config.counters.settle_retries, calls);
         }
     };
-    let all: Vec<usize>;
-    let open = match open {
-        Some(open) => open,
-        // The single send's first attempt, without an allocation.
-        None if held.len() == 1 => &[0],
-        None => {
-            all = (0..held.len()).collect();
-            &all
-        }
+    let single = match open {
+        Some(&[i]) => Some(i),
+        None if held.len() == 1 => Some(0),
+        _ => None,
     };
-    if let [i] = *open {
+    if let Some(i) = single {
         counted(1);
         // The single send: one plain call, no batch bookkeeping on the hot path.
         let h = &held[i];
@@ -209,13 +264,14 @@ async fn attempt(
             }
             Finish::Release => config.store.release(&h.key, h.token),
         };
-        return vec![(i, within(config, call).await.map_err(Arc::new))];
+        answered(i, within(config, call).await.map_err(Arc::new));
+        return;
     }
     let mut completions = Vec::new();
     let mut completed = Vec::new();
     let mut releases = Vec::new();
     let mut released = Vec::new();
-    for &i in open {
+    for i in positions(open, held.len()) {
         let h = &held[i];
         match &finishes[i] {
             Finish::Complete(outcome) => {
@@ -234,33 +290,34 @@ async fn attempt(
         }
     }
     counted(usize::from(!completions.is_empty()) + usize::from(!releases.is_empty()));
-    let mut answers = Vec::with_capacity(open.len());
     if !completions.is_empty() {
         let result = within(config, config.store.complete_many(&completions, config.ttl)).await;
-        spread(&mut answers, completed, result);
+        spread(&mut answered, completed, result);
     }
     if !releases.is_empty() {
         let result = within(config, config.store.release_many(&releases)).await;
-        spread(&mut answers, released, result);
+        spread(&mut answered, released, result);
     }
-    answers
 }
 
 /// One answer per key from a batch call's answer; a missing answer counts as not written.
 fn spread(
-    answers: &mut Vec<(usize, Result<bool, Arc<StoreError>>)>,
+    answered: &mut impl FnMut(usize, Result<bool, Arc<StoreError>>),
     keys: Vec<usize>,
     result: Result<Vec<bool>, StoreError>,
 ) {
     match result {
-        Ok(written) => answers.extend(
-            keys.into_iter()
-                .zip(written.into_iter().chain(std::iter::repeat(false)))
-                .map(|(i, w)| (i, Ok(w))),
-        ),
+        Ok(written) => {
+            let written = written.into_iter().chain(std::iter::repeat(false));
+            for (i, w) in keys.into_iter().zip(written) {
+                answered(i, Ok(w));
+            }
+        }
         Err(error) => {
             let error = Arc::new(error);
-            answers.extend(keys.into_iter().map(|i| (i, Err(Arc::clone(&error)))));
+            for i in keys {
+                answered(i, Err(Arc::clone(&error)));
+            }
         }
     }
 }

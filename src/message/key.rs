@@ -44,6 +44,11 @@ pub(crate) fn validate_key(key: &str) -> Result<(), KeyError> {
     if key.len() > MAX_KEY_LEN {
         return Err(KeyError::TooLong { len: key.len() });
     }
+    // The usual key is printable ASCII, which a byte scan clears at once; anything else is
+    // read character by character.
+    if key.bytes().all(|b| (b' '..=b'~').contains(&b)) {
+        return Ok(());
+    }
     if let Some(position) = key
         .char_indices()
         .find(|(_, c)| c.is_control())
@@ -113,5 +118,19 @@ mod tests {
     fn key_debug_output_hides_the_key() {
         let key = IdempotencyKey::new("welcome:seller@example.com").unwrap();
         assert!(!format!("{key:?}").contains("seller"));
+    }
+
+    #[test]
+    fn control_characters_are_refused_in_and_out_of_ascii_and_other_text_is_kept() {
+        for (key, position) in [("a\tb", 1), ("ab\x7f", 2), ("\0", 0), ("é\u{85}x", 2)] {
+            assert_eq!(
+                validate_key(key),
+                Err(KeyError::ControlCharacter { position }),
+                "{key:?}"
+            );
+        }
+        for key in ["order.created:ord_1:email", " ~", "commande:é:😀"] {
+            assert_eq!(validate_key(key), Ok(()), "{key:?}");
+        }
     }
 }

@@ -211,9 +211,9 @@ impl Message {
 
     /// This message, to be sent under the layer's stored `key` (`None`: unkeyed); see
     /// [`provider_key`](Self::provider_key).
-    pub(crate) fn with_provider_key(mut self, key: Option<&str>) -> Self {
+    pub(crate) fn with_provider_key(mut self, key: Option<&Arc<str>>) -> Self {
         self.layer_key = match key {
-            Some(key) => LayerKey::Stored(ProviderKey(Arc::from(key))),
+            Some(key) => LayerKey::Stored(ProviderKey(Arc::clone(key))),
             None => LayerKey::Unkeyed,
         };
         self
@@ -663,7 +663,7 @@ mod tests {
     fn the_layer_key_is_the_provider_key_and_the_own_key_otherwise() {
         let own = base().idempotency_key("k").build().unwrap();
         assert_eq!(own.provider_key(), Some("k"));
-        let sent = own.clone().with_provider_key(Some("ns:k"));
+        let sent = own.clone().with_provider_key(Some(&Arc::from("ns:k")));
         assert_eq!(sent.provider_key(), Some("ns:k"));
         assert_eq!(sent, own, "the layer's key is not part of the message");
         assert!(!format!("{sent:?}").contains("ns:k"), "Debug hides the key");

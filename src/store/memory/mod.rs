@@ -215,7 +215,13 @@ impl Shard {
         };
         let (expiry, state) = (entry.expiry_order(), entry.state());
         let old = std::mem::replace(slot, entry);
-        let stored = self.unindex(&old).unwrap_or_else(|| Arc::from(key));
+        self.reindex(key, &old, expiry, state);
+    }
+
+    /// Moves the record of `key`, just rewritten in place from `old`, in the indexes, to
+    /// `expiry` and `state`; the stored copy of the key is taken from its old place.
+    fn reindex(&mut self, key: &str, old: &Entry, expiry: Order, state: RecordState) {
+        let stored = self.unindex(old).unwrap_or_else(|| Arc::from(key));
         self.index(stored, expiry, state);
     }
 
@@ -478,29 +484,34 @@ impl Inner {
             let now = self.now();
             {
                 let mut shard = self.shard(key);
-                // The first attempt is known when this token's own record is still there.
-                let (existing, first_at) = match shard.map.get(key) {
-                    Some(entry) if entry.is_live(now) && entry.token != token => return Ok(false),
-                    Some(entry) if entry.token == token => (true, entry.first_at),
-                    Some(_) => (true, None),
-                    None => (false, None),
+                let seq = shard.next_seq();
+                let done = |first_at| Entry {
+                    fingerprint,
+                    token,
+                    outcome: Some(KeptOutcome::of(outcome)),
+                    expires_at: now.after(ttl),
+                    written_at: now,
+                    first_at,
+                    seq,
                 };
-                if existing || self.take_slot() {
-                    let entry = Entry {
-                        fingerprint,
-                        token,
-                        outcome: Some(KeptOutcome::of(outcome)),
-                        expires_at: now.after(ttl),
-                        written_at: now,
-                        first_at,
-                        seq: shard.next_seq(),
-                    };
-                    if existing {
-                        shard.replace(key, entry);
-                    } else {
-                        shard.add(key, entry);
+                // One lookup: a record there is rewritten in place.
+                match shard.map.get_mut(key) {
+                    Some(entry) if entry.is_live(now) && entry.token != token => return Ok(false),
+                    Some(slot) => {
+                        // The first attempt is known when this token's own record is still
+                        // there.
+                        let first_at = slot.first_at.filter(|_| slot.token == token);
+                        let entry = done(first_at);
+                        let (expiry, state) = (entry.expiry_order(), entry.state());
+                        let old = std::mem::replace(slot, entry);
+                        shard.reindex(key, &old, expiry, state);
+                        return Ok(true);
                     }
-                    return Ok(true);
+                    None if self.take_slot() => {
+                        shard.add(key, done(None));
+                        return Ok(true);
+                    }
+                    None => {}
                 }
             }
             self.make_room(now, self.shard_index(key))?;
