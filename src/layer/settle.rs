@@ -9,10 +9,11 @@
 use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 
 use super::config::Config;
@@ -112,18 +113,54 @@ impl<K: Keys> Settle<K> {
             let Some(mut settlement) = settlement else {
                 return;
             };
-            // An in-process store settles at once: no task, no timer.
+            // An in-process store settles at once: no timer, no clock read.
             if (&mut settlement).now_or_never().is_some() {
                 return;
             }
-            if has_runtime() {
-                let task = tokio::spawn(settlement);
-                // A panic in the task is tokio's to report; the caller keeps the real outcome.
-                let _ = tokio::time::timeout(settle_timeout, task).await;
-            } else {
-                settlement.await;
+            if !has_runtime() {
+                return settlement.await;
+            }
+            // Settled in the caller's task, so a networked store's answer wakes the caller
+            // itself (no task to spawn, no hand-over). What is left when the settle timeout
+            // passes, or when the caller drops this future, goes on in a task of its own.
+            let mut inline = Detachable(Some(settlement));
+            if tokio::time::timeout(settle_timeout, poll_fn(|cx| inline.poll(cx)))
+                .await
+                .is_err()
+            {
+                inline.detach();
             }
         }
+    }
+}
+
+/// A settlement polled in the caller's task until it is over, or moved to a task of its own
+/// ([`detach`](Self::detach)) to finish there: when the caller stops waiting for it, and when
+/// the caller's future is dropped with it unfinished. A settlement is never dropped half-way.
+struct Detachable(Option<BoxFuture<'static, ()>>);
+
+impl Detachable {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(settlement) = self.0.as_mut() else {
+            return Poll::Ready(());
+        };
+        let polled = settlement.poll_unpin(cx);
+        if polled.is_ready() {
+            self.0 = None;
+        }
+        polled
+    }
+
+    fn detach(&mut self) {
+        if let Some(settlement) = self.0.take() {
+            spawn_detached(settlement);
+        }
+    }
+}
+
+impl Drop for Detachable {
+    fn drop(&mut self) {
+        self.detach();
     }
 }
 
