@@ -120,17 +120,23 @@ impl<K: Keys> Settle<K> {
             if !has_runtime() {
                 return settlement.await;
             }
-            // Settled in the caller's task, so a networked store's answer wakes the caller
-            // itself (no task to spawn, no hand-over). What is left when the settle timeout
-            // passes, or when the caller drops this future, goes on in a task of its own.
-            let mut inline = Detachable(Some(settlement));
-            if tokio::time::timeout(settle_timeout, poll_fn(|cx| inline.poll(cx)))
-                .await
-                .is_err()
-            {
-                inline.detach();
-            }
+            // Boxed: only a store that did not answer at once waits here, and the send's
+            // future keeps no room for the timer.
+            Box::pin(settle_in_place(settlement, settle_timeout)).await;
         }
+    }
+}
+
+/// Settles in the caller's task, so a networked store's answer wakes the caller itself (no
+/// task to spawn, no hand-over). What is left when the settle timeout passes, or when the
+/// caller drops the send, goes on in a task of its own.
+async fn settle_in_place(settlement: BoxFuture<'static, ()>, settle_timeout: Duration) {
+    let mut inline = Detachable(Some(settlement));
+    if tokio::time::timeout(settle_timeout, poll_fn(|cx| inline.poll(cx)))
+        .await
+        .is_err()
+    {
+        inline.detach();
     }
 }
 

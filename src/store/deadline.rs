@@ -22,7 +22,7 @@
 
 use std::cell::Cell;
 use std::future::{Future, poll_fn};
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -95,7 +95,9 @@ pub(crate) async fn within<T>(
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     let mut call = pin!(call);
-    let mut timer = pin!(None::<tokio::time::Sleep>);
+    // Boxed when armed: most calls arm none (an in-process store, or a store bound covering
+    // the wait), and a send's future then keeps no room for a timer.
+    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut deadline = Deadline::After(timeout);
     poll_fn(|cx| {
         let outer = LAYER.replace(Some(Bound {
@@ -123,9 +125,9 @@ pub(crate) async fn within<T>(
             }
             let at = bound.fix(Instant::now);
             deadline = bound.deadline;
-            timer.set(Some(tokio::time::sleep_until(at)));
+            timer = Some(Box::pin(tokio::time::sleep_until(at)));
         }
-        match timer.as_mut().as_pin_mut().map(|sleep| sleep.poll(cx)) {
+        match timer.as_mut().map(|sleep| sleep.as_mut().poll(cx)) {
             Some(Poll::Ready(())) => Poll::Ready(Err(StoreError::timeout())),
             _ => Poll::Pending,
         }
