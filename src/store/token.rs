@@ -11,7 +11,7 @@ use uuid::Uuid;
 /// from the OS's random source.
 ///
 /// A send makes one on every reservation, so they are read from the OS in blocks (one system
-/// call per [`TOKENS_PER_READ`] tokens, per thread) instead of one call each: every bit is
+/// call per 64 tokens, per thread) instead of one call each: every bit is
 /// still the OS's own, nothing is derived or predicted from earlier tokens. As with any
 /// randomness kept in a process, a process that forks without `exec` shares its thread's
 /// unread block with the child; tokens made in both after such a fork could repeat.
