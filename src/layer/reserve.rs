@@ -19,26 +19,31 @@ use crate::store::{Reservation, StoreError, StoreErrorKind, Token, deadline};
 ///
 /// One timer at most: none when the store answers at its first poll (an in-process store),
 /// and the store's own when it bounds its calls (see [`deadline`]).
-async fn bounded<T: Send + 'static>(
+async fn bounded<T, A>(
     config: &Config,
     future: BoxFuture<'static, Result<T, StoreError>>,
-    abandon: impl FnOnce(BoxFuture<'static, Result<T, StoreError>>) + Send + 'static,
-) -> Result<T, StoreError> {
+    abandon: A,
+) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    A: FnOnce(BoxFuture<'static, Result<T, StoreError>>),
+{
     let mut pending = Pending {
         future: Some(future),
-        abandon: Some(Box::new(abandon)),
+        abandon: Some(abandon),
     };
     deadline::within(config.reserve_timeout, poll_fn(|cx| pending.poll(cx))).await
 }
 
-type Abandon<T> = Box<dyn FnOnce(BoxFuture<'static, Result<T, StoreError>>) + Send>;
-
-struct Pending<T> {
+/// A store call and what to do with it if it is dropped unfinished. The closure is kept as
+/// it is (not boxed): a reserve that answers at once never calls it, and should not
+/// allocate for it.
+struct Pending<T, A: FnOnce(BoxFuture<'static, Result<T, StoreError>>)> {
     future: Option<BoxFuture<'static, Result<T, StoreError>>>,
-    abandon: Option<Abandon<T>>,
+    abandon: Option<A>,
 }
 
-impl<T> Pending<T> {
+impl<T, A: FnOnce(BoxFuture<'static, Result<T, StoreError>>)> Pending<T, A> {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, StoreError>> {
         let Some(future) = self.future.as_mut() else {
             return Poll::Ready(Err(StoreError::new(
@@ -52,7 +57,7 @@ impl<T> Pending<T> {
     }
 }
 
-impl<T> Drop for Pending<T> {
+impl<T, A: FnOnce(BoxFuture<'static, Result<T, StoreError>>)> Drop for Pending<T, A> {
     fn drop(&mut self) {
         if let (Some(future), Some(abandon)) = (self.future.take(), self.abandon.take()) {
             abandon(future);
