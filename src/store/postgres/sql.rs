@@ -54,6 +54,21 @@ impl Table {
         // (claim-then-send: the claim was written in the caller's transaction).
         let takes = "(r.expires_at <= now() \
                      OR (r.state = 'claimed' AND r.fingerprint = excluded.fingerprint))";
+        // What a reserve (single or batch) writes when it takes the row: pending under the new
+        // token, the first attempt's time kept for a takeover of the same message.
+        let take = format!(
+            "ON CONFLICT (key) DO UPDATE SET
+                     state = excluded.state,
+                     token = excluded.token,
+                     fingerprint = excluded.fingerprint,
+                     outcome = NULL,
+                     expires_at = excluded.expires_at,
+                     first_attempt_at = CASE
+                         WHEN r.state = 'pending' AND r.fingerprint = excluded.fingerprint
+                             THEN r.first_attempt_at
+                         ELSE excluded.first_attempt_at END
+                 WHERE {takes}"
+        );
         let sql = Sql {
             migrate: format!(
                 "SELECT pg_advisory_xact_lock(hashtext('tower_idempotency.migrate'));
@@ -91,17 +106,7 @@ impl Table {
                      (key, state, token, fingerprint, outcome, expires_at, first_attempt_at)
                  VALUES ($1, 'pending', $2, $3, NULL,
                          now() + $4::bigint * interval '1 millisecond', now())
-                 ON CONFLICT (key) DO UPDATE SET
-                     state = excluded.state,
-                     token = excluded.token,
-                     fingerprint = excluded.fingerprint,
-                     outcome = NULL,
-                     expires_at = excluded.expires_at,
-                     first_attempt_at = CASE
-                         WHEN r.state = 'pending' AND r.fingerprint = excluded.fingerprint
-                             THEN r.first_attempt_at
-                         ELSE excluded.first_attempt_at END
-                 WHERE {takes}
+                 {take}
                  RETURNING r.state, r.token, r.fingerprint, r.outcome::text,
                      {FIRST_ATTEMPT_AGE_OF_R}
                  )
@@ -169,17 +174,7 @@ impl Table {
                         now() + $4::bigint * interval '1 millisecond', now()
                  FROM i
                  ORDER BY i.key
-                 ON CONFLICT (key) DO UPDATE SET
-                     state = excluded.state,
-                     token = excluded.token,
-                     fingerprint = excluded.fingerprint,
-                     outcome = NULL,
-                     expires_at = excluded.expires_at,
-                     first_attempt_at = CASE
-                         WHEN r.state = 'pending' AND r.fingerprint = excluded.fingerprint
-                             THEN r.first_attempt_at
-                         ELSE excluded.first_attempt_at END
-                 WHERE {takes}
+                 {take}
                  RETURNING r.state, r.token, r.fingerprint, r.outcome::text, r.key
                  )
                  SELECT * FROM up
