@@ -1,6 +1,8 @@
 //! `PostgresStore` against the same two statements issued straight through the same pool,
 //! at concurrency 1 and 64: reserve + complete pairs per second, and so the cost of our code
 //! (decoding, the trait's boxed futures, timeouts, outcome serialisation) over the raw SQL.
+//! A third side, `plain`, issues the plain upsert the store issued before it stopped
+//! rewriting held rows and kept the first attempt's time: what those cost on the server.
 //!
 //! Then 100 keys through `reserve_many` + `complete_many` (two statements) against the same
 //! 100 keys as single reserve + complete pairs, one caller: keys per second.
@@ -30,8 +32,38 @@ const BATCH: usize = 100;
 const TAKES: &str = "(r.expires_at <= now() \
                      OR (r.state = 'claimed' AND r.fingerprint = excluded.fingerprint))";
 
-/// The statements `PostgresStore` issues, as its module docs give them.
-fn reserve_sql(table: &str) -> String {
+/// The statements `PostgresStore` issues for a fresh key, copied from
+/// `src/store/postgres/sql.rs` (keep them in step): the insert that takes a key with no row,
+/// and the complete that keeps the first attempt's time. (A key with a row goes on to the
+/// store's upsert; fresh keys never do.)
+fn insert_sql(table: &str) -> String {
+    format!(
+        "INSERT INTO \"{table}\"
+             (key, state, token, fingerprint, outcome, expires_at, first_attempt_at)
+         VALUES ($1, 'pending', $2, $3, NULL,
+                 now() + $4::bigint * interval '1 millisecond', now())
+         ON CONFLICT (key) DO NOTHING"
+    )
+}
+
+fn complete_sql(table: &str) -> String {
+    format!(
+        "INSERT INTO \"{table}\" AS r (key, state, token, fingerprint, outcome, expires_at)
+         VALUES ($1, 'done', $2, $3, $4::text::jsonb,
+                 now() + $5::bigint * interval '1 millisecond')
+         ON CONFLICT (key) DO UPDATE SET
+             state = excluded.state, token = excluded.token,
+             fingerprint = excluded.fingerprint, outcome = excluded.outcome,
+             expires_at = excluded.expires_at,
+             first_attempt_at = CASE WHEN r.token = excluded.token
+                 THEN r.first_attempt_at END
+         WHERE r.token = excluded.token OR r.expires_at <= now()"
+    )
+}
+
+/// The plain upsert the store issued before replays stopped rewriting held rows and before
+/// it kept the first attempt's time: what those two guarantees cost on the server.
+fn plain_reserve_sql(table: &str) -> String {
     format!(
         "INSERT INTO \"{table}\" AS r (key, state, token, fingerprint, outcome, expires_at)
          VALUES ($1, 'pending', $2, $3, NULL, now() + $4::bigint * interval '1 millisecond')
@@ -47,7 +79,7 @@ fn reserve_sql(table: &str) -> String {
     )
 }
 
-fn complete_sql(table: &str) -> String {
+fn plain_complete_sql(table: &str) -> String {
     format!(
         "INSERT INTO \"{table}\" AS r (key, state, token, fingerprint, outcome, expires_at)
          VALUES ($1, 'done', $2, $3, $4::text::jsonb,
@@ -60,12 +92,24 @@ fn complete_sql(table: &str) -> String {
     )
 }
 
+/// Which side issues a pair.
+#[derive(Clone, Copy)]
+enum Side {
+    /// `PostgresStore`.
+    Store,
+    /// The store's statements through the same pool, without our code.
+    Raw,
+    /// The plain upsert the store issued before, through the same pool.
+    Plain,
+}
+
 /// What a pair needs, shared by the tasks of one measurement.
 struct Bench {
     store: PostgresStore,
     pool: Pool,
-    reserve: String,
-    complete: String,
+    /// The store's statements, then the plain upsert's.
+    raw: [String; 2],
+    plain: [String; 2],
     prefix: String,
     next: AtomicU64,
     outcome: Outcome,
@@ -130,24 +174,24 @@ impl Bench {
         assert!(written.iter().all(|w| *w));
     }
 
-    async fn raw_pair(&self) {
+    /// A pair of the `[reserve, complete]` statements through the pool.
+    async fn raw_pair(&self, [reserve, complete]: &[String; 2]) {
         let key = self.key();
         let token = Token::new();
         let fingerprint: &[u8] = &[7; 32];
         let lease = LEASE.as_millis() as i64;
         let ttl = TTL.as_millis() as i64;
         let client = self.pool.get().await.expect("connection");
-        let statement = client.prepare_cached(&self.reserve).await.expect("prepare");
-        let row = client
-            .query_one(&statement, &[&key, token.as_uuid(), &fingerprint, &lease])
+        let statement = client.prepare_cached(reserve).await.expect("prepare");
+        let reserved = client
+            .execute(&statement, &[&key, token.as_uuid(), &fingerprint, &lease])
             .await
             .expect("reserve");
-        let holder: Uuid = row.get(1);
-        assert_eq!(holder, *token.as_uuid());
+        assert_eq!(reserved, 1, "a fresh key was not reserved");
         drop(client);
         let client = self.pool.get().await.expect("connection");
         let statement = client
-            .prepare_cached(&self.complete)
+            .prepare_cached(complete)
             .await
             .expect("prepare");
         let written = client
@@ -168,7 +212,7 @@ impl Bench {
 }
 
 /// Runs `iters` pairs spread over `concurrency` tasks; answers the wall time.
-async fn run(bench: &Arc<Bench>, iters: u64, concurrency: usize, raw: bool) -> Duration {
+async fn run(bench: &Arc<Bench>, iters: u64, concurrency: usize, side: Side) -> Duration {
     let tasks = concurrency as u64;
     let start = Instant::now();
     let handles: Vec<_> = (0..tasks)
@@ -177,10 +221,10 @@ async fn run(bench: &Arc<Bench>, iters: u64, concurrency: usize, raw: bool) -> D
             let pairs = iters / tasks + u64::from(task < iters % tasks);
             tokio::spawn(async move {
                 for _ in 0..pairs {
-                    if raw {
-                        bench.raw_pair().await;
-                    } else {
-                        bench.store_pair().await;
+                    match side {
+                        Side::Store => bench.store_pair().await,
+                        Side::Raw => bench.raw_pair(&bench.raw).await,
+                        Side::Plain => bench.raw_pair(&bench.plain).await,
                     }
                 }
             })
@@ -192,7 +236,7 @@ async fn run(bench: &Arc<Bench>, iters: u64, concurrency: usize, raw: bool) -> D
     start.elapsed()
 }
 
-/// Measures reserve + complete pairs per second, ours and raw.
+/// Measures reserve + complete pairs per second: ours, raw, and the plain upsert.
 pub fn bench(c: &mut Criterion) {
     let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
         eprintln!("skipped: DATABASE_URL is not set");
@@ -240,8 +284,8 @@ pub fn bench(c: &mut Criterion) {
             outcome,
             store,
             pool,
-            reserve: reserve_sql(&table),
-            complete: complete_sql(&table),
+            raw: [insert_sql(&table), complete_sql(&table)],
+            plain: [plain_reserve_sql(&table), plain_complete_sql(&table)],
             prefix: format!("bench:{}", Uuid::new_v4().simple()),
             next: AtomicU64::new(0),
         })
@@ -254,13 +298,14 @@ pub fn bench(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
     for concurrency in CONCURRENCY {
-        for (name, raw) in [("store", false), ("raw", true)] {
+        let sides = [("store", Side::Store), ("raw", Side::Raw), ("plain", Side::Plain)];
+        for (name, side) in sides {
             group.bench_with_input(
                 BenchmarkId::new(format!("reserve+complete/{name}"), concurrency),
                 &concurrency,
                 |b, &concurrency| {
                     b.to_async(&runtime)
-                        .iter_custom(|iters| run(&bench, iters, concurrency, raw));
+                        .iter_custom(|iters| run(&bench, iters, concurrency, side));
                 },
             );
         }
@@ -287,7 +332,7 @@ pub fn bench(c: &mut Criterion) {
     });
     group.bench_function("100 × reserve+complete", |b| {
         b.to_async(&runtime)
-            .iter_custom(|iters| run(&bench, iters * BATCH as u64, 1, false));
+            .iter_custom(|iters| run(&bench, iters * BATCH as u64, 1, Side::Store));
     });
     group.finish();
 

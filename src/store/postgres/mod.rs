@@ -46,11 +46,15 @@
 //! # How each operation runs
 //!
 //! Each operation, single or batch, is **one autocommit statement**, so one round trip once
-//! prepared, meant for the default `READ COMMITTED` isolation, and every expiry is decided by
-//! the server's `now()`, never by the client's clock:
+//! prepared (a reserve that finds a row there takes two), meant for the default `READ
+//! COMMITTED` isolation, and every expiry is decided by the server's `now()`, never by the
+//! client's clock:
 //!
-//! - `reserve` is one `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row expired (or is
-//!   a claim of the same message): it writes only a row it takes, so a reserve that finds
+//! - `reserve` first tries `INSERT … ON CONFLICT (key) DO NOTHING`: a key with no row (what
+//!   most sends find) is taken by that plain insert, the cheapest statement that can take
+//!   it. When a row is there, that insert neither writes nor locks it, and the reserve goes
+//!   on to one `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row expired (or is a claim
+//!   of the same message): it writes only a row it takes, so a reserve that finds
 //!   the key held by a live row writes nothing (no new row version, no WAL) and answers that
 //!   row as its snapshot saw it (a CTE of the same statement). An `ON CONFLICT` update locks
 //!   the latest version of the row, so of any number of racing reserves exactly one takes
@@ -147,6 +151,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod
 use futures_util::future::BoxFuture;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 // `millis` is imported here so the submodules name it `super::millis`, as before it moved.
@@ -363,20 +368,32 @@ impl PostgresStore {
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
         let client = self.client().await?;
+        let token = Token::new();
+        let fingerprint = &fingerprint.as_bytes()[..];
+        let params: [&(dyn ToSql + Sync); 4] =
+            [&key, token.as_uuid(), &fingerprint, &millis(lease)];
+        // Most sends find no row: one plain insert takes the key. A row there, whatever its
+        // state, is for the upsert below to judge.
+        let insert = client
+            .prepare_cached(&self.table.sql.insert)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let inserted = client
+            .execute(&insert, &params)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        if inserted == 1 {
+            return Ok(Reservation::Reserved { token });
+        }
         let statement = client
             .prepare_cached(&self.table.sql.reserve)
             .await
             .map_err(|e| self.db_error(e))?;
-        let token = Token::new();
-        let fingerprint = &fingerprint.as_bytes()[..];
         // No row: the row changed after the statement's snapshot and before its upsert (a
         // race with another session); the next statement's snapshot sees it.
         for _ in 0..RESERVE_ATTEMPTS {
             let row = client
-                .query_opt(
-                    &statement,
-                    &[&key, token.as_uuid(), &fingerprint, &millis(lease)],
-                )
+                .query_opt(&statement, &params)
                 .await
                 .map_err(|e| self.db_error(e))?;
             if let Some(row) = row {

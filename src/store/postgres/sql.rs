@@ -15,6 +15,7 @@ pub(super) struct Table {
 /// The statements on one table, written once when the table is named.
 pub(super) struct Sql {
     pub(super) migrate: String,
+    pub(super) insert: String,
     pub(super) reserve: String,
     pub(super) complete: String,
     pub(super) release: String,
@@ -85,6 +86,16 @@ impl Table {
                  CREATE INDEX IF NOT EXISTS {index} ON {quoted} (expires_at);
                  CREATE INDEX IF NOT EXISTS {unknown_index} ON {quoted} (expires_at, key)
                      WHERE {UNKNOWN};"
+            ),
+            // A reserve's first statement: a key with no row gets one, pending under the new
+            // token, by the plainest statement there is (what most sends find). A key with a
+            // row is left alone (`DO NOTHING` neither writes nor locks it), for `reserve`.
+            insert: format!(
+                "INSERT INTO {quoted}
+                     (key, state, token, fingerprint, outcome, expires_at, first_attempt_at)
+                 VALUES ($1, 'pending', $2, $3, NULL,
+                         now() + $4::bigint * interval '1 millisecond', now())
+                 ON CONFLICT (key) DO NOTHING"
             ),
             // The upsert writes only when it takes the row (`WHERE {takes}`): a live row is
             // left as it is, so a replay writes no new row version (no dead tuple, no WAL),
