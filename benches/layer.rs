@@ -66,6 +66,26 @@ fn layer_cost(c: &mut Criterion) {
             })
         });
 
+        // The bare service fed as `fresh_key` is: each message built outside the timing and
+        // dropped inside it, so the pair differs by the layer alone.
+        group.bench_function("bare_batched", |b| {
+            let mut svc = provider();
+            let next = AtomicU64::new(0);
+            b.to_async(&rt).iter_batched(
+                || {
+                    message(
+                        len,
+                        Some(format!("fresh:{}", next.fetch_add(1, Ordering::Relaxed))),
+                    )
+                },
+                |m| {
+                    let fut = svc.call(m);
+                    async move { black_box(fut.await.expect("sent")) }
+                },
+                BatchSize::SmallInput,
+            )
+        });
+
         group.bench_function("fresh_key", |b| {
             // Room for every key the run makes, so this measures the send, not eviction.
             let store = MemoryStore::with_max_entries(usize::MAX);

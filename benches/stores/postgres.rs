@@ -190,10 +190,7 @@ impl Bench {
         assert_eq!(reserved, 1, "a fresh key was not reserved");
         drop(client);
         let client = self.pool.get().await.expect("connection");
-        let statement = client
-            .prepare_cached(complete)
-            .await
-            .expect("prepare");
+        let statement = client.prepare_cached(complete).await.expect("prepare");
         let written = client
             .execute(
                 &statement,
@@ -298,7 +295,11 @@ pub fn bench(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
     for concurrency in CONCURRENCY {
-        let sides = [("store", Side::Store), ("raw", Side::Raw), ("plain", Side::Plain)];
+        let sides = [
+            ("store", Side::Store),
+            ("raw", Side::Raw),
+            ("plain", Side::Plain),
+        ];
         for (name, side) in sides {
             group.bench_with_input(
                 BenchmarkId::new(format!("reserve+complete/{name}"), concurrency),

@@ -37,8 +37,9 @@ impl Inner {
 
     fn inspect(&self, key: &str) -> Option<Inspected> {
         let now = self.now();
+        let key = self.hashed(key);
         let shard = self.shard(key);
-        shard.map.get(key).map(|entry| entry.inspected(key, now))
+        shard.get(key).map(|entry| entry.inspected(key.key, now))
     }
 
     /// Applies `change` to the record of `key` under its shard lock, unless a live send holds
@@ -51,12 +52,13 @@ impl Inner {
         change: impl FnOnce(&Entry, u64, Tick) -> Option<Entry>,
     ) -> AdminOutcome {
         let now = self.now();
+        let key = self.hashed(key);
         let mut shard = self.shard(key);
         let seq = shard.next_seq();
-        let Some(entry) = shard.map.get(key) else {
+        let Some(entry) = shard.get(key) else {
             return AdminOutcome::NothingThere;
         };
-        if entry.inspected(key, now).is_held_live() && !force.is_forced() {
+        if entry.inspected(key.key, now).is_held_live() && !force.is_forced() {
             return AdminOutcome::HeldByLiveSend;
         }
         match change(entry, seq, now) {
@@ -108,7 +110,8 @@ impl Inner {
         let mut found: Vec<(u128, Inspected)> = Vec::new();
         for shard in self.shards.iter() {
             let shard = lock(shard);
-            for (key, entry) in &shard.map {
+            for (stored, entry) in &shard.map {
+                let key = &stored.key;
                 let record = entry.inspected(key, now);
                 if !(record.is_unknown_delivery() && entry.is_live(now) || record.is_stale()) {
                     continue;

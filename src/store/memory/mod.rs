@@ -1,8 +1,8 @@
 //! [`MemoryStore`]: the default store, in this process, bounded and sharded.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::RandomState;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -14,9 +14,11 @@ use super::{Record, RecordState, Reservation, Store, StoreError, Token};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 use kept::KeptOutcome;
+use key::{Hashed, Map};
 
 mod admin;
 mod kept;
+mod key;
 
 /// The default bound on the records a [`MemoryStore`] keeps.
 pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
@@ -88,9 +90,11 @@ struct Inner {
 /// for done records, in order of completion (to drop the oldest done one next). Completion
 /// times come from the clock rather than a shared counter, so shards never touch a common
 /// cache line.
-#[derive(Default)]
 struct Shard {
-    map: HashMap<Arc<str>, Entry>,
+    /// The records by key, each key hashed once per call by `hasher` (see [`key`]).
+    map: Map<Entry>,
+    /// The store's hasher, for the keys the indexes give back.
+    hasher: RandomState,
     by_expiry: BTreeMap<Order, Arc<str>>,
     /// Done records in the order they were completed, oldest first: the version (`seq`) of
     /// each and its key. Writes come in that order, so a queue keeps it; a record rewritten
@@ -194,6 +198,29 @@ impl Entry {
 }
 
 impl Shard {
+    fn new(hasher: RandomState) -> Self {
+        Self {
+            map: Map::default(),
+            hasher,
+            by_expiry: BTreeMap::new(),
+            completed: VecDeque::new(),
+            next_seq: 0,
+        }
+    }
+
+    fn get(&self, key: Hashed<'_>) -> Option<&Entry> {
+        self.map.get(key.lookup())
+    }
+
+    fn get_mut(&mut self, key: Hashed<'_>) -> Option<&mut Entry> {
+        self.map.get_mut(key.lookup())
+    }
+
+    /// A key an index gave back, hashed for the map.
+    fn hashed<'a>(&self, key: &'a str) -> Hashed<'a> {
+        Hashed::new(&self.hasher, key)
+    }
+
     fn next_seq(&mut self) -> u64 {
         self.next_seq += 1;
         self.next_seq
@@ -201,16 +228,16 @@ impl Shard {
 
     /// Adds `entry` as the record of `key`, which the shard does not hold: the key is copied
     /// into the store, once for the map and both indexes.
-    fn add(&mut self, key: &str, entry: Entry) {
-        let stored: Arc<str> = Arc::from(key);
-        self.index(Arc::clone(&stored), entry.expiry_order(), entry.state());
+    fn add(&mut self, key: Hashed<'_>, entry: Entry) {
+        let stored = key.stored();
+        self.index(Arc::clone(&stored.key), entry.expiry_order(), entry.state());
         self.map.insert(stored, entry);
     }
 
     /// Replaces the record of `key` with `entry`, or adds it. A key already held keeps its
     /// stored copy, taken from its old place in the expiry index.
-    fn replace(&mut self, key: &str, entry: Entry) {
-        let Some(slot) = self.map.get_mut(key) else {
+    fn replace(&mut self, key: Hashed<'_>, entry: Entry) {
+        let Some(slot) = self.get_mut(key) else {
             return self.add(key, entry);
         };
         let (expiry, state) = (entry.expiry_order(), entry.state());
@@ -220,8 +247,8 @@ impl Shard {
 
     /// Moves the record of `key`, just rewritten in place from `old`, in the indexes, to
     /// `expiry` and `state`; the stored copy of the key is taken from its old place.
-    fn reindex(&mut self, key: &str, old: &Entry, expiry: Order, state: RecordState) {
-        let stored = self.unindex(old).unwrap_or_else(|| Arc::from(key));
+    fn reindex(&mut self, key: Hashed<'_>, old: &Entry, expiry: Order, state: RecordState) {
+        let stored = self.unindex(old).unwrap_or_else(|| Arc::from(key.key));
         self.index(stored, expiry, state);
     }
 
@@ -244,7 +271,8 @@ impl Shard {
 
     /// Whether `element` of the completion queue is still the done record it was queued for.
     fn is_current(&self, (seq, key): &(u64, Arc<str>)) -> bool {
-        self.map.get(key).is_some_and(|entry| entry.seq == *seq)
+        self.get(self.hashed(key))
+            .is_some_and(|entry| entry.seq == *seq)
     }
 
     /// Drops the stale elements of the completion queue.
@@ -257,7 +285,7 @@ impl Shard {
     /// The completion order of the oldest done record, dropping stale elements in front of it.
     fn oldest_done(&mut self) -> Option<Order> {
         while let Some(front) = self.completed.front() {
-            if let Some(entry) = self.map.get(&front.1).filter(|e| e.seq == front.0) {
+            if let Some(entry) = self.get(self.hashed(&front.1)).filter(|e| e.seq == front.0) {
                 return entry.completion_order();
             }
             self.completed.pop_front();
@@ -265,8 +293,8 @@ impl Shard {
         None
     }
 
-    fn remove(&mut self, key: &str) -> bool {
-        match self.map.remove(key) {
+    fn remove(&mut self, key: Hashed<'_>) -> bool {
+        match self.map.remove(key.lookup()) {
             Some(entry) => {
                 self.unindex(&entry);
                 true
@@ -282,7 +310,7 @@ impl Shard {
             let Some((_, key)) = self.completed.pop_front() else {
                 break;
             };
-            if !self.remove(&key) {
+            if !self.remove(self.hashed(&key)) {
                 break;
             }
             dropped += 1;
@@ -298,7 +326,8 @@ impl Shard {
                 break;
             }
             let key = entry.remove();
-            if self.map.remove(&key).is_some() {
+            let key = Hashed::new(&self.hasher, &key);
+            if self.map.remove(key.lookup()).is_some() {
                 dropped += 1;
             }
         }
@@ -315,10 +344,13 @@ impl MemoryStore {
     /// A store that keeps at most `max_entries` records. With `0` it refuses every
     /// reservation with a capacity error.
     pub fn with_max_entries(max_entries: usize) -> Self {
+        let hasher = RandomState::new();
         Self {
             inner: Arc::new(Inner {
-                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-                hasher: RandomState::new(),
+                shards: (0..SHARDS)
+                    .map(|_| Mutex::new(Shard::new(hasher.clone())))
+                    .collect(),
+                hasher,
                 max_entries,
                 len: AtomicUsize::new(0),
                 epoch: Instant::now(),
@@ -363,11 +395,16 @@ impl Inner {
         Tick(nanos(Instant::now().saturating_duration_since(self.epoch)))
     }
 
-    fn shard_index(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) as usize) % self.shards.len()
+    /// `key` hashed once for this call: for its shard and its shard's map.
+    fn hashed<'a>(&self, key: &'a str) -> Hashed<'a> {
+        Hashed::new(&self.hasher, key)
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+    fn shard_index(&self, key: Hashed<'_>) -> usize {
+        key.shard(self.shards.len())
+    }
+
+    fn shard(&self, key: Hashed<'_>) -> MutexGuard<'_, Shard> {
         lock(&self.shards[self.shard_index(key)])
     }
 
@@ -427,7 +464,7 @@ impl Inner {
 
     fn reserve(
         &self,
-        key: &str,
+        key: Hashed<'_>,
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
@@ -437,7 +474,7 @@ impl Inner {
                 let mut shard = self.shard(key);
                 // A pending record whose lease passed lingers until room is made: taking it
                 // over is reported, and keeps the first attempt of the same message.
-                let (existing, previous, first_at) = match shard.map.get(key) {
+                let (existing, previous, first_at) = match shard.get(key) {
                     Some(entry) if entry.is_live(now) => {
                         return Ok(Reservation::Held {
                             record: entry.record(now),
@@ -474,7 +511,7 @@ impl Inner {
 
     fn complete(
         &self,
-        key: &str,
+        key: Hashed<'_>,
         token: Token,
         fingerprint: Fingerprint,
         outcome: &Outcome,
@@ -495,7 +532,7 @@ impl Inner {
                     seq,
                 };
                 // One lookup: a record there is rewritten in place.
-                match shard.map.get_mut(key) {
+                match shard.get_mut(key) {
                     Some(entry) if entry.is_live(now) && entry.token != token => return Ok(false),
                     Some(slot) => {
                         // The first attempt is known when this token's own record is still
@@ -518,10 +555,9 @@ impl Inner {
         }
     }
 
-    fn release(&self, key: &str, token: Token) -> bool {
+    fn release(&self, key: Hashed<'_>, token: Token) -> bool {
         let mut shard = self.shard(key);
         let holds = shard
-            .map
             .get(key)
             .is_some_and(|e| e.token == token && e.state() == RecordState::Pending);
         if holds && shard.remove(key) {
@@ -531,10 +567,10 @@ impl Inner {
         false
     }
 
-    fn extend(&self, key: &str, token: Token, lease: Duration) -> bool {
+    fn extend(&self, key: Hashed<'_>, token: Token, lease: Duration) -> bool {
         let now = self.now();
         let mut shard = self.shard(key);
-        let (fingerprint, written_at, first_at) = match shard.map.get(key) {
+        let (fingerprint, written_at, first_at) = match shard.get(key) {
             Some(e) if e.is_live(now) && e.token == token && e.state() == RecordState::Pending => {
                 (e.fingerprint, e.written_at, e.first_at)
             }
@@ -556,14 +592,14 @@ impl Inner {
 
     fn retake(
         &self,
-        key: &str,
+        key: Hashed<'_>,
         fingerprint: Fingerprint,
         lease: Duration,
         within: Duration,
     ) -> Option<Token> {
         let now = self.now();
         let mut shard = self.shard(key);
-        let entry = shard.map.get(key)?;
+        let entry = shard.get(key)?;
         let record = entry.record(now);
         let first_at = entry.first_at?;
         let retakes = entry.is_live(now)
@@ -593,7 +629,11 @@ impl Store for MemoryStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        std::future::ready(self.inner.reserve(key, fingerprint, lease)).boxed()
+        std::future::ready(
+            self.inner
+                .reserve(self.inner.hashed(key), fingerprint, lease),
+        )
+        .boxed()
     }
 
     fn complete<'a>(
@@ -604,7 +644,14 @@ impl Store for MemoryStore {
         outcome: &'a Outcome,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        std::future::ready(self.inner.complete(key, token, fingerprint, outcome, ttl)).boxed()
+        std::future::ready(self.inner.complete(
+            self.inner.hashed(key),
+            token,
+            fingerprint,
+            outcome,
+            ttl,
+        ))
+        .boxed()
     }
 
     fn release<'a>(
@@ -612,7 +659,7 @@ impl Store for MemoryStore {
         key: &'a str,
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        std::future::ready(Ok(self.inner.release(key, token))).boxed()
+        std::future::ready(Ok(self.inner.release(self.inner.hashed(key), token))).boxed()
     }
 
     fn extend<'a>(
@@ -621,7 +668,7 @@ impl Store for MemoryStore {
         token: Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        std::future::ready(Ok(self.inner.extend(key, token, lease))).boxed()
+        std::future::ready(Ok(self.inner.extend(self.inner.hashed(key), token, lease))).boxed()
     }
 
     fn retake<'a>(
@@ -631,7 +678,13 @@ impl Store for MemoryStore {
         lease: Duration,
         within: Duration,
     ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
-        std::future::ready(Ok(self.inner.retake(key, fingerprint, lease, within))).boxed()
+        std::future::ready(Ok(self.inner.retake(
+            self.inner.hashed(key),
+            fingerprint,
+            lease,
+            within,
+        )))
+        .boxed()
     }
 }
 

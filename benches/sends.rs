@@ -1,0 +1,107 @@
+//! A loop of sends through the layer over a `MemoryStore`, for instruction counts: what a send
+//! costs beyond the fingerprint, repeatable on a loaded machine where times are not.
+//!
+//! ```text
+//! cargo bench --bench sends --no-run
+//! valgrind --tool=callgrind target/release/deps/sends-<hash> fresh 6000
+//! valgrind --tool=callgrind target/release/deps/sends-<hash> fresh 2000
+//! ```
+//!
+//! Instructions per send are (the first count − the second) / 4,000, so what runs once
+//! (the runtime, the store, the message) cancels out. The kinds: `bare` (the inner service
+//! alone, a message clone per send), `fresh` (a new key each send) and `replay` (one key sent
+//! again). The keyed messages are made before the loop; `messages` makes and drops them alone,
+//! to subtract from `fresh`. Without arguments (as under
+//! `cargo bench`) it runs 1,000 of each and prints their times.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use tower::{Layer, Service, ServiceExt};
+use tower_idempotency::outcome::Receipt;
+use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message};
+
+fn message(key: Option<String>) -> Message {
+    let builder = Message::builder()
+        .from("orders@marketplace.example")
+        .to("seller@example.com")
+        .subject("New order ord_20481")
+        .text("x".repeat(2048));
+    match key {
+        Some(key) => builder.idempotency_key(key),
+        None => builder,
+    }
+    .build()
+    .expect("valid message")
+}
+
+fn provider()
+-> impl Service<Message, Response = Receipt, Error = BoxError, Future: Send> + Clone + Send {
+    tower::service_fn(|_m: Message| {
+        std::future::ready(Ok::<_, BoxError>(Receipt::new("msg_1", "bench")))
+    })
+}
+
+/// The keyed messages of a `fresh` run, one key each.
+fn fresh_messages(sends: usize) -> Vec<Message> {
+    (0..sends)
+        .map(|n| message(Some(format!("fresh:{n}"))))
+        .collect()
+}
+
+async fn run(kind: &str, sends: usize) {
+    let store = MemoryStore::with_max_entries(usize::MAX);
+    let mut layered = IdempotencyLayer::new(store).layer(provider());
+    match kind {
+        "bare" => {
+            let mut bare = provider();
+            let unkeyed = message(None);
+            for _ in 0..sends {
+                let sent = bare.ready().await.expect("ready").call(unkeyed.clone());
+                black_box(sent.await.expect("sent"));
+            }
+        }
+        "messages" => {
+            let messages: Vec<Message> = fresh_messages(sends);
+            black_box(messages);
+        }
+        "fresh" => {
+            for m in fresh_messages(sends) {
+                let sent = layered.ready().await.expect("ready").call(m);
+                black_box(sent.await.expect("sent"));
+            }
+        }
+        "replay" => {
+            let replayed = message(Some("replay-key".into()));
+            for _ in 0..sends {
+                let sent = layered.ready().await.expect("ready").call(replayed.clone());
+                black_box(sent.await.expect("sent"));
+            }
+        }
+        other => panic!("unknown kind {other:?}: bare, messages, fresh or replay"),
+    }
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    match args.as_slice() {
+        [kind, sends] => {
+            let sends = sends.parse().expect("a number of sends");
+            runtime.block_on(run(kind, sends));
+        }
+        _ => {
+            for kind in ["bare", "fresh", "replay"] {
+                let start = Instant::now();
+                runtime.block_on(run(kind, 1_000));
+                println!("sends/{kind}: 1,000 in {:?}", start.elapsed());
+            }
+        }
+    }
+}
