@@ -11,11 +11,14 @@
 //! (the runtime, the store, the message) cancels out. The kinds: `bare` (the inner service
 //! alone, a message clone per send), `fresh` (a new key each send) and `replay` (one key sent
 //! again). The keyed messages are made before the loop; `messages` makes and drops them alone,
-//! to subtract from `fresh`. Without arguments (as under
+//! to subtract from `fresh`. With `REDIS_URL` set, `redis` sends fresh keys through the layer
+//! on a `RedisStore` and `redis-raw` issues the same commands with none of our code (the
+//! stores bench's raw baseline), so their difference is our client's cost per send; the
+//! server's work runs in its own process and is not counted. Without arguments (as under
 //! `cargo bench`) it runs 1,000 of each and prints their times.
 
 use std::hint::black_box;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::outcome::Receipt;
@@ -78,9 +81,58 @@ async fn run(kind: &str, sends: usize) {
                 black_box(sent.await.expect("sent"));
             }
         }
-        other => panic!("unknown kind {other:?}: bare, messages, fresh or replay"),
+        "redis" | "redis-raw" => redis(kind == "redis-raw", sends).await,
+        other => {
+            panic!("unknown kind {other:?}: bare, messages, fresh, replay, redis or redis-raw")
+        }
     }
 }
+
+/// Fresh keys over Redis at `REDIS_URL`: through the layer, or as the raw commands.
+async fn redis(raw: bool, sends: usize) {
+    use tower_idempotency::store::RedisStore;
+    use tower_idempotency::store::redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT};
+
+    let url = std::env::var("REDIS_URL").expect("REDIS_URL for the redis kinds");
+    let client = redis::Client::open(url).expect("a valid REDIS_URL");
+    let manager = redis::aio::ConnectionManager::new(client)
+        .await
+        .expect("connect to REDIS_URL");
+    let prefix = format!("bench-sends:{}:", tower_idempotency::store::Token::new());
+    let messages = fresh_messages(sends);
+    if raw {
+        let commands = raw_redis::RawRedis {
+            reserve: redis::Script::new(RESERVE_SCRIPT),
+            complete: redis::Script::new(COMPLETE_SCRIPT),
+        };
+        let mut connection = manager.clone();
+        for script in [&commands.reserve, &commands.complete] {
+            let load = script.prepare_invoke();
+            load.load_async(&mut connection).await.expect("SCRIPT LOAD");
+        }
+        let ttl = Duration::from_secs(60);
+        for m in messages {
+            let key = m.idempotency_key().expect("keyed");
+            let key = format!("{prefix}default:{}", key.as_str());
+            let fingerprint = tower_idempotency::Fingerprint::of(&m);
+            let mut connection = manager.clone();
+            commands
+                .send(&mut connection, &key, fingerprint, ttl, ttl)
+                .await;
+            black_box(Receipt::new("msg_1", "bench"));
+        }
+    } else {
+        let store = RedisStore::new(manager).key_prefix(prefix);
+        let mut layered = IdempotencyLayer::new(store).layer(provider());
+        for m in messages {
+            let sent = layered.ready().await.expect("ready").call(m);
+            black_box(sent.await.expect("sent"));
+        }
+    }
+}
+
+#[path = "stores/raw_redis.rs"]
+mod raw_redis;
 
 fn main() {
     let runtime = tokio::runtime::Builder::new_current_thread()

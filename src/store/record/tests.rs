@@ -282,3 +282,44 @@ fn a_later_version_byte_is_refused_by_name() {
     let err = decode_record(b"\x07").unwrap_err();
     assert!(err.to_string().contains("version 7"), "{err}");
 }
+
+#[test]
+fn records_are_written_as_serde_json_writes_the_stored_form() {
+    let outcomes = [
+        None,
+        Some(kept_sent()),
+        Some(Outcome::failed(kept_error())),
+        Some(Outcome::sent(
+            Receipt::new("id \"quoted\" \\ \u{1}", "tränsport").with_accepted(["a@x"]),
+        )),
+    ];
+    let times = [
+        Times::default(),
+        Times {
+            first_attempt_at_ms: Some(0),
+            lease_until_ms: None,
+        },
+        Times {
+            first_attempt_at_ms: Some(u64::MAX),
+            lease_until_ms: Some(1),
+        },
+    ];
+    for outcome in &outcomes {
+        for state in [RecordState::Pending, RecordState::Done] {
+            for times in times {
+                let ours =
+                    record_json_at(state, token(), fingerprint(), outcome.as_ref(), times).unwrap();
+                let serde = serde_json::to_string(&RecordOut {
+                    state: state.into(),
+                    token: token(),
+                    fingerprint: fingerprint(),
+                    outcome: outcome.as_ref().map(OutcomeOut::from),
+                    first_attempt_at_ms: times.first_attempt_at_ms,
+                    lease_until_ms: times.lease_until_ms,
+                })
+                .unwrap();
+                assert_eq!(ours, serde);
+            }
+        }
+    }
+}

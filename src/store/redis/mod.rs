@@ -177,7 +177,7 @@ pub use admin::{
 };
 pub use scripts::{COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT};
 
-use scripts::{fingerprint_hex, millis, millis_or_zero, reservation, script_answer};
+use scripts::{millis, millis_or_zero, reservation, script_answer};
 
 /// The prefix put before every key unless [`RedisStore::key_prefix`] sets another.
 pub const DEFAULT_KEY_PREFIX: &str = "idem:";
@@ -409,7 +409,7 @@ impl RedisStore {
             .reserve
             .key(self.redis_key(key))
             .arg(pending)
-            .arg(&fingerprint_hex(fingerprint)[..])
+            .arg(&fingerprint.hex()[..])
             .arg(millis(lease))
             .arg(millis_or_zero(self.pending_kept))
             .invoke_async(&mut connection)
@@ -432,7 +432,7 @@ impl RedisStore {
             .retake
             .key(self.redis_key(key))
             .arg(pending)
-            .arg(&fingerprint_hex(fingerprint)[..])
+            .arg(&fingerprint.hex()[..])
             .arg(millis(lease))
             .arg(millis(within))
             .arg(millis_or_zero(self.pending_kept))
