@@ -144,14 +144,18 @@ pub(crate) async fn within<T>(
 /// layer then fails the call and may finish the work in the background (to free what a
 /// reservation it gave up on took), and the same timer is moved to this call's own deadline.
 #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
-pub(crate) async fn store_call<T>(
+pub(crate) async fn store_call<T, F>(
     timeout: Duration,
-    work: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
+    work: impl FnOnce() -> F,
+) -> Result<T, StoreError>
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
     let now = Instant::now();
     let own = later(now, timeout);
     let first = with_layer(|bound| bound.fix(|| now)).map_or(own, |layer| layer.min(own));
-    let mut work = pin!(work);
+    // Made here, in the slot it is polled from, rather than moved in.
+    let mut work = pin!(work());
     let mut timer = pin!(tokio::time::sleep_until(first));
     poll_fn(|cx| {
         if let Poll::Ready(answer) = work.as_mut().poll(cx) {
@@ -198,7 +202,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_earlier_deadline_ends_the_call() {
-        let store = |t| store_call(t, pending::<Result<(), StoreError>>());
+        let store = |t| store_call(t, || pending::<Result<(), StoreError>>());
         assert_eq!(ends_after(within(SECOND, store(5 * SECOND))).await, SECOND);
         assert_eq!(ends_after(within(5 * SECOND, store(SECOND))).await, SECOND);
         assert_eq!(ends_after(store(3 * SECOND)).await, 3 * SECOND);
@@ -213,7 +217,7 @@ mod tests {
     async fn a_wrapping_store_that_waits_on_something_else_is_still_bounded_by_the_layer() {
         // First a bounded store call that answers, then a wait nothing bounds.
         let wrapper = async {
-            store_call(10 * SECOND, async {
+            store_call(10 * SECOND, || async {
                 tokio::time::sleep(SECOND).await;
                 Ok(())
             })
@@ -227,19 +231,19 @@ mod tests {
     async fn a_store_call_started_later_keeps_the_layer_deadline_of_the_first_poll() {
         // Two store calls one after the other: the second may not stretch the layer's bound.
         let calls = async {
-            store_call(10 * SECOND, async {
+            store_call(10 * SECOND, || async {
                 tokio::time::sleep(2 * SECOND).await;
                 Ok(())
             })
             .await?;
-            store_call(10 * SECOND, pending::<Result<(), StoreError>>()).await
+            store_call(10 * SECOND, || pending::<Result<(), StoreError>>()).await
         };
         assert_eq!(ends_after(within(3 * SECOND, calls)).await, 3 * SECOND);
     }
 
     #[tokio::test(start_paused = true)]
     async fn past_the_layer_deadline_the_work_can_still_finish_within_the_store_bound() {
-        let mut call = Box::pin(store_call(5 * SECOND, async {
+        let mut call = Box::pin(store_call(5 * SECOND, || async {
             tokio::time::sleep(2 * SECOND).await;
             Ok::<_, StoreError>(7)
         }));
@@ -249,7 +253,9 @@ mod tests {
         assert_eq!(call.await.unwrap(), 7);
         assert_eq!(started.elapsed(), SECOND);
         // And the store's own bound still ends work that never answers.
-        let mut stuck = Box::pin(store_call(5 * SECOND, pending::<Result<(), StoreError>>()));
+        let mut stuck = Box::pin(store_call(5 * SECOND, || {
+            pending::<Result<(), StoreError>>()
+        }));
         assert_eq!(ends_after(within(SECOND, &mut stuck)).await, SECOND);
         assert_eq!(ends_after(stuck).await, 4 * SECOND);
     }
@@ -258,7 +264,7 @@ mod tests {
     async fn answers_in_time_are_answers() {
         let answer = within(
             SECOND,
-            store_call(SECOND, async {
+            store_call(SECOND, || async {
                 tokio::time::sleep(SECOND / 2).await;
                 Ok::<_, StoreError>(7)
             }),

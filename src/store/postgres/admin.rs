@@ -181,7 +181,7 @@ impl PostgresStore {
 /// locked version whether a live send holds it, and change it in the same statement.
 impl StoreAdmin for PostgresStore {
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Inspected>, StoreError>> {
-        Box::pin(self.bounded(self.try_inspect(key)))
+        Box::pin(self.bounded(move || self.try_inspect(key)))
     }
 
     fn forget<'a>(
@@ -189,7 +189,7 @@ impl StoreAdmin for PostgresStore {
         key: &'a str,
         force: Force,
     ) -> BoxFuture<'a, Result<AdminOutcome, StoreError>> {
-        Box::pin(self.bounded(self.try_forget(key, force)))
+        Box::pin(self.bounded(move || self.try_forget(key, force)))
     }
 
     fn resolve<'a>(
@@ -198,7 +198,7 @@ impl StoreAdmin for PostgresStore {
         resolution: &'a Resolution,
         force: Force,
     ) -> BoxFuture<'a, Result<AdminOutcome, StoreError>> {
-        Box::pin(self.bounded(self.try_resolve(key, resolution, force)))
+        Box::pin(self.bounded(move || self.try_resolve(key, resolution, force)))
     }
 
     fn list<'a>(
@@ -206,6 +206,6 @@ impl StoreAdmin for PostgresStore {
         after: Option<&'a Cursor>,
         limit: usize,
     ) -> BoxFuture<'a, Result<Page, StoreError>> {
-        Box::pin(self.bounded(self.try_list(after, limit)))
+        Box::pin(self.bounded(move || self.try_list(after, limit)))
     }
 }

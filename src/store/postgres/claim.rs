@@ -70,7 +70,7 @@ impl PostgresStore {
     /// oldest first: after a crash, the messages the next run must send.
     pub async fn claims(&self, limit: u32) -> Result<Vec<String>, StoreError> {
         let rows = self
-            .bounded(async {
+            .bounded(|| async {
                 let client = self.client().await?;
                 let statement = client
                     .prepare_cached(&self.table.sql.claims)

@@ -266,7 +266,7 @@ impl PostgresStore {
         let (pool, _) = pool_from_url(url, DEFAULT_TIMEOUT)?;
         let store = Self::new(pool);
         store
-            .bounded(async { store.client().await.map(drop) })
+            .bounded(|| async { store.client().await.map(drop) })
             .await?;
         Ok(store)
     }
@@ -332,11 +332,17 @@ impl PostgresStore {
 
     /// Runs `work` within the operation timeout: one timer, shared with the layer's bound when
     /// the layer awaits the call (see `store::deadline`).
-    async fn bounded<T>(
+    ///
+    /// `work` makes the call's future where it is polled: a future passed by value would be
+    /// copied into each wrapper on its way.
+    pub(crate) fn bounded<T, F>(
         &self,
-        work: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        deadline::store_call(self.timeout, work).await
+        work: impl FnOnce() -> F,
+    ) -> impl Future<Output = Result<T, StoreError>>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        deadline::store_call(self.timeout, work)
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
@@ -648,7 +654,7 @@ impl Store for PostgresStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        Box::pin(self.bounded(self.try_reserve(key, fingerprint, lease)))
+        Box::pin(self.bounded(move || self.try_reserve(key, fingerprint, lease)))
     }
 
     fn complete<'a>(
@@ -659,7 +665,7 @@ impl Store for PostgresStore {
         outcome: &'a Outcome,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.bounded(self.try_complete(key, token, fingerprint, outcome, ttl)))
+        Box::pin(self.bounded(move || self.try_complete(key, token, fingerprint, outcome, ttl)))
     }
 
     fn release<'a>(
@@ -667,7 +673,7 @@ impl Store for PostgresStore {
         key: &'a str,
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.bounded(self.try_release(key, token)))
+        Box::pin(self.bounded(move || self.try_release(key, token)))
     }
 
     fn extend<'a>(
@@ -676,7 +682,7 @@ impl Store for PostgresStore {
         token: Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.bounded(self.try_extend(key, token, lease)))
+        Box::pin(self.bounded(move || self.try_extend(key, token, lease)))
     }
 
     fn retake<'a>(
@@ -686,7 +692,7 @@ impl Store for PostgresStore {
         lease: Duration,
         within: Duration,
     ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
-        Box::pin(self.bounded(self.try_retake(key, fingerprint, lease, within)))
+        Box::pin(self.bounded(move || self.try_retake(key, fingerprint, lease, within)))
     }
 
     fn reserve_many<'a>(
@@ -698,7 +704,8 @@ impl Store for PostgresStore {
             if requests.is_empty() {
                 return Ok(Vec::new());
             }
-            self.bounded(self.try_reserve_many(requests, lease)).await
+            self.bounded(move || self.try_reserve_many(requests, lease))
+                .await
         })
     }
 
@@ -711,7 +718,8 @@ impl Store for PostgresStore {
             if completions.is_empty() {
                 return Ok(Vec::new());
             }
-            self.bounded(self.try_complete_many(completions, ttl)).await
+            self.bounded(move || self.try_complete_many(completions, ttl))
+                .await
         })
     }
 
@@ -723,7 +731,7 @@ impl Store for PostgresStore {
             if releases.is_empty() {
                 return Ok(Vec::new());
             }
-            self.bounded(self.try_release_many(releases)).await
+            self.bounded(move || self.try_release_many(releases)).await
         })
     }
 }

@@ -16,7 +16,7 @@ impl PostgresStore {
         let mut purged = 0;
         loop {
             let deleted = self
-                .bounded(async {
+                .bounded(|| async {
                     let client = self.client().await?;
                     let statement = client
                         .prepare_cached(&self.table.sql.purge)

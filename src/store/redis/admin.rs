@@ -521,7 +521,7 @@ pub(super) fn is_indexed(outcome: &Outcome) -> bool {
 /// it changed meanwhile, so the decision holds for the record they replace.
 impl StoreAdmin for RedisStore {
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Inspected>, StoreError>> {
-        self.bounded(self.try_inspect(key)).boxed()
+        self.bounded(move || self.try_inspect(key)).boxed()
     }
 
     fn forget<'a>(
@@ -529,7 +529,7 @@ impl StoreAdmin for RedisStore {
         key: &'a str,
         force: Force,
     ) -> BoxFuture<'a, Result<AdminOutcome, StoreError>> {
-        self.bounded(async move { self.settle(key, &Resolution::NotSent, force).await })
+        self.bounded(move || async move { self.settle(key, &Resolution::NotSent, force).await })
             .boxed()
     }
 
@@ -539,7 +539,8 @@ impl StoreAdmin for RedisStore {
         resolution: &'a Resolution,
         force: Force,
     ) -> BoxFuture<'a, Result<AdminOutcome, StoreError>> {
-        self.bounded(self.settle(key, resolution, force)).boxed()
+        self.bounded(move || self.settle(key, resolution, force))
+            .boxed()
     }
 
     fn list<'a>(
@@ -547,6 +548,6 @@ impl StoreAdmin for RedisStore {
         after: Option<&'a Cursor>,
         limit: usize,
     ) -> BoxFuture<'a, Result<Page, StoreError>> {
-        self.bounded(self.try_list(after, limit)).boxed()
+        self.bounded(move || self.try_list(after, limit)).boxed()
     }
 }

@@ -389,11 +389,17 @@ impl RedisStore {
 
     /// Runs `operation` within the timeout: one timer, shared with the layer's bound when the
     /// layer awaits the call (see `store::deadline`).
-    async fn bounded<T>(
+    ///
+    /// `operation` makes the call's future where it is polled: a future passed by value
+    /// would be copied into each wrapper on its way (a kilobyte, several times a call).
+    fn bounded<T, F>(
         &self,
-        operation: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        deadline::store_call(self.timeout, operation).await
+        operation: impl FnOnce() -> F,
+    ) -> impl Future<Output = Result<T, StoreError>>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        deadline::store_call(self.timeout, operation)
     }
 
     async fn reserve_once(
@@ -524,7 +530,7 @@ impl Store for RedisStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        self.bounded(self.reserve_once(key, fingerprint, lease))
+        self.bounded(move || self.reserve_once(key, fingerprint, lease))
             .boxed()
     }
 
@@ -536,7 +542,7 @@ impl Store for RedisStore {
         outcome: &'a Outcome,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.bounded(self.complete_once(key, token, fingerprint, outcome, ttl))
+        self.bounded(move || self.complete_once(key, token, fingerprint, outcome, ttl))
             .boxed()
     }
 
@@ -545,7 +551,7 @@ impl Store for RedisStore {
         key: &'a str,
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.bounded(self.release_once(key, token)).boxed()
+        self.bounded(move || self.release_once(key, token)).boxed()
     }
 
     fn extend<'a>(
@@ -554,7 +560,8 @@ impl Store for RedisStore {
         token: Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.bounded(self.extend_once(key, token, lease)).boxed()
+        self.bounded(move || self.extend_once(key, token, lease))
+            .boxed()
     }
 
     fn retake<'a>(
@@ -564,7 +571,7 @@ impl Store for RedisStore {
         lease: Duration,
         within: Duration,
     ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
-        self.bounded(self.retake_once(key, fingerprint, lease, within))
+        self.bounded(move || self.retake_once(key, fingerprint, lease, within))
             .boxed()
     }
 
@@ -573,7 +580,8 @@ impl Store for RedisStore {
         requests: &'a [(&'a str, Fingerprint)],
         lease: Duration,
     ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
-        self.bounded(self.reserve_batch(requests, lease)).boxed()
+        self.bounded(move || self.reserve_batch(requests, lease))
+            .boxed()
     }
 
     fn complete_many<'a>(
@@ -581,14 +589,15 @@ impl Store for RedisStore {
         completions: &'a [Completion<'a>],
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        self.bounded(self.complete_batch(completions, ttl)).boxed()
+        self.bounded(move || self.complete_batch(completions, ttl))
+            .boxed()
     }
 
     fn release_many<'a>(
         &'a self,
         releases: &'a [(&'a str, Token)],
     ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        self.bounded(self.release_batch(releases)).boxed()
+        self.bounded(move || self.release_batch(releases)).boxed()
     }
 }
 
