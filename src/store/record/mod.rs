@@ -276,7 +276,8 @@ pub(crate) fn record_json_at(
     outcome: Option<&Outcome>,
     times: Times,
 ) -> Result<String, StoreError> {
-    let mut json = Vec::with_capacity(if outcome.is_some() { 256 } else { 128 });
+    // A pending record is ~150 bytes; a done one adds its outcome.
+    let mut json = Vec::with_capacity(if outcome.is_some() { 320 } else { 192 });
     json.extend_from_slice(b"{\"state\":\"");
     json.extend_from_slice(match state {
         RecordState::Pending => b"pending".as_slice(),
