@@ -75,9 +75,11 @@ pub(crate) async fn reserve_one(
     let owned = Arc::clone(key);
     let lease = config.lease;
     let future = async move { store.reserve(&owned, fingerprint, lease).await }.boxed();
-    let store = Arc::clone(&config.store);
-    let owned = Arc::clone(key);
+    // The store and key are cloned for the background only when a call is abandoned: the
+    // store's count is shared by every send, and each clone is a write to it.
     bounded(config, future, move |unfinished| {
+        let store = Arc::clone(&config.store);
+        let owned = Arc::clone(key);
         spawn_detached(async move {
             if let Ok(Reservation::Reserved { token }) = unfinished.await {
                 // Nothing was sent under it; failing to free it only costs the lease.

@@ -69,16 +69,15 @@ impl Keys for Vec<Held> {
 /// send first, keeps them with an `idempotency.aborted` outcome from a background task. From
 /// the moment it exists the message may go: a drop must never free a key.
 pub(crate) struct Settle<K: Keys> {
-    config: Arc<Config>,
-    /// The keys and their lease, until a settlement takes them.
-    holding: Option<(K, Lease)>,
+    /// The layer's configuration, the keys and their lease, until a settlement takes them
+    /// (the configuration with them: a clone of it is a write to a count every send shares).
+    holding: Option<(Arc<Config>, K, Lease)>,
 }
 
 impl<K: Keys> Settle<K> {
     pub(crate) fn new(config: Arc<Config>, held: K, lease: Lease) -> Self {
         Self {
-            config,
-            holding: Some((held, lease)),
+            holding: Some((config, held, lease)),
         }
     }
 
@@ -92,7 +91,7 @@ impl<K: Keys> Settle<K> {
             return Some(output);
         }
         match &self.holding {
-            Some((held, lease)) => Box::pin(hold(&self.config, held.as_ref(), lease, send)).await,
+            Some((config, held, lease)) => Box::pin(hold(config, held.as_ref(), lease, send)).await,
             None => Some(send.await),
         }
     }
@@ -105,12 +104,15 @@ impl<K: Keys> Settle<K> {
     /// the keys and finishes a second time. Await it at once: the keys leave `self` when it
     /// is made, and only a polled settlement goes on after a drop.
     pub(crate) fn run(&mut self, finishes: K::Finishes) -> impl Future<Output = ()> {
-        let settlement = self.holding.take().map(|(held, lease)| {
-            settlement(Arc::clone(&self.config), held, lease, finishes).boxed()
+        let settlement = self.holding.take().map(|(config, held, lease)| {
+            let settle_timeout = config.settle_timeout;
+            (
+                settlement(config, held, lease, finishes).boxed(),
+                settle_timeout,
+            )
         });
-        let settle_timeout = self.config.settle_timeout;
         async move {
-            let Some(mut settlement) = settlement else {
+            let Some((mut settlement, settle_timeout)) = settlement else {
                 return;
             };
             // An in-process store settles at once: no timer, no clock read.
@@ -172,7 +174,7 @@ impl Drop for Detachable {
 
 impl<K: Keys> Drop for Settle<K> {
     fn drop(&mut self) {
-        let Some((held, lease)) = self.holding.take() else {
+        let Some((config, held, lease)) = self.holding.take() else {
             return;
         };
         if held.as_ref().is_empty() {
@@ -182,11 +184,11 @@ impl<K: Keys> Drop for Settle<K> {
             .as_ref()
             .iter()
             .map(|_| {
-                bump(&self.config.counters.aborted);
+                bump(&config.counters.aborted);
                 Finish::Complete(Outcome::failed(SendError::aborted()))
             })
             .collect();
-        spawn_detached(settlement(Arc::clone(&self.config), held, lease, finishes));
+        spawn_detached(settlement(config, held, lease, finishes));
     }
 }
 
