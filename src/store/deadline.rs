@@ -202,7 +202,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_earlier_deadline_ends_the_call() {
-        let store = |t| store_call(t, || pending::<Result<(), StoreError>>());
+        let store = |t| store_call(t, pending::<Result<(), StoreError>>);
         assert_eq!(ends_after(within(SECOND, store(5 * SECOND))).await, SECOND);
         assert_eq!(ends_after(within(5 * SECOND, store(SECOND))).await, SECOND);
         assert_eq!(ends_after(store(3 * SECOND)).await, 3 * SECOND);
@@ -236,7 +236,7 @@ mod tests {
                 Ok(())
             })
             .await?;
-            store_call(10 * SECOND, || pending::<Result<(), StoreError>>()).await
+            store_call(10 * SECOND, pending::<Result<(), StoreError>>).await
         };
         assert_eq!(ends_after(within(3 * SECOND, calls)).await, 3 * SECOND);
     }
