@@ -14,26 +14,9 @@ use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::{Reservation, Store};
 use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message};
 
-fn message(body_len: usize, key: Option<String>) -> Message {
-    let b = Message::builder()
-        .from("orders@marketplace.example")
-        .to("seller@example.com")
-        .subject("New order ord_20481")
-        .text("x".repeat(body_len));
-    match key {
-        Some(k) => b.idempotency_key(k),
-        None => b,
-    }
-    .build()
-    .expect("valid message")
-}
-
-fn provider()
--> impl Service<Message, Response = Receipt, Error = BoxError, Future: Send> + Clone + Send {
-    tower::service_fn(|_m: Message| {
-        std::future::ready(Ok::<_, BoxError>(Receipt::new("msg_1", "bench")))
-    })
-}
+#[path = "common/messages.rs"]
+mod messages;
+use messages::{message, provider};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -69,41 +52,18 @@ fn layer_cost(c: &mut Criterion) {
         // The bare service fed as `fresh_key` is: each message built outside the timing and
         // dropped inside it, so the pair differs by the layer alone.
         group.bench_function("bare_batched", |b| {
-            let mut svc = provider();
-            let next = AtomicU64::new(0);
-            b.to_async(&rt).iter_batched(
-                || {
-                    message(
-                        len,
-                        Some(format!("fresh:{}", next.fetch_add(1, Ordering::Relaxed))),
-                    )
-                },
-                |m| {
-                    let fut = svc.call(m);
-                    async move { black_box(fut.await.expect("sent")) }
-                },
-                BatchSize::SmallInput,
-            )
+            fresh_sends(b, &rt, provider(), len);
         });
 
         group.bench_function("fresh_key", |b| {
             // Room for every key the run makes, so this measures the send, not eviction.
             let store = MemoryStore::with_max_entries(usize::MAX);
-            let mut svc = IdempotencyLayer::new(store).layer_service(provider());
-            let next = AtomicU64::new(0);
-            b.to_async(&rt).iter_batched(
-                || {
-                    message(
-                        len,
-                        Some(format!("fresh:{}", next.fetch_add(1, Ordering::Relaxed))),
-                    )
-                },
-                |m| {
-                    let fut = svc.call(m);
-                    async move { black_box(fut.await.expect("sent")) }
-                },
-                BatchSize::SmallInput,
-            )
+            fresh_sends(
+                b,
+                &rt,
+                IdempotencyLayer::new(store).layer_service(provider()),
+                len,
+            );
         });
 
         group.bench_function("replayed", |b| {
@@ -180,6 +140,30 @@ fn layer_cost(c: &mut Criterion) {
         )
     });
     group.finish();
+}
+
+/// Sends through `svc` messages of `len` bytes under a new key each, each built outside
+/// the timing and dropped inside it (by the service).
+fn fresh_sends<S>(
+    b: &mut criterion::Bencher<'_>,
+    rt: &tokio::runtime::Runtime,
+    mut svc: S,
+    len: usize,
+) where
+    S: Service<Message, Response = Receipt, Error: std::fmt::Debug>,
+{
+    let next = AtomicU64::new(0);
+    b.to_async(rt).iter_batched(
+        || {
+            let n = next.fetch_add(1, Ordering::Relaxed);
+            message(len, Some(format!("fresh:{n}")))
+        },
+        |m| {
+            let fut = svc.call(m);
+            async move { black_box(fut.await.expect("sent")) }
+        },
+        BatchSize::SmallInput,
+    )
 }
 
 fn fingerprint_throughput(c: &mut Criterion) {

@@ -22,33 +22,16 @@ use std::time::{Duration, Instant};
 
 use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::outcome::Receipt;
-use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message};
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Message};
 
-fn message(key: Option<String>) -> Message {
-    let builder = Message::builder()
-        .from("orders@marketplace.example")
-        .to("seller@example.com")
-        .subject("New order ord_20481")
-        .text("x".repeat(2048));
-    match key {
-        Some(key) => builder.idempotency_key(key),
-        None => builder,
-    }
-    .build()
-    .expect("valid message")
-}
-
-fn provider()
--> impl Service<Message, Response = Receipt, Error = BoxError, Future: Send> + Clone + Send {
-    tower::service_fn(|_m: Message| {
-        std::future::ready(Ok::<_, BoxError>(Receipt::new("msg_1", "bench")))
-    })
-}
+#[path = "common/messages.rs"]
+mod messages;
+use messages::{message, provider};
 
 /// The keyed messages of a `fresh` run, one key each.
 fn fresh_messages(sends: usize) -> Vec<Message> {
     (0..sends)
-        .map(|n| message(Some(format!("fresh:{n}"))))
+        .map(|n| message(2048, Some(format!("fresh:{n}"))))
         .collect()
 }
 
@@ -58,7 +41,7 @@ async fn run(kind: &str, sends: usize) {
     match kind {
         "bare" => {
             let mut bare = provider();
-            let unkeyed = message(None);
+            let unkeyed = message(2048, None);
             for _ in 0..sends {
                 let sent = bare.ready().await.expect("ready").call(unkeyed.clone());
                 black_box(sent.await.expect("sent"));
@@ -75,7 +58,7 @@ async fn run(kind: &str, sends: usize) {
             }
         }
         "replay" => {
-            let replayed = message(Some("replay-key".into()));
+            let replayed = message(2048, Some("replay-key".into()));
             for _ in 0..sends {
                 let sent = layered.ready().await.expect("ready").call(replayed.clone());
                 black_box(sent.await.expect("sent"));
