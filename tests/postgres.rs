@@ -244,11 +244,23 @@ async fn two_stores_see_each_others_keys() {
     forget(&url, &key).await;
 }
 
-/// The row's version: `ctid` moves and `xmin` changes whenever the row is written again.
-async fn row_version(admin: &tokio_postgres::Client, key: &str) -> (String, String) {
-    let sql = format!("SELECT ctid::text, xmin::text FROM {CONFORMANCE_TABLE} WHERE key = $1");
+/// The row's version and its last locker: `ctid` moves and `xmin` changes whenever the row
+/// is written again; `xmax` changes when a transaction locks it (a row lock is written to the
+/// row and to the WAL, and its transaction commits to disk).
+async fn row_version(admin: &tokio_postgres::Client, key: &str) -> (String, String, String) {
+    let sql = format!(
+        "SELECT ctid::text, xmin::text, xmax::text FROM {CONFORMANCE_TABLE} WHERE key = $1"
+    );
     let row = admin.query_one(&sql, &[&key]).await.expect("the row");
-    (row.get(0), row.get(1))
+    (row.get(0), row.get(1), row.get(2))
+}
+
+/// The row's version alone (`ctid`, `xmin`): whether it was written again, locked or not.
+/// A batch still locks the held rows it finds (its upsert's `ON CONFLICT` takes the lock);
+/// a single reserve neither writes nor locks them.
+async fn row_written(admin: &tokio_postgres::Client, key: &str) -> (String, String) {
+    let (ctid, xmin, _) = row_version(admin, key).await;
+    (ctid, xmin)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,7 +314,7 @@ async fn replays_do_not_rewrite_the_row_they_find_held() {
     );
     assert_eq!(
         before, after,
-        "a replay wrote a new version of the row it found held"
+        "a replay wrote or locked the row it found held"
     );
     forget(&url, &done).await;
     forget(&url, &pending).await;
@@ -337,7 +349,7 @@ async fn replayed_batches_do_not_rewrite_the_rows_they_find_held() {
     }
     let mut before = Vec::new();
     for key in &held {
-        before.push(row_version(&admin, key).await);
+        before.push(row_written(&admin, key).await);
     }
 
     // 10,000 replays: 1,250 batches of the eight held keys, each batch with a fresh key too,
@@ -381,7 +393,7 @@ async fn replayed_batches_do_not_rewrite_the_rows_they_find_held() {
 
     let mut after = Vec::new();
     for key in &held {
-        after.push(row_version(&admin, key).await);
+        after.push(row_written(&admin, key).await);
     }
     assert_eq!(
         before, after,
@@ -496,11 +508,22 @@ async fn session_waiting_on_a_lock(admin: &tokio_postgres::Client, application_n
     panic!("no session of {application_name} ever waited on the lock");
 }
 
-/// Holds the row of `key` locked in an open transaction of `admin`.
-async fn lock_row(admin: &tokio_postgres::Client, key: &str) {
+/// Writes a row of `key` in a transaction of `admin` that stays open.
+///
+/// A reserve reads a row there without locking it, so what makes a reserve wait is a row of
+/// its key being inserted: `admin` inserts one in a transaction it leaves open, and a reserve
+/// of `key` waits for that transaction to end (its insert cannot tell yet whether the key is
+/// taken).
+async fn insert_uncommitted(admin: &tokio_postgres::Client, key: &str) {
     admin.batch_execute("BEGIN").await.unwrap();
-    let sql = format!("SELECT 1 FROM {CONFORMANCE_TABLE} WHERE key = $1 FOR UPDATE");
-    assert_eq!(admin.execute(&sql, &[&key]).await.unwrap(), 1);
+    let sql = format!(
+        "INSERT INTO {CONFORMANCE_TABLE} (key, state, token, fingerprint, outcome, expires_at)
+         VALUES ($1, 'pending', $2, $3, NULL, now() + interval '1 hour')"
+    );
+    let (token, fingerprint) = (Uuid::new_v4(), fp(1));
+    let fingerprint = &fingerprint.as_bytes()[..];
+    let inserted = admin.execute(&sql, &[&key, &token, &fingerprint]).await;
+    assert_eq!(inserted.unwrap(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -521,11 +544,7 @@ async fn killed_sessions_fail_as_store_errors_and_the_store_recovers_by_itself()
 
     // An operation in flight when its session is killed fails as a store error.
     let locked = format!("{prefix}:locked");
-    assert!(matches!(
-        store.reserve(&locked, fp(1), LEASE).await.unwrap(),
-        Reservation::Reserved { .. }
-    ));
-    lock_row(&admin, &locked).await;
+    insert_uncommitted(&admin, &locked).await;
     let blocked = tokio::spawn({
         let store = store.clone();
         let locked = locked.clone();
@@ -629,15 +648,11 @@ async fn an_operation_past_its_timeout_fails_with_a_timeout_error() {
     let store = shared_store(&url).await.timeout(Duration::from_millis(200));
     let admin = admin(&url).await;
     let key = unique("timeout");
-    assert!(matches!(
-        store.reserve(&key, fp(1), LEASE).await.unwrap(),
-        Reservation::Reserved { .. }
-    ));
-    lock_row(&admin, &key).await;
+    insert_uncommitted(&admin, &key).await;
     let error = store
         .reserve(&key, fp(1), LEASE)
         .await
-        .expect_err("blocked on the row lock");
+        .expect_err("blocked on the row being inserted");
     assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
     admin.batch_execute("ROLLBACK").await.unwrap();
     forget(&url, &key).await;

@@ -46,17 +46,20 @@
 //! # How each operation runs
 //!
 //! Each operation, single or batch, is **one autocommit statement**, so one round trip once
-//! prepared (a reserve that finds a row there takes two), meant for the default `READ
+//! prepared (a reserve that finds a row there takes two, three when it takes the row), meant for the default `READ
 //! COMMITTED` isolation, and every expiry is decided by the server's `now()`, never by the
 //! client's clock:
 //!
 //! - `reserve` first tries `INSERT … ON CONFLICT (key) DO NOTHING`: a key with no row (what
 //!   most sends find) is taken by that plain insert, the cheapest statement that can take
-//!   it. When a row is there, that insert neither writes nor locks it, and the reserve goes
-//!   on to one `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row expired (or is a claim
-//!   of the same message): it writes only a row it takes, so a reserve that finds
-//!   the key held by a live row writes nothing (no new row version, no WAL) and answers that
-//!   row as its snapshot saw it (a CTE of the same statement). An `ON CONFLICT` update locks
+//!   it. When a row is there, that insert neither writes nor locks it, and the reserve reads
+//!   the row with a plain `SELECT`: a live row, or a kept outcome, answers the reserve (a
+//!   repeat) with nothing written and nothing locked (a row lock would be a WAL record and
+//!   a commit to disk per repeat). A row that can be taken, and only such a row, goes on to
+//!   one `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row expired (or is a claim of
+//!   the same message): it writes only a row it takes, so a reserve that finds the key
+//!   held by then writes no new row version and answers that row as its snapshot saw it (a
+//!   CTE of the same statement). An `ON CONFLICT` update locks
 //!   the latest version of the row, so of any number of racing reserves exactly one takes
 //!   the key; a reserve whose key changed between its snapshot and its upsert gets no row
 //!   back and asks again (at most three statements). A reserve that took over a pending row
@@ -378,8 +381,7 @@ impl PostgresStore {
         let fingerprint = &fingerprint.as_bytes()[..];
         let params: [&(dyn ToSql + Sync); 4] =
             [&key, token.as_uuid(), &fingerprint, &millis(lease)];
-        // Most sends find no row: one plain insert takes the key. A row there, whatever its
-        // state, is for the upsert below to judge.
+        // Most sends find no row: one plain insert takes the key.
         let insert = client
             .prepare_cached(&self.table.sql.insert)
             .await
@@ -390,6 +392,20 @@ impl PostgresStore {
             .map_err(|e| self.db_error(e))?;
         if inserted == 1 {
             return Ok(Reservation::Reserved { token });
+        }
+        // A row is there, most often a live one: a repeat, answered from the row as read,
+        // with nothing written. A row that can be taken goes on to the upsert, which decides
+        // on the row's latest version.
+        let peek = client
+            .prepare_cached(&self.table.sql.peek)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let row = client
+            .query_opt(&peek, &[&key])
+            .await
+            .map_err(|e| self.db_error(e))?;
+        if let Some(Some(record)) = row.map(|row| self.held(&row, fingerprint)).transpose()? {
+            return Ok(Reservation::Held { record });
         }
         let statement = client
             .prepare_cached(&self.table.sql.reserve)

@@ -104,6 +104,30 @@ impl PostgresStore {
         }
     }
 
+    /// The record of a row read by `peek` when a live send or a kept outcome holds the key
+    /// against a reserve of `fingerprint`; `None` when the reserve would take it (it expired,
+    /// or it is a claim of that message).
+    pub(super) fn held(&self, row: &Row, fingerprint: &[u8]) -> Result<Option<Record>, StoreError> {
+        let state: &str = row
+            .try_get(0)
+            .map_err(|e| self.corrupt("has no readable state").with_source(e))?;
+        let stored: &[u8] = row
+            .try_get(2)
+            .map_err(|e| self.corrupt("has no readable fingerprint").with_source(e))?;
+        let expired: bool = row
+            .try_get(5)
+            .map_err(|e| self.corrupt("has no readable expiry").with_source(e))?;
+        if expired || (state == "claimed" && stored == fingerprint) {
+            return Ok(None);
+        }
+        let mut record = self.record(row)?;
+        let age: Option<i64> = row
+            .try_get(4)
+            .map_err(|e| self.corrupt("has no readable first attempt").with_source(e))?;
+        record.first_attempt_age = age.map(|ms| Duration::from_millis(ms.max(0).unsigned_abs()));
+        Ok(Some(record))
+    }
+
     /// Where the key a batch statement returned in `column` was asked, marking it answered.
     ///
     /// A key nobody asked for, or one returned twice, means the answer cannot be matched to

@@ -16,6 +16,7 @@ pub(super) struct Table {
 pub(super) struct Sql {
     pub(super) migrate: String,
     pub(super) insert: String,
+    pub(super) peek: String,
     pub(super) reserve: String,
     pub(super) complete: String,
     pub(super) release: String,
@@ -97,9 +98,20 @@ impl Table {
                          now() + $4::bigint * interval '1 millisecond', now())
                  ON CONFLICT (key) DO NOTHING"
             ),
-            // The upsert writes only when it takes the row (`WHERE {takes}`): a live row is
-            // left as it is, so a replay writes no new row version (no dead tuple, no WAL),
-            // and is answered from `old`, the row as this statement's snapshot saw it. No row
+            // A reserve's second statement, when the insert found a row: the row as it is, read
+            // without a lock or a write (a row lock is a WAL record and a commit to disk). A
+            // live row answers the reserve (a repeat, most often); an expired one, or a claim
+            // of the same message, goes on to `reserve`, which takes it.
+            peek: format!(
+                "SELECT state, token, fingerprint, outcome::text, {FIRST_ATTEMPT_AGE},
+                        expires_at <= now()
+                 FROM {quoted} WHERE key = $1"
+            ),
+            // A reserve's third statement, for a row `peek` found takeable. The upsert writes
+            // only when it takes the row (`WHERE {takes}`): a row that went live since (another
+            // reserve took it first) is left as it is, with no new row version (its
+            // `ON CONFLICT` locks it, though), and answered from `old`, the row as this
+            // statement's snapshot saw it. No row
             // comes back when the snapshot cannot answer (the row appeared or changed after
             // it); the store then asks again. When the reserve took the key and `old` was
             // pending past its lease, it took it over from a holder that never settled it. (A
