@@ -179,9 +179,11 @@ impl Table {
             //
             // `reserve_many` is the single reserve per key: it writes only the rows it takes,
             // and answers a key held by a live row from `old`, that row as the statement's
-            // snapshot saw it. A key with no row back changed under the statement (another
-            // session wrote it between the snapshot and the upsert); the store asks again
-            // for those keys. Takeovers are answered as reservations.
+            // snapshot saw it. Such a key is not even offered to the upsert (`held`), so its
+            // row is neither written nor locked: a replayed batch writes no WAL. A key with no
+            // row back changed under the statement (another session wrote it between the
+            // snapshot and the upsert); the store asks again for those keys. Takeovers are
+            // answered as reservations.
             reserve_many: format!(
                 "WITH i AS (
                      SELECT * FROM unnest($1::text[], $2::uuid[], $3::bytea[])
@@ -190,23 +192,25 @@ impl Table {
                      SELECT r.key, r.state, r.token, r.fingerprint, r.outcome::text AS outcome,
                             r.expires_at <= now() AS expired, i.fingerprint AS asked
                      FROM {quoted} AS r JOIN i ON r.key = i.key
+                 ), held AS (
+                     SELECT * FROM old
+                     WHERE NOT old.expired
+                         AND NOT (old.state = 'claimed' AND old.fingerprint = old.asked)
                  ), up AS (
                  INSERT INTO {quoted} AS r
                      (key, state, token, fingerprint, outcome, expires_at, first_attempt_at)
                  SELECT i.key, 'pending', i.token, i.fingerprint, NULL,
                         now() + $4::bigint * interval '1 millisecond', now()
                  FROM i
+                 WHERE NOT EXISTS (SELECT 1 FROM held WHERE held.key = i.key)
                  ORDER BY i.key
                  {take}
                  RETURNING r.state, r.token, r.fingerprint, r.outcome::text, r.key
                  )
                  SELECT * FROM up
                  UNION ALL
-                 SELECT old.state, old.token, old.fingerprint, old.outcome, old.key
-                 FROM old
-                 WHERE NOT EXISTS (SELECT 1 FROM up WHERE up.key = old.key)
-                     AND NOT old.expired
-                     AND NOT (old.state = 'claimed' AND old.fingerprint = old.asked)"
+                 SELECT held.state, held.token, held.fingerprint, held.outcome, held.key
+                 FROM held"
             ),
             // Rows the WHERE leaves alone are not returned: the keys returned were written.
             complete_many: format!(
