@@ -14,7 +14,9 @@
 //! to subtract from `fresh`. With `REDIS_URL` set, `redis` sends fresh keys through the layer
 //! on a `RedisStore` and `redis-raw` issues the same commands with none of our code (the
 //! stores bench's raw baseline), so their difference is our client's cost per send; the
-//! server's work runs in its own process and is not counted. Without arguments (as under
+//! server's work runs in its own process and is not counted. `redis-replay` and
+//! `redis-raw-replay` send one key again and again (raw reads the reserve script's first
+//! reply value and stops; ours decodes the kept record to answer with it). Without arguments (as under
 //! `cargo bench`) it runs 1,000 of each and prints their times.
 
 use std::hint::black_box;
@@ -64,15 +66,19 @@ async fn run(kind: &str, sends: usize) {
                 black_box(sent.await.expect("sent"));
             }
         }
-        "redis" | "redis-raw" => redis(kind == "redis-raw", sends).await,
+        "redis" | "redis-raw" => redis(kind == "redis-raw", false, sends).await,
+        "redis-replay" | "redis-raw-replay" => {
+            redis(kind == "redis-raw-replay", true, sends).await;
+        }
         other => {
-            panic!("unknown kind {other:?}: bare, messages, fresh, replay, redis or redis-raw")
+            panic!("unknown kind {other:?}: see the module docs")
         }
     }
 }
 
-/// Fresh keys over Redis at `REDIS_URL`: through the layer, or as the raw commands.
-async fn redis(raw: bool, sends: usize) {
+/// Fresh keys, or one key sent again, over Redis at `REDIS_URL`: through the layer, or as
+/// the raw commands.
+async fn redis(raw: bool, replay: bool, sends: usize) {
     use tower_idempotency::store::RedisStore;
     use tower_idempotency::store::redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT};
 
@@ -82,7 +88,12 @@ async fn redis(raw: bool, sends: usize) {
         .await
         .expect("connect to REDIS_URL");
     let prefix = format!("bench-sends:{}:", tower_idempotency::store::Token::new());
-    let messages = fresh_messages(sends);
+    let messages = if replay {
+        // The first send of the key is the one fresh one, in both counts.
+        vec![message(2048, Some("replayed".into())); sends]
+    } else {
+        fresh_messages(sends)
+    };
     if raw {
         let commands = raw_redis::RawRedis {
             reserve: redis::Script::new(RESERVE_SCRIPT),
