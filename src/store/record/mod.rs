@@ -184,17 +184,39 @@ impl Times {
 }
 
 /// [`decode_record`], with the times the record carries.
+///
+/// A record in the form this release writes is read by [`written`], its fixed fields by
+/// position; any other bytes by serde_json. Both give the same answer for the same bytes.
 pub(crate) fn decode_record_times(bytes: &[u8]) -> Result<(Token, Record, Times), StoreError> {
+    let stored = match written::read(bytes) {
+        Some(stored) => stored,
+        None => read_general(bytes)?,
+    };
+    checked_stored(stored)
+}
+
+/// A record's fields by serde_json, whatever their order and spacing.
+fn read_general(bytes: &[u8]) -> Result<written::Written, StoreError> {
     let stored: RecordIn = read(bytes, "the value under the key is not a record")?;
+    Ok(written::Written {
+        state: stored.state.into(),
+        token: stored.token,
+        fingerprint: stored.fingerprint,
+        outcome: stored.outcome,
+        times: Times {
+            first_attempt_at_ms: stored.first_attempt_at_ms,
+            lease_until_ms: stored.lease_until_ms,
+        },
+    })
+}
+
+/// The record of fields read, held to the record rules.
+fn checked_stored(stored: written::Written) -> Result<(Token, Record, Times), StoreError> {
     let outcome = stored.outcome.map(Outcome::try_from).transpose()?;
-    let record = checked_record(stored.state.into(), stored.fingerprint, outcome).map_err(|e| {
+    let record = checked_record(stored.state, stored.fingerprint, outcome).map_err(|e| {
         StoreError::corrupt("the value under the key is not a usable record").with_source(e)
     })?;
-    let times = Times {
-        first_attempt_at_ms: stored.first_attempt_at_ms,
-        lease_until_ms: stored.lease_until_ms,
-    };
-    Ok((stored.token, record, times))
+    Ok((stored.token, record, stored.times))
 }
 
 /// The record a store read, once it passes [the record rules](self#the-record-rules) on its
@@ -582,6 +604,8 @@ impl fmt::Display for KeptSource {
 }
 
 impl Error for KeptSource {}
+
+mod written;
 
 #[cfg(test)]
 mod tests;
