@@ -283,16 +283,21 @@ fn a_later_version_byte_is_refused_by_name() {
     assert!(err.to_string().contains("version 7"), "{err}");
 }
 
-#[test]
-fn records_are_written_as_serde_json_writes_the_stored_form() {
-    let outcomes = [
+/// No outcome, a kept receipt, a kept error, and a receipt whose strings need escapes.
+fn sample_outcomes() -> [Option<Outcome>; 4] {
+    [
         None,
         Some(kept_sent()),
         Some(Outcome::failed(kept_error())),
         Some(Outcome::sent(
             Receipt::new("id \"quoted\" \\ \u{1}", "tränsport").with_accepted(["a@x"]),
         )),
-    ];
+    ]
+}
+
+#[test]
+fn records_are_written_as_serde_json_writes_the_stored_form() {
+    let outcomes = sample_outcomes();
     let times = [
         Times::default(),
         Times {
@@ -334,14 +339,7 @@ fn both_readings(bytes: &[u8]) -> (String, Option<String>) {
 
 #[test]
 fn the_written_form_reads_as_the_general_decoder_reads_it() {
-    let outcomes = [
-        None,
-        Some(kept_sent()),
-        Some(Outcome::failed(kept_error())),
-        Some(Outcome::sent(
-            Receipt::new("id \"quoted\" \\ \u{1}", "tränsport").with_accepted(["a@x"]),
-        )),
-    ];
+    let outcomes = sample_outcomes();
     let times = [
         Times::default(),
         Times {
