@@ -303,17 +303,18 @@ impl Shard {
         }
     }
 
-    /// Drops up to `n` of the oldest done records; answers how many went.
+    /// Drops up to `n` of the oldest done records, and the stale elements of the completion
+    /// queue in front of them; answers how many records went. Each key is hashed once.
     fn evict_oldest_done(&mut self, n: usize) -> usize {
         let mut dropped = 0;
-        while dropped < n && self.oldest_done().is_some() {
-            let Some((_, key)) = self.completed.pop_front() else {
+        while dropped < n {
+            let Some((seq, key)) = self.completed.pop_front() else {
                 break;
             };
-            if !self.remove(self.hashed(&key)) {
-                break;
+            let key = self.hashed(&key);
+            if self.get(key).is_some_and(|entry| entry.seq == seq) && self.remove(key) {
+                dropped += 1;
             }
-            dropped += 1;
         }
         dropped
     }
@@ -326,8 +327,7 @@ impl Shard {
                 break;
             }
             let key = entry.remove();
-            let key = Hashed::new(&self.hasher, &key);
-            if self.map.remove(key.lookup()).is_some() {
+            if self.map.remove(self.hashed(&key).lookup()).is_some() {
                 dropped += 1;
             }
         }
