@@ -76,12 +76,7 @@ impl PostgresStore {
         row: &Row,
         token: Token,
     ) -> Result<Reservation, StoreError> {
-        let age = |column: usize| -> Result<Option<Duration>, StoreError> {
-            let ms: Option<i64> = row
-                .try_get(column)
-                .map_err(|e| self.corrupt("has no readable first attempt").with_source(e))?;
-            Ok(ms.map(|ms| Duration::from_millis(ms.max(0).unsigned_abs())))
-        };
+        let age = |column| self.first_attempt_age(row, column);
         match self.reservation(row, token)? {
             Reservation::Held { mut record } => {
                 record.first_attempt_age = age(4)?;
@@ -121,11 +116,17 @@ impl PostgresStore {
             return Ok(None);
         }
         let mut record = self.record(row)?;
-        let age: Option<i64> = row
-            .try_get(4)
-            .map_err(|e| self.corrupt("has no readable first attempt").with_source(e))?;
-        record.first_attempt_age = age.map(|ms| Duration::from_millis(ms.max(0).unsigned_abs()));
+        record.first_attempt_age = self.first_attempt_age(row, 4)?;
         Ok(Some(record))
+    }
+
+    /// The first attempt's age a statement computed in `column` (whole milliseconds; NULL
+    /// when the row does not know it).
+    fn first_attempt_age(&self, row: &Row, column: usize) -> Result<Option<Duration>, StoreError> {
+        let ms: Option<i64> = row
+            .try_get(column)
+            .map_err(|e| self.corrupt("has no readable first attempt").with_source(e))?;
+        Ok(ms.map(|ms| Duration::from_millis(ms.max(0).unsigned_abs())))
     }
 
     /// Where the key a batch statement returned in `column` was asked, marking it answered.
