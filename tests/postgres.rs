@@ -632,6 +632,35 @@ async fn killed_sessions_fail_as_store_errors_and_the_store_recovers_by_itself()
     forget(&url, &prefix).await;
 }
 
+/// A repeat is answered from the row as committed, without waiting for a transaction that
+/// holds the row locked (an operator's forget or resolve under way): the reserve reads the
+/// row, it does not lock it.
+#[tokio::test]
+#[cfg_attr(
+    not(backend_postgres),
+    ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
+)]
+async fn a_repeat_is_answered_while_another_transaction_holds_the_row_locked() {
+    let Some(url) = database_url() else { return };
+    // A bound far shorter than the lock is held: waiting on the lock would time out.
+    let store = shared_store(&url).await.timeout(Duration::from_secs(2));
+    let admin = admin(&url).await;
+    let key = unique("locked-repeat");
+    assert!(matches!(
+        store.reserve(&key, fp(1), LEASE).await.unwrap(),
+        Reservation::Reserved { .. }
+    ));
+    admin.batch_execute("BEGIN").await.unwrap();
+    let lock = format!("SELECT 1 FROM {CONFORMANCE_TABLE} WHERE key = $1 FOR UPDATE");
+    assert_eq!(admin.execute(&lock, &[&key]).await.unwrap(), 1);
+    match store.reserve(&key, fp(1), LEASE).await {
+        Ok(Reservation::Held { record }) => assert_eq!(record.state, RecordState::Pending),
+        other => panic!("a repeat of a held key under a row lock: {other:?}"),
+    }
+    admin.batch_execute("ROLLBACK").await.unwrap();
+    forget(&url, &key).await;
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(backend_postgres),
