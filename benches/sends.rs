@@ -10,8 +10,9 @@
 //! Instructions per send are (the first count − the second) / 4,000, so what runs once
 //! (the runtime, the store, the message) cancels out. The kinds: `bare` (the inner service
 //! alone, a message clone per send), `fresh` (a new key each send) and `replay` (one key sent
-//! again). The keyed messages are made before the loop; `messages` makes and drops them alone,
-//! to subtract from `fresh`. With `REDIS_URL` set, `redis` sends fresh keys through the layer
+//! again); `fresh-64` and `replay-64` send the same from 64 tasks on two threads, for their
+//! CPU time (`time`) or their counts. The keyed messages are made before the loop;
+//! `messages` makes and drops them alone, to subtract from `fresh`. With `REDIS_URL` set, `redis` sends fresh keys through the layer
 //! on a `RedisStore` and `redis-raw` issues the same commands with none of our code (the
 //! stores bench's raw baseline), so their difference is our client's cost per send; the
 //! server's work runs in its own process and is not counted. `redis-replay` and
@@ -66,6 +67,7 @@ async fn run(kind: &str, sends: usize) {
                 black_box(sent.await.expect("sent"));
             }
         }
+        "fresh-64" | "replay-64" => workers64(kind == "replay-64", sends).await,
         "redis" | "redis-raw" => redis(kind == "redis-raw", false, sends).await,
         "redis-replay" | "redis-raw-replay" => {
             redis(kind == "redis-raw-replay", true, sends).await;
@@ -73,6 +75,44 @@ async fn run(kind: &str, sends: usize) {
         other => {
             panic!("unknown kind {other:?}: see the module docs")
         }
+    }
+}
+
+/// Fresh keys, or one key sent again, from 64 tasks at once on the runtime `main` made (two
+/// threads for these kinds): what 64 concurrent senders cost in CPU time, contention on the
+/// shared counts included, as `peers/memory/64-workers` runs it. The messages are made
+/// before the tasks start.
+async fn workers64(replay: bool, sends: usize) {
+    let store = MemoryStore::with_max_entries(usize::MAX);
+    let layered = IdempotencyLayer::new(store).layer(provider());
+    let messages = if replay {
+        let replayed = message(2048, Some("replay-key".into()));
+        layered
+            .clone()
+            .oneshot(replayed.clone())
+            .await
+            .expect("first send");
+        vec![replayed; sends]
+    } else {
+        fresh_messages(sends)
+    };
+    let mut shares: Vec<Vec<Message>> = (0..64).map(|_| Vec::new()).collect();
+    for (i, m) in messages.into_iter().enumerate() {
+        shares[i % 64].push(m);
+    }
+    let tasks: Vec<_> = shares
+        .into_iter()
+        .map(|share| {
+            let layered = layered.clone();
+            tokio::spawn(async move {
+                for m in share {
+                    black_box(layered.clone().oneshot(m).await.expect("sent"));
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("worker");
     }
 }
 
@@ -129,14 +169,21 @@ async fn redis(raw: bool, replay: bool, sends: usize) {
 mod raw_redis;
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
+    let runtime = if args.first().is_some_and(|kind| kind.ends_with("-64")) {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }
+    .expect("runtime");
     match args.as_slice() {
         [kind, sends] => {
             let sends = sends.parse().expect("a number of sends");
