@@ -411,3 +411,98 @@ fn the_written_form_reads_as_the_general_decoder_reads_it() {
         "{read_by_position:#?}"
     );
 }
+
+/// The bytes after the fingerprint's closing quote in a record.
+fn tail_of(record: &str) -> &[u8] {
+    let at = record.find(FINGERPRINT).expect("the fingerprint") + FINGERPRINT.len() + 1;
+    &record.as_bytes()[at..]
+}
+
+#[test]
+fn kept_receipts_and_times_are_read_by_position_when_no_string_needs_an_escape() {
+    let as_given = Outcome::sent(Receipt::new("msg_2", "fake").with_accepted(["a@x", "b@y"]));
+    let times = Times {
+        first_attempt_at_ms: Some(1_764_500_000_000),
+        lease_until_ms: Some(u64::MAX),
+    };
+    let mut by_position = 0;
+    for outcome in sample_outcomes().into_iter().chain([Some(as_given)]) {
+        for times in [Times::default(), times] {
+            let json = record_json_at(
+                RecordState::Done,
+                token(),
+                fingerprint(),
+                outcome.as_ref(),
+                times,
+            )
+            .unwrap();
+            let tail = written::tail_by_position(tail_of(&json));
+            // A kept error, and a receipt whose strings carry escapes, go to serde_json.
+            let expected = match &outcome {
+                None => true,
+                Some(o) => o.receipt().is_some_and(|r| !r.id.contains('"')),
+            };
+            assert_eq!(tail.is_some(), expected, "{json}");
+            if let Some(tail) = tail {
+                by_position += 1;
+                assert_eq!(tail.first_attempt_at_ms, times.first_attempt_at_ms);
+                assert_eq!(tail.lease_until_ms, times.lease_until_ms);
+            }
+        }
+    }
+    assert_eq!(by_position, 6);
+}
+
+/// Every one-byte change of a written record (a byte dropped, or replaced or preceded by
+/// one that matters to JSON) is read alike by the reader of the written form and by the
+/// general decoder, whichever of the two the reader then takes for the tail.
+#[test]
+fn every_one_byte_change_of_a_written_record_reads_as_the_general_decoder_reads_it() {
+    let as_given = Outcome::sent(Receipt::new("msg_2", "fake").with_accepted(["a@x", "b@y"]));
+    let times = Times {
+        first_attempt_at_ms: Some(1_764_500_000_000),
+        lease_until_ms: Some(42),
+    };
+    const BYTES: &[u8] = b" \"\\,:[]{}0159.e-tfnx\x01\x7f\xc3\xff";
+    let (mut compared, mut tails_by_position) = (0, 0);
+    for outcome in [kept_sent(), as_given] {
+        let json = record_json_at(
+            RecordState::Done,
+            token(),
+            fingerprint(),
+            Some(&outcome),
+            times,
+        )
+        .unwrap();
+        let bytes = json.as_bytes();
+        let tail_at = bytes.len() - tail_of(&json).len();
+        for at in 0..bytes.len() {
+            let mut changed = vec![[&bytes[..at], &bytes[at + 1..]].concat()];
+            for &b in BYTES {
+                let mut replaced = bytes.to_vec();
+                replaced[at] = b;
+                changed.push(replaced);
+                changed.push([&bytes[..at], &[b], &bytes[at..]].concat());
+            }
+            for changed in changed {
+                let general = format!("{:?}", read_general(&changed).and_then(checked_stored));
+                let Some(stored) = written::read(&changed) else {
+                    continue;
+                };
+                let written = format!("{:?}", checked_stored(stored));
+                let text = String::from_utf8_lossy(&changed);
+                assert_eq!(written, general, "{text}");
+                compared += 1;
+                if changed.starts_with(&bytes[..tail_at])
+                    && written::tail_by_position(&changed[tail_at..]).is_some()
+                {
+                    tails_by_position += 1;
+                }
+            }
+        }
+    }
+    // Not vacuous: many changes (a digit in a string or a number, a letter in a string)
+    // leave a record both read, and the tail of many of those was read by position.
+    assert!(compared > 500, "{compared}");
+    assert!(tails_by_position > 300, "{tails_by_position}");
+}

@@ -1,18 +1,20 @@
 //! Reading a record in the exact form [`record_json_at`](super::record_json_at) writes: the
-//! fixed fields (state, token, fingerprint) by position, and only the rest (the outcome, the
-//! times), which holds a provider's strings, through serde_json. A replay on a networked
-//! store decodes a record per call, and a general JSON parse of the fixed fields (six
-//! strings scanned for escapes, UTF-8 checked, matched by name) was most of its work.
+//! fixed fields (state, token, fingerprint) by position, and the rest (a kept receipt, the
+//! times) by position too when its strings need no escapes; a kept error, or a string with
+//! an escape, through serde_json. A replay on a networked store decodes a record per call:
+//! a general JSON parse of the fixed fields (six strings scanned for escapes, UTF-8 checked,
+//! matched by name) was most of its work, and serde_json on the receipt most of the rest
+//! (~4k instructions a replay; `benches/sends.rs`, `redis-replay`).
 //!
 //! Anything not in that exact form (another field order, spaces, an earlier release's
 //! writing, damage) is left to the general decoder, and so is anything this reader would
-//! refuse: it answers only what the general decoder answers for the same bytes (a unit test
-//! holds the two together).
+//! refuse: it answers only what the general decoder answers for the same bytes (unit tests
+//! hold the two together, over written forms and every one-byte change of them).
 
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny};
 
-use super::{OutcomeIn, Times};
+use super::{OutcomeIn, ReceiptIn, Times};
 use crate::fingerprint::Fingerprint;
 use crate::store::{RecordState, Token};
 
@@ -39,22 +41,11 @@ pub(super) fn read(bytes: &[u8]) -> Option<Written> {
     let token = Token::from(uuid::Uuid::try_parse_ascii(token).ok()?);
     let rest = rest.strip_prefix(b"\",\"fingerprint\":\"")?;
     let (fingerprint, rest) = rest.split_at_checked(64)?;
-    let fingerprint: Fingerprint = std::str::from_utf8(fingerprint).ok()?.parse().ok()?;
+    let fingerprint = Fingerprint::from_hex(fingerprint)?;
     let rest = rest.strip_prefix(b"\"")?;
-    let tail = match rest {
-        b"}" => Tail::default(),
-        [b',', fields @ ..] => {
-            // The remaining fields as an object of their own: `{` in place of the comma.
-            let mut object = Vec::with_capacity(fields.len() + 1);
-            object.push(b'{');
-            object.extend_from_slice(fields);
-            let tail: Tail = serde_json::from_slice(&object).ok()?;
-            if tail.repeats_a_fixed_field {
-                return None;
-            }
-            tail
-        }
-        _ => return None,
+    let tail = match tail_by_position(rest) {
+        Some(tail) => tail,
+        None => tail_by_serde(rest)?,
     };
     Some(Written {
         state,
@@ -68,16 +59,142 @@ pub(super) fn read(bytes: &[u8]) -> Option<Written> {
     })
 }
 
+/// The fields after the fingerprint (`rest`, from the comma before the next field, or the
+/// closing brace) through serde_json.
+fn tail_by_serde(rest: &[u8]) -> Option<Tail> {
+    Some(match rest {
+        b"}" => Tail::default(),
+        [b',', fields @ ..] => {
+            // The remaining fields as an object of their own: `{` in place of the comma.
+            let mut object = Vec::with_capacity(fields.len() + 1);
+            object.push(b'{');
+            object.extend_from_slice(fields);
+            let tail: Tail = serde_json::from_slice(&object).ok()?;
+            if tail.repeats_a_fixed_field {
+                return None;
+            }
+            tail
+        }
+        _ => return None,
+    })
+}
+
+/// The fields after the fingerprint in the exact form the writer puts them: a kept receipt
+/// whose strings need no escapes, then the times, each field where the writer puts it;
+/// `None` at any other byte.
+pub(super) fn tail_by_position(rest: &[u8]) -> Option<Tail> {
+    let mut at = Cursor(rest);
+    let outcome = match at.eat(b",\"outcome\":") {
+        Some(()) => Some(at.receipt()?),
+        None => None,
+    };
+    let mut time = |name: &[u8]| match at.eat(name) {
+        Some(()) => at.number().map(Some),
+        None => Some(None),
+    };
+    let first_attempt_at_ms = time(b",\"first_attempt_at_ms\":")?;
+    let lease_until_ms = time(b",\"lease_until_ms\":")?;
+    at.eat(b"}")?;
+    at.0.is_empty().then_some(Tail {
+        outcome,
+        first_attempt_at_ms,
+        lease_until_ms,
+        repeats_a_fixed_field: false,
+    })
+}
+
+/// The bytes left to read, each step taking exactly what the writer puts there.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn eat(&mut self, expected: &[u8]) -> Option<()> {
+        self.0 = self.0.strip_prefix(expected)?;
+        Some(())
+    }
+
+    /// `{"sent":{…}}` as [`ReceiptOut`](super::ReceiptOut) is written.
+    fn receipt(&mut self) -> Option<OutcomeIn> {
+        self.eat(b"{\"sent\":{\"id\":")?;
+        let id = self.string()?.to_owned();
+        self.eat(b",\"transport\":")?;
+        let transport = self.string()?.to_owned();
+        self.eat(b",\"accepted\":")?;
+        let accepted = self.list(|at| at.string().map(str::to_owned))?;
+        self.eat(b",\"replayed\":")?;
+        let replayed = match self.eat(b"true") {
+            Some(()) => true,
+            None => self.eat(b"false").map(|()| false)?,
+        };
+        let accepted_at = match self.eat(b",\"accepted_at\":") {
+            Some(()) => self.list(|at| u32::try_from(at.number()?).ok())?,
+            None => Vec::new(),
+        };
+        self.eat(b"}}")?;
+        Some(OutcomeIn::Sent(ReceiptIn {
+            id,
+            transport,
+            accepted,
+            replayed,
+            accepted_at,
+        }))
+    }
+
+    /// A string with no escape and no control character, its bytes UTF-8.
+    fn string(&mut self) -> Option<&'a str> {
+        self.eat(b"\"")?;
+        let end = self
+            .0
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+        let (text, rest) = self.0.split_at(end);
+        self.0 = rest;
+        self.eat(b"\"")?;
+        std::str::from_utf8(text).ok()
+    }
+
+    /// A whole number as JSON writes one (digits, no leading zero) that fits a `u64`. What
+    /// follows is the caller's to check: a `.` or an `e` there is no structural byte.
+    fn number(&mut self) -> Option<u64> {
+        let digits = self.0.iter().take_while(|b| b.is_ascii_digit()).count();
+        let (text, rest) = self.0.split_at(digits);
+        if text.is_empty() || (text.len() > 1 && text[0] == b'0') {
+            return None;
+        }
+        let mut n = 0u64;
+        for &d in text {
+            n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+        }
+        self.0 = rest;
+        Some(n)
+    }
+
+    /// `[]`, or `[a,b,…]` of items `item` reads.
+    fn list<T>(&mut self, mut item: impl FnMut(&mut Self) -> Option<T>) -> Option<Vec<T>> {
+        self.eat(b"[")?;
+        let mut items = Vec::new();
+        if self.eat(b"]").is_some() {
+            return Some(items);
+        }
+        loop {
+            items.push(item(self)?);
+            if self.eat(b"]").is_some() {
+                return Some(items);
+            }
+            self.eat(b",")?;
+        }
+    }
+}
+
 /// The fields after the fingerprint, as the general decoder reads them. A fixed field seen
 /// again here is a record the general decoder refuses (a duplicate field).
 #[derive(Default, Deserialize)]
-struct Tail {
+pub(super) struct Tail {
     #[serde(default)]
     outcome: Option<OutcomeIn>,
     #[serde(default)]
-    first_attempt_at_ms: Option<u64>,
+    pub(super) first_attempt_at_ms: Option<u64>,
     #[serde(default)]
-    lease_until_ms: Option<u64>,
+    pub(super) lease_until_ms: Option<u64>,
     #[serde(
         default,
         alias = "state",
