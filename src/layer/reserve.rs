@@ -65,12 +65,17 @@ impl<T, A: FnOnce(BoxFuture<'static, Result<T, StoreError>>)> Drop for Pending<T
     }
 }
 
-/// Reserves one key, freeing it in the background if the reservation is abandoned.
+/// Reserves one key, freeing it in the background if the reservation is abandoned. A store
+/// that answers at once ([`Store::reserve_now`](crate::store::Store::reserve_now)) is not
+/// waited on: there is nothing to bound or abandon.
 pub(crate) async fn reserve_one(
     config: &Arc<Config>,
     key: &Arc<str>,
     fingerprint: Fingerprint,
 ) -> Result<Reservation, StoreError> {
+    if let Some(answer) = config.store.reserve_now(key, fingerprint, config.lease) {
+        return answer;
+    }
     let store = Arc::clone(&config.store);
     let owned = Arc::clone(key);
     let lease = config.lease;

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::admin::StoreAdmin;
-use super::{RecordState, Reservation, Store, Token};
+use super::{RecordState, Reservation, Store, StoreError, Token};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::{Outcome, Receipt, SendError};
 
@@ -214,6 +214,7 @@ impl Conformance {
         self.done_key_is_free_after_ttl().await;
         self.keys_are_independent().await;
         self.concurrent_reserves_of_one_key_reserve_once().await;
+        self.reserve_now_answers_what_reserve_would().await;
         self.reserve_many_reserves_free_keys_and_reports_held_ones()
             .await;
         self.complete_many_and_release_many_are_fenced_by_token()
@@ -385,6 +386,63 @@ impl Conformance {
             "{CONCURRENT_RESERVES} racing reserves of one key"
         );
     }
+
+    /// A store that answers [`reserve_now`](Store::reserve_now) answers what `reserve`
+    /// would, and a key raced through both is reserved once. A store that answers `None`
+    /// passes: the layer then calls `reserve`.
+    pub async fn reserve_now_answers_what_reserve_would(&self) {
+        let key = self.key("now");
+        let Some(first) = self.store.reserve_now(&key, fp(1), self.lease * 20) else {
+            return;
+        };
+        let token = match first {
+            Ok(Reservation::Reserved { token }) => token,
+            other => panic!("reserve_now of a free key answered {other:?}"),
+        };
+        let held = |answer: Option<Result<Reservation, StoreError>>| match answer {
+            Some(Ok(Reservation::Held { record })) => {
+                format!("{:?}", (record.state, record.fingerprint, record.outcome))
+            }
+            other => panic!("a held key answered {other:?}"),
+        };
+        let now = held(self.store.reserve_now(&key, fp(2), self.lease));
+        let later = held(Some(self.store.reserve(&key, fp(2), self.lease).await));
+        assert_eq!(now, later, "pending");
+        let outcome = Outcome::sent(Receipt::new("msg-now", "conformance"));
+        assert!(self.complete(&key, token, fp(1), &outcome).await);
+        let now = held(self.store.reserve_now(&key, fp(1), self.lease));
+        let later = held(Some(self.store.reserve(&key, fp(1), self.lease).await));
+        assert_eq!(now, later, "done");
+        assert!(now.contains("msg-now"), "{now}");
+
+        let key = self.key("now-race");
+        let tasks: Vec<_> = (0..CONCURRENT_RESERVES)
+            .map(|i| {
+                let store = Arc::clone(&self.store);
+                let key = key.clone();
+                let lease = self.lease * 20;
+                tokio::spawn(async move {
+                    // Half the tasks ask at once, half by the future.
+                    let now = (i % 2 == 0)
+                        .then(|| store.reserve_now(&key, fp(1), lease))
+                        .flatten();
+                    match now {
+                        Some(answer) => answer,
+                        None => store.reserve(&key, fp(1), lease).await,
+                    }
+                })
+            })
+            .collect();
+        let mut reserved = 0;
+        for task in tasks {
+            match task.await.expect("task panicked") {
+                Ok(Reservation::Reserved { .. } | Reservation::TakenOver { .. }) => reserved += 1,
+                Ok(Reservation::Held { .. }) => {}
+                Err(e) => panic!("reserve failed under concurrency: {e}"),
+            }
+        }
+        assert_eq!(reserved, 1, "racing reserve_now and reserve of one key");
+    }
 }
 
 /// A distinct fingerprint per `n`.
@@ -423,6 +481,7 @@ macro_rules! store_conformance_tests {
             done_key_is_free_after_ttl,
             keys_are_independent,
             concurrent_reserves_of_one_key_reserve_once,
+            reserve_now_answers_what_reserve_would,
             reserve_many_reserves_free_keys_and_reports_held_ones,
             complete_many_and_release_many_are_fenced_by_token,
             batch_calls_with_nothing_in_them_answer_nothing,

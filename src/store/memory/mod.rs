@@ -636,6 +636,18 @@ impl Store for MemoryStore {
         .boxed()
     }
 
+    fn reserve_now(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Option<Result<Reservation, StoreError>> {
+        Some(
+            self.inner
+                .reserve(self.inner.hashed(key), fingerprint, lease),
+        )
+    }
+
     fn complete<'a>(
         &'a self,
         key: &'a str,
