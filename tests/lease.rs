@@ -253,3 +253,47 @@ async fn under_concurrency_a_send_slower_than_its_lease_reaches_the_provider_onc
     assert_eq!(provider.calls(), 1);
     assert!(store.extends() >= 5, "{} renewals", store.extends());
 }
+
+/// Without renewal, a send slower than its lease finds another send holding its key when it
+/// settles: counted as `lease_lost`, and the other send's outcome is the one kept. On a
+/// store that settles at once (`MemoryStore`, `complete_now`) as on one that waits.
+#[tokio::test(start_paused = true)]
+async fn a_send_that_finds_its_key_taken_when_it_settles_counts_the_lease_lost() {
+    async fn run(store: impl tower_idempotency::store::Store + Clone, label: &str) {
+        // The first call takes three leases, the others answer at once.
+        let provider = Provider::answering(|n, _| async move {
+            if n == 1 {
+                tokio::time::sleep(LEASE * 3).await;
+            }
+            Ok(Receipt::new(format!("msg-{n}"), "fake"))
+        });
+        let l = IdempotencyLayer::builder()
+            .store(store)
+            .namespace("lease-lost")
+            .lease(LEASE)
+            .renew(false)
+            .build()
+            .unwrap();
+        let svc = ServiceBuilder::new()
+            .layer(l.clone())
+            .service(provider.clone());
+        let first = tokio::spawn(svc.clone().oneshot(message(Some("k"), "hi")));
+        tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
+        // The repeat takes the key over and sends at once; the first then settles.
+        let repeat = svc.clone().oneshot(message(Some("k"), "hi")).await;
+        assert_eq!(repeat.unwrap().id, "msg-2", "{label}");
+        assert_eq!(l.stats().lease_lost, 0, "{label}");
+        assert_eq!(first.await.unwrap().unwrap().id, "msg-1", "{label}");
+        assert_eq!(l.stats().lease_lost, 1, "{label}");
+        let replayed = svc.oneshot(message(Some("k"), "hi")).await.unwrap();
+        assert_eq!(
+            (replayed.id.as_str(), replayed.replayed),
+            ("msg-2", true),
+            "{label}"
+        );
+        assert_eq!(provider.calls(), 2, "{label}");
+        assert_eq!(l.stats().lease_lost, 1, "{label}");
+    }
+    run(tower_idempotency::MemoryStore::new(), "memory").await;
+    run(TestStore::default(), "a store that waits").await;
+}

@@ -104,6 +104,9 @@ impl<K: Keys> Settle<K> {
     /// the keys and finishes a second time. Await it at once: the keys leave `self` when it
     /// is made, and only a polled settlement goes on after a drop.
     pub(crate) fn run(&mut self, finishes: K::Finishes) -> impl Future<Output = ()> {
+        if self.settled_now(&finishes) {
+            self.holding = None;
+        }
         let settlement = self.holding.take().map(|(config, held, lease)| {
             let settle_timeout = config.settle_timeout;
             (
@@ -125,6 +128,30 @@ impl<K: Keys> Settle<K> {
             // Boxed: only a store that did not answer at once waits here, and the send's
             // future keeps no room for the timer.
             Box::pin(settle_in_place(settlement, settle_timeout)).await;
+        }
+    }
+}
+
+impl<K: Keys> Settle<K> {
+    /// Whether a single send's outcome was kept, or found another send's key, by a store
+    /// that answers at once ([`Store::complete_now`](crate::store::Store::complete_now)):
+    /// then there is no settlement to make, box or wait for. An error, or a store that must
+    /// wait, is left to the settlement and its retries.
+    fn settled_now(&self, finishes: &K::Finishes) -> bool {
+        let Some((config, held, _)) = &self.holding else {
+            return false;
+        };
+        let ([h], [Finish::Complete(outcome)]) = (held.as_ref(), finishes.as_ref()) else {
+            return false;
+        };
+        let store = &config.store;
+        match store.complete_now(&h.key, h.token, h.fingerprint, outcome, config.ttl) {
+            Some(Ok(true)) => true,
+            Some(Ok(false)) => {
+                not_written(config, h, &finishes.as_ref()[0], false);
+                true
+            }
+            Some(Err(_)) | None => false,
         }
     }
 }

@@ -355,6 +355,41 @@ pub trait Store: Send + Sync + 'static {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
+    /// [`complete`](Self::complete), answered at once by a store that needs no waiting for
+    /// it, as [`reserve_now`](Self::reserve_now) is for `reserve`; `None`, the default, when
+    /// the store must wait. The layer asks it first when it keeps a single send's outcome,
+    /// and settles through `complete` (with its retries) when this answers `None` or an
+    /// error.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::outcome::{Outcome, Receipt};
+    /// use tower_idempotency::store::{Reservation, Store};
+    /// use tower_idempotency::{Fingerprint, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let fingerprint = Fingerprint::from_bytes([7; 32]);
+    /// let minute = Duration::from_secs(60);
+    /// let reserved = store.reserve_now("order-1", fingerprint, minute);
+    /// let Some(Ok(Reservation::Reserved { token })) = reserved else {
+    ///     unreachable!("a free key is reserved");
+    /// };
+    /// let sent = Outcome::sent(Receipt::new("msg_1", "resend"));
+    /// let kept = store.complete_now("order-1", token, fingerprint, &sent, minute);
+    /// assert!(matches!(kept, Some(Ok(true))));
+    /// ```
+    fn complete_now(
+        &self,
+        key: &str,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Option<Result<bool, StoreError>> {
+        let _ = (key, token, fingerprint, outcome, ttl);
+        None
+    }
+
     /// Deletes `key` when `token` holds it pending.
     fn release<'a>(&'a self, key: &'a str, token: Token)
     -> BoxFuture<'a, Result<bool, StoreError>>;
@@ -542,6 +577,17 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         (**self).complete(key, token, fingerprint, outcome, ttl)
+    }
+
+    fn complete_now(
+        &self,
+        key: &str,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Option<Result<bool, StoreError>> {
+        (**self).complete_now(key, token, fingerprint, outcome, ttl)
     }
 
     fn release<'a>(

@@ -215,6 +215,7 @@ impl Conformance {
         self.keys_are_independent().await;
         self.concurrent_reserves_of_one_key_reserve_once().await;
         self.reserve_now_answers_what_reserve_would().await;
+        self.complete_now_keeps_the_outcome_fenced_by_token().await;
         self.reserve_many_reserves_free_keys_and_reports_held_ones()
             .await;
         self.complete_many_and_release_many_are_fenced_by_token()
@@ -443,6 +444,40 @@ impl Conformance {
         }
         assert_eq!(reserved, 1, "racing reserve_now and reserve of one key");
     }
+
+    /// A store that answers [`complete_now`](Store::complete_now) keeps the outcome for the
+    /// token that holds the key and for no other, as `complete` does. A store that answers
+    /// `None` passes.
+    pub async fn complete_now_keeps_the_outcome_fenced_by_token(&self) {
+        let key = self.key("complete-now");
+        let token = self.reserved(&key, fp(1)).await;
+        let outcome = Outcome::sent(Receipt::new("msg-now", "conformance"));
+        let ttl = self.lease * 20;
+        let Some(stale) = self
+            .store
+            .complete_now(&key, Token::new(), fp(1), &outcome, ttl)
+        else {
+            return;
+        };
+        assert!(
+            !stale.expect("complete_now by another token"),
+            "not its key"
+        );
+        match self.reserve(&key, fp(1)).await {
+            Reservation::Held { record } => assert_eq!(record.state, RecordState::Pending),
+            other => panic!("a pending key answered {other:?}"),
+        }
+        let kept = self.store.complete_now(&key, token, fp(1), &outcome, ttl);
+        assert!(matches!(kept, Some(Ok(true))), "{kept:?}");
+        match self.reserve(&key, fp(1)).await {
+            Reservation::Held { record } => {
+                assert_eq!(record.state, RecordState::Done);
+                let receipt = record.outcome.and_then(|o| o.replay().ok());
+                assert_eq!(receipt.map(|r| r.id).as_deref(), Some("msg-now"));
+            }
+            other => panic!("a done key answered {other:?}"),
+        }
+    }
 }
 
 /// A distinct fingerprint per `n`.
@@ -482,6 +517,7 @@ macro_rules! store_conformance_tests {
             keys_are_independent,
             concurrent_reserves_of_one_key_reserve_once,
             reserve_now_answers_what_reserve_would,
+            complete_now_keeps_the_outcome_fenced_by_token,
             reserve_many_reserves_free_keys_and_reports_held_ones,
             complete_many_and_release_many_are_fenced_by_token,
             batch_calls_with_nothing_in_them_answer_nothing,

@@ -666,6 +666,20 @@ impl Store for MemoryStore {
         .boxed()
     }
 
+    fn complete_now(
+        &self,
+        key: &str,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Option<Result<bool, StoreError>> {
+        Some(
+            self.inner
+                .complete(self.inner.hashed(key), token, fingerprint, outcome, ttl),
+        )
+    }
+
     fn release<'a>(
         &'a self,
         key: &'a str,
