@@ -109,7 +109,6 @@
 
 use std::error::Error;
 use std::fmt;
-use std::io::Write as _;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -253,7 +252,18 @@ fn check_shape(state: RecordState, has_outcome: bool) -> Result<(), StoreError> 
 /// The outcome as version-1 JSON, for a store that keeps it as text (`PostgresStore`'s
 /// `jsonb` column).
 pub(crate) fn outcome_json(outcome: &Outcome) -> Result<String, StoreError> {
-    write(&OutcomeOut::from(outcome))
+    let mut json = Vec::with_capacity(128);
+    write_outcome(&mut json, outcome)?;
+    String::from_utf8(json).map_err(unencodable)
+}
+
+/// Writes `outcome` as [`OutcomeOut`] through serde_json: a kept receipt whose strings need
+/// no escape by position ([`written::write_receipt`]), anything else by serde_json.
+fn write_outcome(json: &mut Vec<u8>, outcome: &Outcome) -> Result<(), StoreError> {
+    if written::write_receipt(json, outcome) {
+        return Ok(());
+    }
+    serde_json::to_writer(json, &OutcomeOut::from(outcome)).map_err(unencodable)
 }
 
 /// A pending record as version-1 JSON.
@@ -314,7 +324,7 @@ pub(crate) fn record_json_at(
     json.push(b'"');
     if let Some(outcome) = outcome {
         json.extend_from_slice(b",\"outcome\":");
-        serde_json::to_writer(&mut json, &OutcomeOut::from(outcome)).map_err(unencodable)?;
+        write_outcome(&mut json, outcome)?;
     }
     for (name, ms) in [
         (
@@ -325,7 +335,7 @@ pub(crate) fn record_json_at(
     ] {
         if let Some(ms) = ms {
             json.extend_from_slice(name);
-            write!(json, "{ms}").map_err(unencodable)?;
+            written::write_number(&mut json, ms);
         }
     }
     json.push(b'}');
@@ -334,10 +344,6 @@ pub(crate) fn record_json_at(
 
 fn unencodable(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
     StoreError::corrupt("the record could not be encoded").with_source(error)
-}
-
-fn write(value: &impl Serialize) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(unencodable)
 }
 
 /// How a stored value says its version; see the [module docs](self#versions).

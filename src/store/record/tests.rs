@@ -506,3 +506,100 @@ fn every_one_byte_change_of_a_written_record_reads_as_the_general_decoder_reads_
     assert!(compared > 500, "{compared}");
     assert!(tails_by_position > 300, "{tails_by_position}");
 }
+
+/// Receipts of every shape the writer by position takes, and some it must leave to
+/// serde_json (strings that need escapes), with whether it takes them.
+fn receipts_to_write() -> Vec<(Outcome, bool)> {
+    let sent = |id: &str, transport: &str, accepted: &[&str], replayed, accepted_at: &[u32]| {
+        let mut receipt = Receipt::new(id, transport).with_accepted(accepted.iter().copied());
+        receipt.replayed = replayed;
+        Outcome(Kept::Sent {
+            receipt,
+            accepted_at: accepted_at.to_vec(),
+        })
+    };
+    let mut receipts = vec![
+        (kept_sent(), true),
+        (sent("msg_2", "fake", &["a@x", "b@y"], false, &[]), true),
+        (sent("", "", &[], true, &[]), true),
+        (
+            sent(
+                "i",
+                "tränsport 日本 \u{7f}",
+                &["é@x"],
+                false,
+                &[0, u32::MAX],
+            ),
+            true,
+        ),
+        (sent("m", "t", &[], false, &[7]), true),
+        (Outcome::failed(kept_error()), false),
+    ];
+    for needs_escape in ["\"", "\\", "\u{0}", "\u{1f}", "\n", "a\"b"] {
+        receipts.push((sent(needs_escape, "t", &[], false, &[]), false));
+        receipts.push((sent("i", needs_escape, &[], false, &[]), false));
+        receipts.push((sent("i", "t", &["a@x", needs_escape], false, &[1]), false));
+    }
+    receipts
+}
+
+#[test]
+fn outcomes_and_records_are_written_as_serde_json_writes_them_by_position_or_not() {
+    for (outcome, by_position) in receipts_to_write() {
+        let serde = serde_json::to_string(&OutcomeOut::from(&outcome)).unwrap();
+        assert_eq!(outcome_json(&outcome).unwrap(), serde);
+        let mut json = Vec::new();
+        assert_eq!(
+            written::write_receipt(&mut json, &outcome),
+            by_position,
+            "{serde}"
+        );
+        if !by_position {
+            assert!(json.is_empty(), "{serde}");
+        }
+        let times = Times {
+            first_attempt_at_ms: Some(u64::MAX),
+            lease_until_ms: Some(0),
+        };
+        let record = record_json_at(
+            RecordState::Done,
+            token(),
+            fingerprint(),
+            Some(&outcome),
+            times,
+        )
+        .unwrap();
+        let serde_record = serde_json::to_string(&RecordOut {
+            state: StateV1::Done,
+            token: token(),
+            fingerprint: fingerprint(),
+            outcome: Some(OutcomeOut::from(&outcome)),
+            first_attempt_at_ms: times.first_attempt_at_ms,
+            lease_until_ms: times.lease_until_ms,
+        })
+        .unwrap();
+        assert_eq!(record, serde_record);
+        // And it reads back as the general decoder reads it.
+        let (general, written) = both_readings(record.as_bytes());
+        assert_eq!(written.as_ref(), Some(&general), "{record}");
+    }
+}
+
+#[test]
+fn numbers_are_written_as_serde_json_writes_them() {
+    for n in [
+        0,
+        1,
+        9,
+        10,
+        99,
+        100,
+        1_764_500_000_000,
+        u64::from(u32::MAX),
+        u64::MAX,
+    ] {
+        let mut json = Vec::new();
+        written::write_number(&mut json, n);
+        assert_eq!(json, serde_json::to_vec(&n).unwrap(), "{n}");
+    }
+}
