@@ -126,13 +126,19 @@ where
     let fingerprint = request.fingerprint();
 
     let mut asked_at = Instant::now();
+    // Waiting for a send in flight and taking back a key inside the provider's window are
+    // options, off by default: without them the answer is not handed through their steps (a
+    // record moved in and out of each is a copy of ~200 bytes).
     let reservation = match reserve_one(&config, &store_key, fingerprint).await {
-        Ok(Reservation::Held { record }) => {
+        Ok(Reservation::Held { record }) if config.wait_for_in_flight.is_some() => {
             wait_one(&config, &store_key, fingerprint, record, &mut asked_at).await
         }
         other => other,
     };
-    let reservation = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await;
+    let reservation = match config.provider_window {
+        Some(_) => take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await,
+        None => reservation,
+    };
     let token = match reservation {
         Ok(Reservation::Reserved { token }) => token,
         Ok(Reservation::TakenOver { token, previous }) => {
