@@ -10,6 +10,11 @@
 //! | [`extend`](Store::extend) | makes the lease end `lease` from now, when the token holds the key pending and its lease has not passed |
 //! | [`retake`](Store::retake) | holds a done key of unknown delivery pending again under a new token, for a re-send of the same message while its first attempt is younger than a window |
 //!
+//! A store that needs no waiting (an in-process one, as [`MemoryStore`]) may also answer
+//! [`reserve_now`](Store::reserve_now) and [`complete_now`](Store::complete_now): the same
+//! steps, answered at once, which the layer asks first so that a send on such a store makes
+//! no future for them. Both default to `None` (ask the future), which every store may keep.
+//!
 //! Records carry the time of the first attempt under their key, by the store's clock, and
 //! report it as an age ([`Record::first_attempt_age`]), so no skew between the caller's and
 //! the store's clock enters it. A store that keeps a pending record past its lease reports a
