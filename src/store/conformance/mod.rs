@@ -374,14 +374,7 @@ impl Conformance {
                 })
             })
             .collect();
-        let mut reserved = 0;
-        for task in tasks {
-            match task.await.expect("task panicked") {
-                Ok(Reservation::Reserved { .. } | Reservation::TakenOver { .. }) => reserved += 1,
-                Ok(Reservation::Held { .. }) => {}
-                Err(e) => panic!("reserve failed under concurrency: {e}"),
-            }
-        }
+        let reserved = reserved_by(tasks).await;
         assert_eq!(
             reserved, 1,
             "{CONCURRENT_RESERVES} racing reserves of one key"
@@ -434,14 +427,7 @@ impl Conformance {
                 })
             })
             .collect();
-        let mut reserved = 0;
-        for task in tasks {
-            match task.await.expect("task panicked") {
-                Ok(Reservation::Reserved { .. } | Reservation::TakenOver { .. }) => reserved += 1,
-                Ok(Reservation::Held { .. }) => {}
-                Err(e) => panic!("reserve failed under concurrency: {e}"),
-            }
-        }
+        let reserved = reserved_by(tasks).await;
         assert_eq!(reserved, 1, "racing reserve_now and reserve of one key");
     }
 
@@ -478,6 +464,21 @@ impl Conformance {
             other => panic!("a done key answered {other:?}"),
         }
     }
+}
+
+/// How many of the racing reserves `tasks` were answered with a reservation.
+async fn reserved_by(
+    tasks: Vec<tokio::task::JoinHandle<Result<Reservation, StoreError>>>,
+) -> usize {
+    let mut reserved = 0;
+    for task in tasks {
+        match task.await.expect("task panicked") {
+            Ok(Reservation::Reserved { .. } | Reservation::TakenOver { .. }) => reserved += 1,
+            Ok(Reservation::Held { .. }) => {}
+            Err(e) => panic!("reserve failed under concurrency: {e}"),
+        }
+    }
+    reserved
 }
 
 /// A distinct fingerprint per `n`.

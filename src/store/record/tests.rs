@@ -412,6 +412,23 @@ fn the_written_form_reads_as_the_general_decoder_reads_it() {
     );
 }
 
+/// A receipt as given, naming its accepted addresses.
+fn as_given() -> Outcome {
+    Outcome::sent(Receipt::new("msg_2", "fake").with_accepted(["a@x", "b@y"]))
+}
+
+/// A done record of `outcome` with `times`, as this release writes it.
+fn done_at(outcome: &Outcome, times: Times) -> String {
+    record_json_at(
+        RecordState::Done,
+        token(),
+        fingerprint(),
+        Some(outcome),
+        times,
+    )
+    .unwrap()
+}
+
 /// The bytes after the fingerprint's closing quote in a record.
 fn tail_of(record: &str) -> &[u8] {
     let at = record.find(FINGERPRINT).expect("the fingerprint") + FINGERPRINT.len() + 1;
@@ -420,13 +437,12 @@ fn tail_of(record: &str) -> &[u8] {
 
 #[test]
 fn kept_receipts_and_times_are_read_by_position_when_no_string_needs_an_escape() {
-    let as_given = Outcome::sent(Receipt::new("msg_2", "fake").with_accepted(["a@x", "b@y"]));
     let times = Times {
         first_attempt_at_ms: Some(1_764_500_000_000),
         lease_until_ms: Some(u64::MAX),
     };
     let mut by_position = 0;
-    for outcome in sample_outcomes().into_iter().chain([Some(as_given)]) {
+    for outcome in sample_outcomes().into_iter().chain([Some(as_given())]) {
         for times in [Times::default(), times] {
             let json = record_json_at(
                 RecordState::Done,
@@ -458,22 +474,14 @@ fn kept_receipts_and_times_are_read_by_position_when_no_string_needs_an_escape()
 /// general decoder, whichever of the two the reader then takes for the tail.
 #[test]
 fn every_one_byte_change_of_a_written_record_reads_as_the_general_decoder_reads_it() {
-    let as_given = Outcome::sent(Receipt::new("msg_2", "fake").with_accepted(["a@x", "b@y"]));
     let times = Times {
         first_attempt_at_ms: Some(1_764_500_000_000),
         lease_until_ms: Some(42),
     };
     const BYTES: &[u8] = b" \"\\,:[]{}0159.e-tfnx\x01\x7f\xc3\xff";
     let (mut compared, mut tails_by_position) = (0, 0);
-    for outcome in [kept_sent(), as_given] {
-        let json = record_json_at(
-            RecordState::Done,
-            token(),
-            fingerprint(),
-            Some(&outcome),
-            times,
-        )
-        .unwrap();
+    for outcome in [kept_sent(), as_given()] {
+        let json = done_at(&outcome, times);
         let bytes = json.as_bytes();
         let tail_at = bytes.len() - tail_of(&json).len();
         for at in 0..bytes.len() {
@@ -561,14 +569,7 @@ fn outcomes_and_records_are_written_as_serde_json_writes_them_by_position_or_not
             first_attempt_at_ms: Some(u64::MAX),
             lease_until_ms: Some(0),
         };
-        let record = record_json_at(
-            RecordState::Done,
-            token(),
-            fingerprint(),
-            Some(&outcome),
-            times,
-        )
-        .unwrap();
+        let record = done_at(&outcome, times);
         let serde_record = serde_json::to_string(&RecordOut {
             state: StateV1::Done,
             token: token(),
