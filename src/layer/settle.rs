@@ -130,9 +130,7 @@ impl<K: Keys> Settle<K> {
             Box::pin(settle_in_place(settlement, settle_timeout)).await;
         }
     }
-}
 
-impl<K: Keys> Settle<K> {
     /// Whether a single send's outcome was kept, or found another send's key, by a store
     /// that answers at once ([`Store::complete_now`](crate::store::Store::complete_now)):
     /// then there is no settlement to make, box or wait for. An error, or a store that must
@@ -141,14 +139,14 @@ impl<K: Keys> Settle<K> {
         let Some((config, held, _)) = &self.holding else {
             return false;
         };
-        let ([h], [Finish::Complete(outcome)]) = (held.as_ref(), finishes.as_ref()) else {
+        let ([h], [finish @ Finish::Complete(outcome)]) = (held.as_ref(), finishes.as_ref()) else {
             return false;
         };
         let store = &config.store;
         match store.complete_now(&h.key, h.token, h.fingerprint, outcome, config.ttl) {
             Some(Ok(true)) => true,
             Some(Ok(false)) => {
-                not_written(config, h, &finishes.as_ref()[0], false);
+                not_written(config, h, finish, false);
                 true
             }
             Some(Err(_)) | None => false,
