@@ -35,22 +35,20 @@ pub(super) struct Written {
 /// The record in `bytes`, when they are in the written form; `None` otherwise, for the
 /// general decoder to read or refuse.
 pub(super) fn read(bytes: &[u8]) -> Option<Written> {
-    let rest = bytes.strip_prefix(b"{\"state\":\"")?;
-    let (state, rest) = if let Some(rest) = rest.strip_prefix(b"pending") {
-        (RecordState::Pending, rest)
-    } else {
-        (RecordState::Done, rest.strip_prefix(b"done")?)
+    let mut at = Cursor(bytes);
+    at.eat(b"{\"state\":\"")?;
+    let state = match at.eat(b"pending") {
+        Some(()) => RecordState::Pending,
+        None => at.eat(b"done").map(|()| RecordState::Done)?,
     };
-    let rest = rest.strip_prefix(b"\",\"token\":\"")?;
-    let (token, rest) = rest.split_at_checked(36)?;
-    let token = Token::from(uuid::Uuid::try_parse_ascii(token).ok()?);
-    let rest = rest.strip_prefix(b"\",\"fingerprint\":\"")?;
-    let (fingerprint, rest) = rest.split_at_checked(64)?;
-    let fingerprint = Fingerprint::from_hex(fingerprint)?;
-    let rest = rest.strip_prefix(b"\"")?;
-    let tail = match tail_by_position(rest) {
+    at.eat(b"\",\"token\":\"")?;
+    let token = Token::from(uuid::Uuid::try_parse_ascii(at.take(36)?).ok()?);
+    at.eat(b"\",\"fingerprint\":\"")?;
+    let fingerprint = Fingerprint::from_hex(at.take(64)?)?;
+    at.eat(b"\"")?;
+    let tail = match tail_by_position(at.0) {
         Some(tail) => tail,
-        None => tail_by_serde(rest)?,
+        None => tail_by_serde(at.0)?,
     };
     Some(Written {
         state,
@@ -64,24 +62,16 @@ pub(super) fn read(bytes: &[u8]) -> Option<Written> {
     })
 }
 
-/// The fields after the fingerprint (`rest`, from the comma before the next field, or the
-/// closing brace) through serde_json.
+/// The fields after the fingerprint (`rest`, from the comma before the next field) through
+/// serde_json, when [`tail_by_position`] does not read them (a bare closing brace it does).
 fn tail_by_serde(rest: &[u8]) -> Option<Tail> {
-    Some(match rest {
-        b"}" => Tail::default(),
-        [b',', fields @ ..] => {
-            // The remaining fields as an object of their own: `{` in place of the comma.
-            let mut object = Vec::with_capacity(fields.len() + 1);
-            object.push(b'{');
-            object.extend_from_slice(fields);
-            let tail: Tail = serde_json::from_slice(&object).ok()?;
-            if tail.repeats_a_fixed_field {
-                return None;
-            }
-            tail
-        }
-        _ => return None,
-    })
+    let fields = rest.strip_prefix(b",")?;
+    // The remaining fields as an object of their own: `{` in place of the comma.
+    let mut object = Vec::with_capacity(fields.len() + 1);
+    object.push(b'{');
+    object.extend_from_slice(fields);
+    let tail: Tail = serde_json::from_slice(&object).ok()?;
+    (!tail.repeats_a_fixed_field).then_some(tail)
 }
 
 /// The fields after the fingerprint in the exact form the writer puts them: a kept receipt
@@ -119,7 +109,7 @@ pub(super) fn write_receipt(json: &mut Vec<u8>, outcome: &Outcome) -> bool {
     else {
         return false;
     };
-    let plain = |s: &str| !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20);
+    let plain = |s: &str| !s.bytes().any(escaped);
     if !(plain(&receipt.id)
         && plain(&receipt.transport)
         && receipt.accepted.iter().all(|a| plain(a)))
@@ -135,30 +125,41 @@ pub(super) fn write_receipt(json: &mut Vec<u8>, outcome: &Outcome) -> bool {
     string(json, &receipt.id);
     json.extend_from_slice(b",\"transport\":");
     string(json, &receipt.transport);
-    json.extend_from_slice(b",\"accepted\":[");
-    for (i, address) in receipt.accepted.iter().enumerate() {
-        if i > 0 {
-            json.push(b',');
-        }
-        string(json, address);
-    }
+    json.extend_from_slice(b",\"accepted\":");
+    write_list(json, &receipt.accepted, |json, address| {
+        string(json, address)
+    });
     json.extend_from_slice(if receipt.replayed {
-        b"],\"replayed\":true".as_slice()
+        b",\"replayed\":true".as_slice()
     } else {
-        b"],\"replayed\":false".as_slice()
+        b",\"replayed\":false".as_slice()
     });
     if !accepted_at.is_empty() {
-        json.extend_from_slice(b",\"accepted_at\":[");
-        for (i, &at) in accepted_at.iter().enumerate() {
-            if i > 0 {
-                json.push(b',');
-            }
-            write_number(json, u64::from(at));
-        }
-        json.push(b']');
+        json.extend_from_slice(b",\"accepted_at\":");
+        write_list(json, accepted_at, |json, &at| {
+            write_number(json, u64::from(at))
+        });
     }
     json.extend_from_slice(b"}}");
     true
+}
+
+/// Whether JSON writes `b` escaped inside a string, as serde_json does: a quote, a
+/// backslash, a control character.
+fn escaped(b: u8) -> bool {
+    b == b'"' || b == b'\\' || b < 0x20
+}
+
+/// Writes `[a,b,…]`, each item by `item`.
+fn write_list<T>(json: &mut Vec<u8>, items: &[T], mut item: impl FnMut(&mut Vec<u8>, &T)) {
+    json.push(b'[');
+    for (i, value) in items.iter().enumerate() {
+        if i > 0 {
+            json.push(b',');
+        }
+        item(json, value);
+    }
+    json.push(b']');
 }
 
 /// Writes `n` in decimal, as serde_json writes a whole number.
@@ -183,6 +184,13 @@ impl<'a> Cursor<'a> {
     fn eat(&mut self, expected: &[u8]) -> Option<()> {
         self.0 = self.0.strip_prefix(expected)?;
         Some(())
+    }
+
+    /// The next `n` bytes, whatever they are.
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (taken, rest) = self.0.split_at_checked(n)?;
+        self.0 = rest;
+        Some(taken)
     }
 
     /// `{"sent":{…}}` as [`ReceiptOut`](super::ReceiptOut) is written.
@@ -215,12 +223,7 @@ impl<'a> Cursor<'a> {
     /// A string with no escape and no control character, its bytes UTF-8.
     fn string(&mut self) -> Option<&'a str> {
         self.eat(b"\"")?;
-        let end = self
-            .0
-            .iter()
-            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
-        let (text, rest) = self.0.split_at(end);
-        self.0 = rest;
+        let text = self.take(self.0.iter().position(|&b| escaped(b))?)?;
         self.eat(b"\"")?;
         std::str::from_utf8(text).ok()
     }
@@ -228,17 +231,13 @@ impl<'a> Cursor<'a> {
     /// A whole number as JSON writes one (digits, no leading zero) that fits a `u64`. What
     /// follows is the caller's to check: a `.` or an `e` there is no structural byte.
     fn number(&mut self) -> Option<u64> {
-        let digits = self.0.iter().take_while(|b| b.is_ascii_digit()).count();
-        let (text, rest) = self.0.split_at(digits);
+        let text = self.take(self.0.iter().take_while(|b| b.is_ascii_digit()).count())?;
         if text.is_empty() || (text.len() > 1 && text[0] == b'0') {
             return None;
         }
-        let mut n = 0u64;
-        for &d in text {
-            n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
-        }
-        self.0 = rest;
-        Some(n)
+        text.iter().try_fold(0u64, |n, &d| {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        })
     }
 
     /// `[]`, or `[a,b,…]` of items `item` reads.
