@@ -4,19 +4,15 @@
 
 mod support;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-
-use futures_util::future::BoxFuture;
 
 use support::{Provider, TestStore, capture, message, send};
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::layer::{DEFAULT_LEASE, DEFAULT_SETTLE_TIMEOUT};
-use tower_idempotency::outcome::{Outcome, codes};
-use tower_idempotency::store::{Reservation, Store, StoreError, Token};
-use tower_idempotency::{Fingerprint, IdempotencyLayer, MemoryStore, SendError};
+use tower_idempotency::outcome::codes;
+use tower_idempotency::{IdempotencyLayer, SendError};
 
 fn layer(store: &TestStore) -> IdempotencyLayer {
     IdempotencyLayer::builder()
@@ -273,84 +269,21 @@ async fn an_error_that_retrying_cannot_mend_gives_up_at_once() {
     );
 }
 
-/// A store that answers `complete_now` with an error (and everything else as the
-/// `MemoryStore` under it), counting the `complete` calls that reach it.
-struct FailsAtOnce {
-    inner: MemoryStore,
-    completes: Arc<AtomicUsize>,
-}
-
-impl Store for FailsAtOnce {
-    fn reserve<'a>(
-        &'a self,
-        key: &'a str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        self.inner.reserve(key, fingerprint, lease)
-    }
-
-    fn reserve_now(
-        &self,
-        key: &str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-    ) -> Option<Result<Reservation, StoreError>> {
-        self.inner.reserve_now(key, fingerprint, lease)
-    }
-
-    fn complete<'a>(
-        &'a self,
-        key: &'a str,
-        token: Token,
-        fingerprint: Fingerprint,
-        outcome: &'a Outcome,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.completes.fetch_add(1, Ordering::SeqCst);
-        self.inner.complete(key, token, fingerprint, outcome, ttl)
-    }
-
-    fn complete_now(
-        &self,
-        _key: &str,
-        _token: Token,
-        _fingerprint: Fingerprint,
-        _outcome: &Outcome,
-        _ttl: Duration,
-    ) -> Option<Result<bool, StoreError>> {
-        Some(Err(StoreError::unavailable(std::io::Error::other(
-            "injected failure of complete_now",
-        ))))
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        token: Token,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.release(key, token)
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn an_error_from_complete_now_is_settled_through_complete() {
-    let completes = Arc::default();
-    let store = FailsAtOnce {
-        inner: MemoryStore::new(),
-        completes: Arc::clone(&completes),
-    };
+    let store = TestStore::default();
+    store.fail_complete_now.store(true, Ordering::SeqCst);
     let provider = Provider::ok();
-    let l = IdempotencyLayer::builder()
-        .store(store)
-        .namespace("settle-now")
-        .build()
-        .unwrap();
+    let l = layer(&store);
     let mut svc = ServiceBuilder::new()
         .layer(l.clone())
         .service(provider.clone());
     let first = send(&mut svc, message(Some("k"), "hi")).await.unwrap();
-    assert_eq!(completes.load(Ordering::SeqCst), 1, "settled by complete");
+    assert_eq!(
+        store.completes.load(Ordering::SeqCst),
+        1,
+        "settled by complete"
+    );
     let again = send(&mut svc, message(Some("k"), "hi")).await.unwrap();
     assert!(again.replayed);
     assert_eq!(again.id, first.id);
