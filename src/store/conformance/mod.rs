@@ -410,12 +410,15 @@ impl Conformance {
         assert!(now.contains("msg-now"), "{now}");
 
         let key = self.key("now-race");
+        let barrier = Arc::new(tokio::sync::Barrier::new(CONCURRENT_RESERVES));
         let tasks: Vec<_> = (0..CONCURRENT_RESERVES)
             .map(|i| {
                 let store = Arc::clone(&self.store);
                 let key = key.clone();
+                let barrier = Arc::clone(&barrier);
                 let lease = self.lease * 20;
                 tokio::spawn(async move {
+                    barrier.wait().await;
                     // Half the tasks ask at once, half by the future.
                     let now = (i % 2 == 0)
                         .then(|| store.reserve_now(&key, fp(1), lease))
