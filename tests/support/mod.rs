@@ -223,7 +223,7 @@ impl Store for TestStore {
 
     fn complete_now(
         &self,
-        _key: &str,
+        _key: &Arc<str>,
         _token: Token,
         _fingerprint: Fingerprint,
         _outcome: &Outcome,

@@ -385,7 +385,7 @@ impl Conformance {
     /// would, and a key raced through both is reserved once. A store that answers `None`
     /// passes: the layer then calls `reserve`.
     pub async fn reserve_now_answers_what_reserve_would(&self) {
-        let key = self.key("now");
+        let key: Arc<str> = self.key("now").into();
         let Some(first) = self.store.reserve_now(&key, fp(1), self.lease * 20) else {
             return;
         };
@@ -409,7 +409,7 @@ impl Conformance {
         assert_eq!(now, later, "done");
         assert!(now.contains("msg-now"), "{now}");
 
-        let key = self.key("now-race");
+        let key: Arc<str> = self.key("now-race").into();
         let barrier = Arc::new(tokio::sync::Barrier::new(CONCURRENT_RESERVES));
         let tasks: Vec<_> = (0..CONCURRENT_RESERVES)
             .map(|i| {
@@ -438,7 +438,7 @@ impl Conformance {
     /// token that holds the key and for no other, as `complete` does. A store that answers
     /// `None` passes.
     pub async fn complete_now_keeps_the_outcome_fenced_by_token(&self) {
-        let key = self.key("complete-now");
+        let key: Arc<str> = self.key("complete-now").into();
         let token = self.reserved(&key, fp(1)).await;
         let outcome = Outcome::sent(Receipt::new("msg-now", "conformance"));
         let ttl = self.lease * 20;

@@ -12,6 +12,9 @@ use std::sync::Arc;
 pub(super) struct Hashed<'a> {
     pub(super) hash: u64,
     pub(super) key: &'a str,
+    /// The caller's own shared copy of the key, when it gave one: the store keeps a clone
+    /// of it rather than a copy of the text.
+    shared: Option<&'a Arc<str>>,
 }
 
 impl<'a> Hashed<'a> {
@@ -20,6 +23,15 @@ impl<'a> Hashed<'a> {
         Self {
             hash: hasher.hash_one(key),
             key,
+            shared: None,
+        }
+    }
+
+    /// `key` hashed by `hasher`; the store keeps `key` itself if it adds a record.
+    pub(super) fn shared(hasher: &RandomState, key: &'a Arc<str>) -> Self {
+        Self {
+            shared: Some(key),
+            ..Self::new(hasher, key)
         }
     }
 
@@ -34,7 +46,15 @@ impl<'a> Hashed<'a> {
     pub(super) fn stored(self) -> StoredKey {
         StoredKey {
             hash: self.hash,
-            key: Arc::from(self.key),
+            key: self.owned(),
+        }
+    }
+
+    /// The key as the store keeps it: the caller's shared copy, or a copy of the text.
+    pub(super) fn owned(self) -> Arc<str> {
+        match self.shared {
+            Some(shared) => Arc::clone(shared),
+            None => Arc::from(self.key),
         }
     }
 }
@@ -142,7 +162,10 @@ mod tests {
         assert_eq!(map.get(Hashed::new(&hasher, "b").lookup()), Some(&2));
         assert_eq!(map.get(Hashed::new(&hasher, "c").lookup()), None);
         // The same text under another hash is another key: hashes are never mixed.
-        let forged = Hashed { hash: 1, key: "a" };
+        let forged = Hashed {
+            hash: 1,
+            ..Hashed::new(&hasher, "a")
+        };
         assert_eq!(map.get(forged.lookup()), None);
     }
 

@@ -248,7 +248,7 @@ impl Shard {
     /// Moves the record of `key`, just rewritten in place from `old`, in the indexes, to
     /// `expiry` and `state`; the stored copy of the key is taken from its old place.
     fn reindex(&mut self, key: Hashed<'_>, old: &Entry, expiry: Order, state: RecordState) {
-        let stored = self.unindex(old).unwrap_or_else(|| Arc::from(key.key));
+        let stored = self.unindex(old).unwrap_or_else(|| key.owned());
         self.index(stored, expiry, state);
     }
 
@@ -638,14 +638,12 @@ impl Store for MemoryStore {
 
     fn reserve_now(
         &self,
-        key: &str,
+        key: &Arc<str>,
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Option<Result<Reservation, StoreError>> {
-        Some(
-            self.inner
-                .reserve(self.inner.hashed(key), fingerprint, lease),
-        )
+        let key = Hashed::shared(&self.inner.hasher, key);
+        Some(self.inner.reserve(key, fingerprint, lease))
     }
 
     fn complete<'a>(
@@ -668,16 +666,14 @@ impl Store for MemoryStore {
 
     fn complete_now(
         &self,
-        key: &str,
+        key: &Arc<str>,
         token: Token,
         fingerprint: Fingerprint,
         outcome: &Outcome,
         ttl: Duration,
     ) -> Option<Result<bool, StoreError>> {
-        Some(
-            self.inner
-                .complete(self.inner.hashed(key), token, fingerprint, outcome, ttl),
-        )
+        let key = Hashed::shared(&self.inner.hasher, key);
+        Some(self.inner.complete(key, token, fingerprint, outcome, ttl))
     }
 
     fn release<'a>(

@@ -1,6 +1,7 @@
-//! The memory store's own bookkeeping: its completion queue, which the conformance suite
-//! cannot see.
+//! The memory store's own bookkeeping: its completion queue and its copies of keys, which
+//! the conformance suite cannot see.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::MemoryStore;
@@ -76,6 +77,10 @@ async fn outcomes_come_back_as_they_were_kept() {
         Outcome::sent(Receipt::new("m1", "resend")),
         Outcome::sent(Receipt::new("m2", "resend").with_accepted(["a@example.com"])),
         Outcome::failed(SendError::aborted()),
+        // The id and transport share one allocation: where one ends is kept exactly.
+        Outcome::sent(Receipt::new("", "resend")),
+        Outcome::sent(Receipt::new("m\u{e9}\u{1f4e7}", "")),
+        Outcome::sent(Receipt::new("m5", "tr\u{e4}nsport")),
     ];
     for (i, outcome) in given.iter().enumerate() {
         let key = format!("k{i}");
@@ -92,4 +97,21 @@ async fn outcomes_come_back_as_they_were_kept() {
         let kept = record.outcome.expect("a done record keeps its outcome");
         assert_eq!(format!("{kept:?}"), format!("{outcome:?}"), "{key}");
     }
+}
+
+#[test]
+fn a_key_given_shared_is_kept_shared_not_copied() {
+    let store = MemoryStore::new();
+    let key: Arc<str> = Arc::from("shared");
+    let reserved = store.reserve_now(&key, fp(), LEASE);
+    let Some(Ok(Reservation::Reserved { token })) = reserved else {
+        panic!("a free key is reserved: {reserved:?}");
+    };
+    // The map and the expiry index each hold a clone of the caller's key.
+    assert_eq!(Arc::strong_count(&key), 3);
+    let outcome = Outcome::sent(Receipt::new("m1", "test"));
+    let kept = store.complete_now(&key, token, fp(), &outcome, TTL);
+    assert!(matches!(kept, Some(Ok(true))), "{kept:?}");
+    // Completed: the completion queue holds one more.
+    assert_eq!(Arc::strong_count(&key), 4);
 }
