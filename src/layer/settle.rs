@@ -139,18 +139,41 @@ impl<K: Keys> Settle<K> {
         let Some((config, held, _)) = &self.holding else {
             return false;
         };
-        let ([h], [finish @ Finish::Complete(outcome)]) = (held.as_ref(), finishes.as_ref()) else {
+        let ([h], [Finish::Complete(outcome)]) = (held.as_ref(), finishes.as_ref()) else {
             return false;
         };
-        let store = &config.store;
-        match store.complete_now(&h.key, h.token, h.fingerprint, outcome, config.ttl) {
-            Some(Ok(true)) => true,
-            Some(Ok(false)) => {
-                not_written(config, h, finish, false);
-                true
-            }
-            Some(Err(_)) | None => false,
+        completed_now(config, h, outcome)
+    }
+}
+
+impl Settle<[Held; 1]> {
+    /// Keeps a single send's `outcome` through a store that answers at once, as
+    /// [`run`](Self::run) would; answers whether the send is settled (nothing left to do).
+    /// When it is not (a store that must wait, or an error), settle it by `run`, which asks
+    /// the store once more before it settles the common way.
+    pub(crate) fn kept_now(&mut self, outcome: &Outcome) -> bool {
+        let settled = match &self.holding {
+            Some((config, [h], _)) => completed_now(config, h, outcome),
+            None => false,
+        };
+        if settled {
+            self.holding = None;
         }
+        settled
+    }
+}
+
+/// Whether `outcome` was kept for `h`, or `h`'s key was found held by another send, by a store
+/// that answers at once ([`Store::complete_now`](crate::store::Store::complete_now)).
+fn completed_now(config: &Config, h: &Held, outcome: &Outcome) -> bool {
+    let store = &config.store;
+    match store.complete_now(&h.key, h.token, h.fingerprint, outcome, config.ttl) {
+        Some(Ok(true)) => true,
+        Some(Ok(false)) => {
+            lease_lost(config, h);
+            true
+        }
+        Some(Err(_)) | None => false,
     }
 }
 
@@ -403,6 +426,11 @@ fn not_written(config: &Config, h: &Held, finish: &Finish, retried: bool) {
         );
         return;
     }
+    lease_lost(config, h);
+}
+
+/// Another send holds the key this one reserved: counted and warned.
+fn lease_lost(config: &Config, h: &Held) {
     bump(&config.counters.lease_lost);
     tracing::warn!(
         namespace = %config.namespace,
