@@ -290,3 +290,103 @@ async fn an_error_from_complete_now_is_settled_through_complete() {
     assert_eq!(provider.calls(), 1);
     assert_eq!(l.stats().store_failed_after_send, 0);
 }
+
+/// A send over a Redis server of the test's own that stops taking writes (`CLIENT PAUSE`)
+/// once the provider accepted: the caller is answered at the settle timeout, whether the
+/// store's own bound on each call is longer than it (its timer must not be taken for the
+/// settle timeout's) or shorter (the calls time out and are retried until the settle timeout
+/// answers the caller). Once the server takes writes again, the background settlement keeps
+/// the outcome: a repeat is replayed, the provider called once. Real time, bounded.
+#[cfg(feature = "redis")]
+async fn settle_timeout_over_a_paused_redis(store_timeout: Duration, settle_timeout: Duration) {
+    use support::servers::RedisServer;
+    use support::stores::{redis_admin, unique_prefix};
+    use tower_idempotency::store::RedisStore;
+
+    let Some(server) = RedisServer::start().await else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url)
+        .await
+        .expect("connect to the private redis-server")
+        .key_prefix(unique_prefix("settle-paused"))
+        .timeout(store_timeout);
+    let l = IdempotencyLayer::builder()
+        .store(store)
+        .namespace("settle")
+        .lease(Duration::from_secs(30))
+        .settle_timeout(settle_timeout)
+        .build()
+        .unwrap();
+    let admin = redis_admin::admin(&server.url).await;
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&calls);
+    let provider = tower::service_fn(move |_m: tower_idempotency::Message| {
+        let mut admin = admin.clone();
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            // Accepted; the store stops taking writes before the outcome is kept.
+            let _: () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(20_000)
+                .arg("WRITE")
+                .query_async(&mut admin)
+                .await
+                .expect("CLIENT PAUSE");
+            Ok::<_, tower_idempotency::BoxError>(tower_idempotency::Receipt::new("msg-1", "t"))
+        }
+    });
+    let mut svc = ServiceBuilder::new().layer(l.clone()).service(provider);
+
+    let started = Instant::now();
+    let receipt = send(&mut svc, message(Some("k"), "hi")).await.unwrap();
+    let waited = started.elapsed();
+    assert_eq!(receipt.id, "msg-1");
+    assert!(
+        waited >= settle_timeout && waited < settle_timeout + Duration::from_millis(700),
+        "answered after {waited:?}, settle timeout {settle_timeout:?}, store bound \
+         {store_timeout:?}"
+    );
+
+    let mut admin = redis_admin::admin(&server.url).await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT UNPAUSE");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        match send(&mut svc, message(Some("k"), "hi")).await {
+            Ok(again) => break again,
+            // Still pending: the background settlement has not landed yet.
+            Err(error) if Instant::now() < deadline => {
+                assert_eq!(error.code(), codes::IN_FLIGHT, "{error:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("the outcome was never kept: {error:?}"),
+        }
+    };
+    assert!(again.replayed);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
+async fn a_store_bound_longer_than_the_settle_timeout_does_not_stretch_it() {
+    settle_timeout_over_a_paused_redis(Duration::from_secs(3), Duration::from_millis(300)).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
+async fn a_store_bound_shorter_than_the_settle_timeout_is_retried_until_it() {
+    settle_timeout_over_a_paused_redis(Duration::from_millis(150), Duration::from_millis(600))
+        .await;
+}

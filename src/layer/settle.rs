@@ -7,14 +7,14 @@
 //! keeps renewing the lease, so a store that flickers does not free a key whose message went.
 
 use std::future::{Future, poll_fn};
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::config::Config;
 use super::key::key_hash;
@@ -22,7 +22,7 @@ use super::renew::{Backoff, Held, Lease, after, has_runtime, hold, renew_once, t
 use super::reserve::spawn_detached;
 use super::stats::{bump, bump_by};
 use crate::outcome::{Outcome, Receipt, SendError, codes};
-use crate::store::{Completion, StoreError};
+use crate::store::{Completion, StoreError, deadline};
 
 /// What to do with a reserved key once its send is over.
 pub(crate) enum Finish {
@@ -180,12 +180,28 @@ fn completed_now(config: &Config, h: &Held, outcome: &Outcome) -> bool {
 /// Settles in the caller's task, so a networked store's answer wakes the caller itself (no
 /// task to spawn, no hand-over). What is left when the settle timeout passes, or when the
 /// caller drops the send, goes on in a task of its own.
+///
+/// The settle timeout's timer is armed only when something else will not wake the caller by
+/// then: while the settlement waits on a store call whose own timer fires by the settle
+/// timeout (a networked store bounds each call: see [`deadline`]), that timer does, and a
+/// send arms one timer for its settlement rather than two.
 async fn settle_in_place(settlement: BoxFuture<'static, ()>, settle_timeout: Duration) {
     let mut inline = Detachable(Some(settlement));
-    if tokio::time::timeout(settle_timeout, poll_fn(|cx| inline.poll(cx)))
-        .await
-        .is_err()
-    {
+    let by = deadline::later(Instant::now(), settle_timeout);
+    let mut timer: Option<Pin<Box<Sleep>>> = None;
+    let settled = poll_fn(|cx| {
+        let (polled, woken) = deadline::poll_watched(by, || inline.poll(cx));
+        if polled.is_ready() {
+            return Poll::Ready(true);
+        }
+        if woken && timer.is_none() {
+            return Poll::Pending;
+        }
+        let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(by)));
+        timer.as_mut().poll(cx).map(|()| false)
+    })
+    .await;
+    if !settled {
         inline.detach();
     }
 }

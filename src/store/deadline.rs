@@ -17,6 +17,11 @@
 //! The two talk through a thread-local set for the length of one poll: a poll runs on one
 //! thread from start to end, and it holds plain values, so nothing outlives the poll.
 //!
+//! A caller that must itself wake by some instant while it polls such calls (the layer's
+//! settle timeout, around a settlement's store calls) watches the poll ([`poll_watched`]):
+//! a timer of either kind armed in it that fires by then says so, and the watcher arms none
+//! while that holds. A networked send then arms one timer for its settlement, not two.
+//!
 //! [`RedisStore`]: super::RedisStore
 //! [`PostgresStore`]: super::PostgresStore
 
@@ -64,6 +69,34 @@ impl Bound {
 
 thread_local! {
     static LAYER: Cell<Option<Bound>> = const { Cell::new(None) };
+    static WATCH: Cell<Option<Watch>> = const { Cell::new(None) };
+}
+
+/// A watcher of the current poll: it must be woken by `by`.
+#[derive(Clone, Copy, Debug)]
+struct Watch {
+    by: Instant,
+    /// Whether a timer armed in this poll fires by `by`.
+    woken: bool,
+}
+
+/// Polls once (`poll`) for a watcher that must be woken by `by`: answers the poll, and
+/// whether a store call's timer or the layer's bound armed in it fires by `by`, so that the
+/// watcher need not arm a timer of its own for this wait. A poll that waits on anything
+/// else (a sleep, a store of another kind) answers `false`.
+pub(crate) fn poll_watched<T>(by: Instant, poll: impl FnOnce() -> Poll<T>) -> (Poll<T>, bool) {
+    let outer = WATCH.replace(Some(Watch { by, woken: false }));
+    let answer = poll();
+    let watched = WATCH.replace(outer);
+    (answer, watched.is_some_and(|watch| watch.woken))
+}
+
+/// Tells the watcher of the current poll, if any, that a timer armed in it fires at `at`.
+fn wakes_at(at: Instant) {
+    if let Some(mut watch) = WATCH.get() {
+        watch.woken |= at <= watch.by;
+        WATCH.set(Some(watch));
+    }
 }
 
 /// Changes the layer's bound of the current poll, if a layer is polling.
@@ -78,7 +111,7 @@ fn with_layer<R>(change: impl FnOnce(&mut Bound) -> R) -> Option<R> {
 
 /// `now + timeout`, or a far future (30 years) when that does not fit in an `Instant`, as
 /// tokio's own timeout does.
-fn later(now: Instant, timeout: Duration) -> Instant {
+pub(crate) fn later(now: Instant, timeout: Duration) -> Instant {
     now.checked_add(timeout)
         .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 3600))
 }
@@ -129,7 +162,11 @@ pub(crate) async fn within<T>(
         }
         match timer.as_mut().map(|sleep| sleep.as_mut().poll(cx)) {
             Some(Poll::Ready(())) => Poll::Ready(Err(StoreError::timeout())),
-            _ => Poll::Pending,
+            Some(Poll::Pending) => {
+                wakes_at(bound.fix(Instant::now));
+                Poll::Pending
+            }
+            None => Poll::Pending,
         }
     })
     .await
@@ -171,6 +208,7 @@ where
         }
         let at = timer.deadline();
         with_layer(|bound| bound.covered |= at <= bound.fix(Instant::now));
+        wakes_at(at);
         Poll::Pending
     })
     .await
@@ -277,6 +315,40 @@ mod tests {
                 .unwrap(),
             8
         );
+    }
+
+    /// Polls `call` once under a watch for a wake-up by `by`: whether a timer armed in it
+    /// said it fires by then.
+    fn woken_by<F: Future>(by: Duration, call: F) -> bool {
+        let mut call = pin!(call);
+        let waker = futures_util::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        let (polled, woken) = poll_watched(Instant::now() + by, || call.as_mut().poll(&mut cx));
+        assert!(polled.is_pending());
+        woken
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_hears_of_a_timer_that_fires_by_its_deadline_and_of_no_other() {
+        let stuck = || pending::<Result<(), StoreError>>();
+        // A store's own timer, alone or under the layer's bound.
+        assert!(woken_by(3 * SECOND, store_call(2 * SECOND, stuck)));
+        assert!(!woken_by(SECOND, store_call(2 * SECOND, stuck)));
+        assert!(woken_by(
+            SECOND,
+            within(SECOND, store_call(5 * SECOND, stuck))
+        ));
+        assert!(!woken_by(
+            SECOND,
+            within(5 * SECOND, store_call(2 * SECOND, stuck))
+        ));
+        // The layer's own timer, where no store bound covers the call.
+        assert!(woken_by(2 * SECOND, within(SECOND, stuck())));
+        assert!(!woken_by(SECOND, within(2 * SECOND, stuck())));
+        // Anything else: the watcher arms its own.
+        assert!(!woken_by(5 * SECOND, tokio::time::sleep(SECOND)));
+        // And a poll outside any watch tells no one.
+        assert!(WATCH.get().is_none());
     }
 
     #[test]
