@@ -130,9 +130,11 @@ impl<S: IdempotencyStore> Peer<S> {
     }
 }
 
-/// One way of sending a keyed message, cloned into each task.
+/// One way of sending a keyed message. Each worker holds a clone of its own and sends
+/// through it one message after another (ours as a tower service is driven: `ready`, then
+/// `call`, on the worker's own handle), so no side clones a handle per send.
 trait Sender: Clone + Send + Sync + 'static {
-    fn send(&self, message: Message) -> impl Future<Output = Receipt> + Send;
+    fn send(&mut self, message: Message) -> impl Future<Output = Receipt> + Send;
 }
 
 #[derive(Clone)]
@@ -147,13 +149,14 @@ where
         + 'static,
     S::Future: Send,
 {
-    async fn send(&self, message: Message) -> Receipt {
-        self.0.clone().oneshot(message).await.expect("sent")
+    async fn send(&mut self, message: Message) -> Receipt {
+        let ready = self.0.ready().await.expect("ready");
+        ready.call(message).await.expect("sent")
     }
 }
 
 impl<S: IdempotencyStore> Sender for Peer<S> {
-    async fn send(&self, message: Message) -> Receipt {
+    async fn send(&mut self, message: Message) -> Receipt {
         Peer::send(self, message).await.expect("peer sent")
     }
 }
@@ -206,7 +209,7 @@ fn compare<T: Sender>(
         });
         g.bench_function(BenchmarkId::new("replay", name), |b| {
             b.to_async(rt).iter_custom(|sends| async move {
-                let sender = new();
+                let mut sender = new();
                 let replayed = keys.next();
                 sender.send(replayed.clone()).await;
                 let messages = (0..sends).map(|_| replayed.clone()).collect();
@@ -241,7 +244,7 @@ async fn run_timed<T: Sender>(
     let tasks: Vec<_> = shares
         .into_iter()
         .map(|share| {
-            let sender = sender.clone();
+            let mut sender = sender.clone();
             let start = Arc::clone(&start);
             tokio::spawn(async move {
                 start.wait().await;
@@ -347,7 +350,7 @@ async fn slice<T: Sender>(
     workers: usize,
     sends: usize,
 ) -> (f64, f64) {
-    let sender = new();
+    let mut sender = new();
     let messages = if replay {
         let replayed = keys.next();
         sender.send(replayed.clone()).await;

@@ -28,13 +28,12 @@ struct Raw {
 }
 
 impl Sender for Raw {
-    async fn send(&self, message: Message) -> Receipt {
+    async fn send(&mut self, message: Message) -> Receipt {
         let key = message.idempotency_key().expect("keyed");
         let key = format!("{}{NAMESPACE}:{}", self.prefix, key.as_str());
         let fingerprint = Fingerprint::of(&message);
-        let mut connection = self.manager.clone();
         self.commands
-            .send(&mut connection, &key, fingerprint, TTL, TTL)
+            .send(&mut self.manager, &key, fingerprint, TTL, TTL)
             .await;
         Receipt::new("msg_1", "bench")
     }
