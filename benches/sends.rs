@@ -157,7 +157,13 @@ async fn redis(raw: bool, replay: bool, sends: usize) {
         }
     } else {
         let store = RedisStore::new(manager).key_prefix(prefix);
-        let mut layered = IdempotencyLayer::new(store).layer(provider());
+        // Kept as long as raw keeps its records: a run leaves nothing in the server for a day.
+        let mut layered = IdempotencyLayer::builder()
+            .store(store)
+            .ttl(Duration::from_secs(60))
+            .build()
+            .expect("valid layer")
+            .layer(provider());
         for m in messages {
             let sent = layered.ready().await.expect("ready").call(m);
             black_box(sent.await.expect("sent"));

@@ -53,7 +53,14 @@ pub(super) fn bench(c: &mut Criterion) {
         .expect("connect to REDIS_URL");
 
     let store = RedisStore::new(manager.clone()).key_prefix(prefix.clone());
-    let ours = IdempotencyLayer::new(store).layer(provider());
+    // Kept as long as raw keeps its records (and the peer its entries): the same commands,
+    // and a run leaves nothing in the server for a day.
+    let ours = IdempotencyLayer::builder()
+        .store(store)
+        .ttl(TTL)
+        .build()
+        .expect("valid layer")
+        .layer(provider());
     let ours = Ours(ours);
 
     let raw = Raw {
