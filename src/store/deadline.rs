@@ -99,6 +99,21 @@ fn wakes_at(at: Instant) {
     }
 }
 
+/// Held by a call that may tell a watcher of its timer: when the call ends or is dropped
+/// inside a watched poll, its timer goes with it, so what the poll was told no longer holds
+/// (a wrapping store may drop a call and wait on something else in the same poll). The
+/// watcher then arms its own timer; at worst one too many, never one missing.
+struct Reported;
+
+impl Drop for Reported {
+    fn drop(&mut self) {
+        if let Some(mut watch) = WATCH.get() {
+            watch.woken = false;
+            WATCH.set(Some(watch));
+        }
+    }
+}
+
 /// Changes the layer's bound of the current poll, if a layer is polling.
 #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 fn with_layer<R>(change: impl FnOnce(&mut Bound) -> R) -> Option<R> {
@@ -128,6 +143,7 @@ pub(crate) async fn within<T>(
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     let mut call = pin!(call);
+    let _reported = Reported;
     // Boxed when armed: most calls arm none (an in-process store, or a store bound covering
     // the wait), and a send's future then keeps no room for a timer.
     let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
@@ -194,6 +210,7 @@ where
     // Made here, in the slot it is polled from, rather than moved in.
     let mut work = pin!(work());
     let mut timer = pin!(tokio::time::sleep_until(first));
+    let _reported = Reported;
     poll_fn(|cx| {
         if let Poll::Ready(answer) = work.as_mut().poll(cx) {
             return Poll::Ready(answer);
@@ -347,6 +364,15 @@ mod tests {
         assert!(!woken_by(SECOND, within(2 * SECOND, stuck())));
         // Anything else: the watcher arms its own.
         assert!(!woken_by(5 * SECOND, tokio::time::sleep(SECOND)));
+        // A call dropped in the poll that was told of its timer takes the timer with it:
+        // a wrapper that gives up on it and waits on something else is not covered.
+        let gave_up = async {
+            let mut call = Box::pin(store_call(2 * SECOND, stuck));
+            assert!(futures_util::poll!(&mut call).is_pending());
+            drop(call);
+            pending::<()>().await;
+        };
+        assert!(!woken_by(3 * SECOND, gave_up));
         // And a poll outside any watch tells no one.
         assert!(WATCH.get().is_none());
     }
