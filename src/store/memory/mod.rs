@@ -1,6 +1,6 @@
 //! [`MemoryStore`]: the default store, in this process, bounded and sharded.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::hash::RandomState;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,10 +13,12 @@ use tokio::time::Instant;
 use super::{Record, RecordState, Reservation, Store, StoreError, Token};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
+use index::ExpiryIndex;
 use kept::KeptOutcome;
 use key::{Hashed, Map};
 
 mod admin;
+mod index;
 mod kept;
 mod key;
 
@@ -95,7 +97,8 @@ struct Shard {
     map: Map<Entry>,
     /// The store's hasher, for the keys the indexes give back.
     hasher: RandomState,
-    by_expiry: BTreeMap<Order, Arc<str>>,
+    /// Every record's key at its place by expiry (see [`index`]).
+    by_expiry: ExpiryIndex<Order>,
     /// Done records in the order they were completed, oldest first: the version (`seq`) of
     /// each and its key. Writes come in that order, so a queue keeps it; a record rewritten
     /// or removed since leaves a stale element, skipped when it reaches the front and swept
@@ -202,7 +205,7 @@ impl Shard {
         Self {
             map: Map::default(),
             hasher,
-            by_expiry: BTreeMap::new(),
+            by_expiry: ExpiryIndex::new(),
             completed: VecDeque::new(),
             next_seq: 0,
         }
@@ -322,11 +325,7 @@ impl Shard {
     /// Drops every expired record; answers how many went.
     fn purge_expired(&mut self, now: Tick) -> usize {
         let mut dropped = 0;
-        while let Some(entry) = self.by_expiry.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let key = entry.remove();
+        while let Some(key) = self.by_expiry.pop_first_if(|&(at, _)| at <= now) {
             if self.map.remove(self.hashed(&key).lookup()).is_some() {
                 dropped += 1;
             }
