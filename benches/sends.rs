@@ -157,9 +157,11 @@ async fn redis(raw: bool, replay: bool, sends: usize) {
         }
     } else {
         let store = RedisStore::new(manager).key_prefix(prefix);
-        // Kept as long as raw keeps its records: a run leaves nothing in the server for a day.
+        // Leased and kept as long as raw's records: the same commands, and a run leaves
+        // nothing in the server for a day.
         let mut layered = IdempotencyLayer::builder()
             .store(store)
+            .lease(Duration::from_secs(60))
             .ttl(Duration::from_secs(60))
             .build()
             .expect("valid layer")

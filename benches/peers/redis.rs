@@ -53,10 +53,11 @@ pub(super) fn bench(c: &mut Criterion) {
         .expect("connect to REDIS_URL");
 
     let store = RedisStore::new(manager.clone()).key_prefix(prefix.clone());
-    // Kept as long as raw keeps its records (and the peer its entries): the same commands,
+    // Leased and kept as long as raw's records (and the peer's entries): the same commands,
     // and a run leaves nothing in the server for a day.
     let ours = IdempotencyLayer::builder()
         .store(store)
+        .lease(TTL)
         .ttl(TTL)
         .build()
         .expect("valid layer")
