@@ -9,8 +9,9 @@
 //!
 //! Instructions per send are (the first count − the second) / 4,000, so what runs once
 //! (the runtime, the store, the message) cancels out. The kinds: `bare` (the inner service
-//! alone, a message clone per send), `fresh` (a new key each send) and `replay` (one key sent
-//! again); `fresh-64` and `replay-64` send the same from 64 tasks on two threads, for their
+//! alone, a message clone per send), `fresh` (a new key each send), `fresh-full` (the same on a
+//! store of 1,000 records, full after the first thousand: each later send makes room) and
+//! `replay` (one key sent again); `fresh-64` and `replay-64` send the same from 64 tasks on two threads, for their
 //! CPU time (`time`) or their counts. The keyed messages are made before the loop;
 //! `messages` makes and drops them alone, to subtract from `fresh`. With `REDIS_URL` set, `redis` sends fresh keys through the layer
 //! on a `RedisStore` and `redis-raw` issues the same commands with none of our code (the
@@ -57,6 +58,16 @@ async fn run(kind: &str, sends: usize) {
         "fresh" => {
             for m in fresh_messages(sends) {
                 let sent = layered.ready().await.expect("ready").call(m);
+                black_box(sent.await.expect("sent"));
+            }
+        }
+        "fresh-full" => {
+            // A store of 1,000 records, full after the first thousand sends: every later one
+            // makes room (the steady state of a bounded store), where `fresh` never does.
+            let store = MemoryStore::with_max_entries(1_000);
+            let mut full = IdempotencyLayer::new(store).layer(provider());
+            for m in fresh_messages(sends) {
+                let sent = full.ready().await.expect("ready").call(m);
                 black_box(sent.await.expect("sent"));
             }
         }

@@ -65,6 +65,22 @@ pub(super) struct StoredKey {
     pub(super) key: Arc<str>,
 }
 
+impl StoredKey {
+    /// `key` with `hash`, its hash by the store's hasher (kept from the call that made it).
+    pub(super) fn with_hash(hash: u64, key: Arc<str>) -> Self {
+        Self { hash, key }
+    }
+
+    /// The key and its hash, for a lookup that hashes nothing.
+    pub(super) fn hashed(&self) -> Hashed<'_> {
+        Hashed {
+            hash: self.hash,
+            key: &self.key,
+            shared: None,
+        }
+    }
+}
+
 /// The records of a shard by key. Its hasher passes the hash each key carries through.
 pub(super) type Map<V> = HashMap<StoredKey, V, BuildHasherDefault<PassThrough>>;
 

@@ -15,7 +15,7 @@ use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 use index::ExpiryIndex;
 use kept::KeptOutcome;
-use key::{Hashed, Map};
+use key::{Hashed, Map, StoredKey};
 
 mod admin;
 mod index;
@@ -100,10 +100,10 @@ struct Shard {
     /// Every record's key at its place by expiry (see [`index`]).
     by_expiry: ExpiryIndex<Order>,
     /// Done records in the order they were completed, oldest first: the version (`seq`) of
-    /// each and its key. Writes come in that order, so a queue keeps it; a record rewritten
+    /// each and its key with its hash (so that making room hashes no key). Writes come in that order, so a queue keeps it; a record rewritten
     /// or removed since leaves a stale element, skipped when it reaches the front and swept
     /// out once the queue holds twice as many elements as the shard holds records (and 64).
-    completed: VecDeque<(u64, Arc<str>)>,
+    completed: VecDeque<(u64, StoredKey)>,
     next_seq: u64,
 }
 
@@ -233,7 +233,8 @@ impl Shard {
     /// into the store, once for the map and both indexes.
     fn add(&mut self, key: Hashed<'_>, entry: Entry) {
         let stored = key.stored();
-        self.index(Arc::clone(&stored.key), entry.expiry_order(), entry.state());
+        let (expiry, state) = (entry.expiry_order(), entry.state());
+        self.index(Arc::clone(&stored.key), key.hash, expiry, state);
         self.map.insert(stored, entry);
     }
 
@@ -252,16 +253,18 @@ impl Shard {
     /// `expiry` and `state`; the stored copy of the key is taken from its old place.
     fn reindex(&mut self, key: Hashed<'_>, old: &Entry, expiry: Order, state: RecordState) {
         let stored = self.unindex(old).unwrap_or_else(|| key.owned());
-        self.index(stored, expiry, state);
+        self.index(stored, key.hash, expiry, state);
     }
 
-    /// Indexes the stored `key` of a record in `state` whose place by expiry is `expiry`.
-    fn index(&mut self, key: Arc<str>, expiry: Order, state: RecordState) {
+    /// Indexes the stored `key` (whose hash is `hash`) of a record in `state` whose place by
+    /// expiry is `expiry`.
+    fn index(&mut self, key: Arc<str>, hash: u64, expiry: Order, state: RecordState) {
         if state == RecordState::Done {
             if self.completed.len() > 2 * self.map.len() + 64 {
                 self.sweep_completed();
             }
-            self.completed.push_back((expiry.1, Arc::clone(&key)));
+            let queued = StoredKey::with_hash(hash, Arc::clone(&key));
+            self.completed.push_back((expiry.1, queued));
         }
         self.by_expiry.insert(expiry, key);
     }
@@ -273,8 +276,8 @@ impl Shard {
     }
 
     /// Whether `element` of the completion queue is still the done record it was queued for.
-    fn is_current(&self, (seq, key): &(u64, Arc<str>)) -> bool {
-        self.get(self.hashed(key))
+    fn is_current(&self, (seq, key): &(u64, StoredKey)) -> bool {
+        self.get(key.hashed())
             .is_some_and(|entry| entry.seq == *seq)
     }
 
@@ -288,7 +291,7 @@ impl Shard {
     /// The completion order of the oldest done record, dropping stale elements in front of it.
     fn oldest_done(&mut self) -> Option<Order> {
         while let Some(front) = self.completed.front() {
-            if let Some(entry) = self.get(self.hashed(&front.1)).filter(|e| e.seq == front.0) {
+            if let Some(entry) = self.get(front.1.hashed()).filter(|e| e.seq == front.0) {
                 return entry.completion_order();
             }
             self.completed.pop_front();
@@ -307,14 +310,15 @@ impl Shard {
     }
 
     /// Drops up to `n` of the oldest done records, and the stale elements of the completion
-    /// queue in front of them; answers how many records went. Each key is hashed once.
+    /// queue in front of them; answers how many records went. No key is hashed: the queue
+    /// keeps each one's hash.
     fn evict_oldest_done(&mut self, n: usize) -> usize {
         let mut dropped = 0;
         while dropped < n {
-            let Some((seq, key)) = self.completed.pop_front() else {
+            let Some((seq, queued)) = self.completed.pop_front() else {
                 break;
             };
-            let key = self.hashed(&key);
+            let key = queued.hashed();
             if self.get(key).is_some_and(|entry| entry.seq == seq) && self.remove(key) {
                 dropped += 1;
             }
