@@ -361,19 +361,11 @@ impl Conformance {
     /// 64 concurrent reserves of one key: exactly one is reserved, the others see it held.
     pub async fn concurrent_reserves_of_one_key_reserve_once(&self) {
         let key = self.key("race");
-        let barrier = Arc::new(tokio::sync::Barrier::new(CONCURRENT_RESERVES));
-        let tasks: Vec<_> = (0..CONCURRENT_RESERVES)
-            .map(|_| {
-                let store = Arc::clone(&self.store);
-                let key = key.clone();
-                let barrier = Arc::clone(&barrier);
-                let lease = self.lease * 20;
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    store.reserve(&key, fp(1), lease).await
-                })
-            })
-            .collect();
+        let lease = self.lease * 20;
+        let tasks = self.racing(|store, _| {
+            let key = key.clone();
+            async move { store.reserve(&key, fp(1), lease).await }
+        });
         let reserved = reserved_by(tasks).await;
         assert_eq!(
             reserved, 1,
@@ -410,26 +402,20 @@ impl Conformance {
         assert!(now.contains("msg-now"), "{now}");
 
         let key: Arc<str> = self.key("now-race").into();
-        let barrier = Arc::new(tokio::sync::Barrier::new(CONCURRENT_RESERVES));
-        let tasks: Vec<_> = (0..CONCURRENT_RESERVES)
-            .map(|i| {
-                let store = Arc::clone(&self.store);
-                let key = key.clone();
-                let barrier = Arc::clone(&barrier);
-                let lease = self.lease * 20;
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    // Half the tasks ask at once, half by the future.
-                    let now = (i % 2 == 0)
-                        .then(|| store.reserve_now(&key, fp(1), lease))
-                        .flatten();
-                    match now {
-                        Some(answer) => answer,
-                        None => store.reserve(&key, fp(1), lease).await,
-                    }
-                })
-            })
-            .collect();
+        let lease = self.lease * 20;
+        let tasks = self.racing(|store, i| {
+            let key = Arc::clone(&key);
+            async move {
+                // Half the tasks ask at once, half by the future.
+                let now = (i % 2 == 0)
+                    .then(|| store.reserve_now(&key, fp(1), lease))
+                    .flatten();
+                match now {
+                    Some(answer) => answer,
+                    None => store.reserve(&key, fp(1), lease).await,
+                }
+            }
+        });
         let reserved = reserved_by(tasks).await;
         assert_eq!(reserved, 1, "racing reserve_now and reserve of one key");
     }
@@ -470,6 +456,31 @@ impl Conformance {
 }
 
 /// How many of the racing reserves `tasks` were answered with a reservation.
+impl Conformance {
+    /// [`CONCURRENT_RESERVES`] tasks, each running `call(store, i)` once all of them are
+    /// spawned and waiting, so their calls reach the store together.
+    fn racing<T, F>(
+        &self,
+        call: impl Fn(Arc<dyn Store>, usize) -> F,
+    ) -> Vec<tokio::task::JoinHandle<T>>
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let barrier = Arc::new(tokio::sync::Barrier::new(CONCURRENT_RESERVES));
+        (0..CONCURRENT_RESERVES)
+            .map(|i| {
+                let barrier = Arc::clone(&barrier);
+                let call = call(Arc::clone(&self.store), i);
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    call.await
+                })
+            })
+            .collect()
+    }
+}
+
 async fn reserved_by(
     tasks: Vec<tokio::task::JoinHandle<Result<Reservation, StoreError>>>,
 ) -> usize {

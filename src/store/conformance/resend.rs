@@ -3,7 +3,6 @@
 //! ([`Reservation::TakenOver`](crate::store::Reservation::TakenOver)), and
 //! [`Store::retake`](crate::store::Store::retake).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::{CONCURRENT_RESERVES, Conformance, fp};
@@ -189,19 +188,11 @@ impl Conformance {
         let key = self.key("retake-race");
         let token = self.reserved(&key, fp(1)).await;
         assert!(self.complete(&key, token, fp(1), &unknown()).await);
-        let barrier = Arc::new(tokio::sync::Barrier::new(CONCURRENT_RESERVES));
-        let tasks: Vec<_> = (0..CONCURRENT_RESERVES)
-            .map(|_| {
-                let store = Arc::clone(&self.store);
-                let key = key.clone();
-                let barrier = Arc::clone(&barrier);
-                let lease = self.lease * 20;
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    store.retake(&key, fp(1), lease, lease * 10).await
-                })
-            })
-            .collect();
+        let lease = self.lease * 20;
+        let tasks = self.racing(|store, _| {
+            let key = key.clone();
+            async move { store.retake(&key, fp(1), lease, lease * 10).await }
+        });
         let mut taken = 0;
         for task in tasks {
             match task.await.expect("task panicked") {
