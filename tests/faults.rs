@@ -165,11 +165,7 @@ async fn one_dropped_redis_connection_while_keeping_the_outcome_does_not_send_tw
     let Some(server) = RedisServer::start().await else {
         return;
     };
-    let store = RedisStore::connect(&server.url)
-        .await
-        .expect("connect to the private redis-server")
-        .key_prefix(unique_prefix("dropped"))
-        .timeout(STORE_TIMEOUT);
+    let store = server.store(unique_prefix("dropped"), STORE_TIMEOUT).await;
     let admin = redis_admin::admin(&server.url).await;
     let killed = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&killed);
@@ -412,13 +408,7 @@ async fn redis_send_lasting_three_leases_lets_no_repeat_through() {
     let prefix = unique_prefix("slow");
     let mut stores = Vec::new();
     for _ in 0..2 {
-        stores.push(
-            RedisStore::connect(&server.url)
-                .await
-                .expect("connect")
-                .key_prefix(prefix.clone())
-                .timeout(STORE_TIMEOUT),
-        );
+        stores.push(server.store(prefix.clone(), STORE_TIMEOUT).await);
     }
     let stores: [RedisStore; 2] = stores.try_into().expect("two stores");
     send_outlasting_its_lease(stores).await;
@@ -650,11 +640,7 @@ async fn redis_renewal_stops_after_the_send_and_after_a_drop() {
     let Some(server) = RedisServer::start().await else {
         return;
     };
-    let store = RedisStore::connect(&server.url)
-        .await
-        .expect("connect")
-        .key_prefix(unique_prefix("renewal"))
-        .timeout(STORE_TIMEOUT);
+    let store = server.store(unique_prefix("renewal"), STORE_TIMEOUT).await;
     renewal_stops_after_the_send_and_after_a_drop(store).await;
 }
 
@@ -892,13 +878,7 @@ async fn redis_duplicates_from_two_layers_under_connection_kills_reach_the_provi
         return;
     };
     let prefix = unique_prefix("storm");
-    let connect = || async {
-        RedisStore::connect(&server.url)
-            .await
-            .expect("connect")
-            .key_prefix(prefix.clone())
-            .timeout(STORE_TIMEOUT)
-    };
+    let connect = || server.store(prefix.clone(), STORE_TIMEOUT);
     let admin = redis_admin::admin(&server.url).await;
     let kill: Kill = Box::new(move || {
         let mut admin = admin.clone();

@@ -301,16 +301,13 @@ async fn an_error_from_complete_now_is_settled_through_complete() {
 async fn settle_timeout_over_a_paused_redis(store_timeout: Duration, settle_timeout: Duration) {
     use support::servers::RedisServer;
     use support::stores::{redis_admin, unique_prefix};
-    use tower_idempotency::store::RedisStore;
 
     let Some(server) = RedisServer::start().await else {
         return;
     };
-    let store = RedisStore::connect(&server.url)
-        .await
-        .expect("connect to the private redis-server")
-        .key_prefix(unique_prefix("settle-paused"))
-        .timeout(store_timeout);
+    let store = server
+        .store(unique_prefix("settle-paused"), store_timeout)
+        .await;
     let l = IdempotencyLayer::builder()
         .store(store)
         .namespace("settle")

@@ -154,6 +154,22 @@ impl RedisServer {
     }
 }
 
+#[cfg(feature = "redis")]
+impl RedisServer {
+    /// A store on this server under `prefix`, each operation bounded by `timeout`.
+    pub async fn store(
+        &self,
+        prefix: impl Into<String>,
+        timeout: Duration,
+    ) -> tower_idempotency::store::RedisStore {
+        tower_idempotency::store::RedisStore::connect(&self.url)
+            .await
+            .expect("connect to the private redis-server")
+            .key_prefix(prefix)
+            .timeout(timeout)
+    }
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
