@@ -100,9 +100,10 @@ struct Shard {
     /// Every record's key at its place by expiry (see [`index`]).
     by_expiry: ExpiryIndex<Order>,
     /// Done records in the order they were completed, oldest first: the version (`seq`) of
-    /// each and its key with its hash (so that making room hashes no key). Writes come in that order, so a queue keeps it; a record rewritten
-    /// or removed since leaves a stale element, skipped when it reaches the front and swept
-    /// out once the queue holds twice as many elements as the shard holds records (and 64).
+    /// each and its key with its hash (so that making room hashes no key). Writes come in
+    /// that order, so a queue keeps it; a record rewritten or removed since leaves a stale
+    /// element, skipped when it reaches the front and swept out once the queue holds twice
+    /// as many elements as the shard holds records (and 64).
     completed: VecDeque<(u64, StoredKey)>,
     next_seq: u64,
 }
