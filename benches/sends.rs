@@ -10,7 +10,8 @@
 //! Instructions per send are (the first count − the second) / 4,000, so what runs once
 //! (the runtime, the store, the message) cancels out. The kinds: `bare` (the inner service
 //! alone, a message clone per send), `fresh` (a new key each send), `fresh-full` (the same on a
-//! store of 1,000 records, full after the first thousand: each later send makes room) and
+//! store of 1,000 records, full after the first thousand: each later send makes room),
+//! `fresh-full-10k` (the same on 10,000 records, a large store: count from 12,000 sends up) and
 //! `replay` (one key sent again); `fresh-64` and `replay-64` send the same from 64 tasks on two threads, for their
 //! CPU time (`time`) or their counts. The keyed messages are made before the loop;
 //! `messages` makes and drops them alone, to subtract from `fresh`. With `REDIS_URL` set, `redis` sends fresh keys through the layer
@@ -61,10 +62,13 @@ async fn run(kind: &str, sends: usize) {
                 black_box(sent.await.expect("sent"));
             }
         }
-        "fresh-full" => {
-            // A store of 1,000 records, full after the first thousand sends: every later one
-            // makes room (the steady state of a bounded store), where `fresh` never does.
-            let store = MemoryStore::with_max_entries(1_000);
+        "fresh-full" | "fresh-full-10k" => {
+            // A store of 1,000 (or 10,000) records, full after the first thousand (ten
+            // thousand) sends: every later one makes room (the steady state of a bounded
+            // store), where `fresh` never does. The small store keeps the exact order, the
+            // larger one evicts in batches from the new key's shard.
+            let max = if kind == "fresh-full" { 1_000 } else { 10_000 };
+            let store = MemoryStore::with_max_entries(max);
             let mut full = IdempotencyLayer::new(store).layer(provider());
             for m in fresh_messages(sends) {
                 let sent = full.ready().await.expect("ready").call(m);
