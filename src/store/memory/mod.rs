@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::{Record, RecordState, Reservation, Store, StoreError, Token};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
-use index::ExpiryIndex;
+use index::{ExpiryIndex, Lane};
 use kept::KeptOutcome;
 use key::{Hashed, Map, StoredKey};
 
@@ -260,14 +260,18 @@ impl Shard {
     /// Indexes the stored `key` (whose hash is `hash`) of a record in `state` whose place by
     /// expiry is `expiry`.
     fn index(&mut self, key: Arc<str>, hash: u64, expiry: Order, state: RecordState) {
-        if state == RecordState::Done {
-            if self.completed.len() > 2 * self.map.len() + 64 {
-                self.sweep_completed();
+        let lane = match state {
+            RecordState::Pending => Lane::Pending,
+            RecordState::Done => {
+                if self.completed.len() > 2 * self.map.len() + 64 {
+                    self.sweep_completed();
+                }
+                let queued = StoredKey::with_hash(hash, Arc::clone(&key));
+                self.completed.push_back((expiry.1, queued));
+                Lane::Done
             }
-            let queued = StoredKey::with_hash(hash, Arc::clone(&key));
-            self.completed.push_back((expiry.1, queued));
-        }
-        self.by_expiry.insert(expiry, key);
+        };
+        self.by_expiry.insert(expiry, key, lane);
     }
 
     /// Takes `entry` out of the expiry index; answers the stored key it held. (Its place in
