@@ -188,6 +188,127 @@ async fn redis(raw: bool, replay: bool, sends: usize) {
     }
 }
 
+/// The layer's two targets in microseconds (`layer` measures them as separate criterion
+/// benches, minutes apart on a machine whose speed drifts): a fresh send over the bare
+/// service fed the same messages and over the fingerprint, and a replay over the bare
+/// service and the fingerprint, each worked out within one round of five interleaved
+/// slices (their order rotating round to round), then the median and range of the rounds.
+/// As in `layer`, the fresh sends' store grows for the whole run and each message is made
+/// before its slice is timed.
+async fn targets(rounds: usize) {
+    let per: usize = std::env::var("SENDS_PER_SLICE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let mut fresh_layer =
+        IdempotencyLayer::new(MemoryStore::with_max_entries(usize::MAX)).layer(provider());
+    let mut replay_layer = IdempotencyLayer::new(MemoryStore::new()).layer(provider());
+    let mut bare = provider();
+    let unkeyed = message(2048, None);
+    let replayed = message(2048, Some("replay-key".into()));
+    replay_layer
+        .ready()
+        .await
+        .expect("ready")
+        .call(replayed.clone())
+        .await
+        .expect("first send");
+    let mut next = 0usize;
+    let mut keyed = || {
+        let batch: Vec<Message> = (next..next + per)
+            .map(|n| message(2048, Some(format!("fresh:{n}"))))
+            .collect();
+        next += per;
+        batch
+    };
+    let per_send = |start: Instant| start.elapsed().as_secs_f64() * 1e6 / per as f64;
+    let (mut fresh_over, mut replay_over) = (Vec::new(), Vec::new());
+    let mut parts: [Vec<f64>; 5] = Default::default();
+    for round in 0..rounds {
+        let mut t = [0.0f64; 5];
+        for slice in 0..5 {
+            let which = (slice + round) % 5;
+            t[which] = match which {
+                0 => {
+                    let batch = keyed();
+                    let start = Instant::now();
+                    for m in batch {
+                        black_box(
+                            bare.ready()
+                                .await
+                                .expect("ready")
+                                .call(m)
+                                .await
+                                .expect("sent"),
+                        );
+                    }
+                    per_send(start)
+                }
+                1 => {
+                    let batch = keyed();
+                    let start = Instant::now();
+                    for m in batch {
+                        let sent = fresh_layer.ready().await.expect("ready").call(m);
+                        black_box(sent.await.expect("sent"));
+                    }
+                    per_send(start)
+                }
+                2 => {
+                    let start = Instant::now();
+                    for _ in 0..per {
+                        let sent = bare.ready().await.expect("ready").call(unkeyed.clone());
+                        black_box(sent.await.expect("sent"));
+                    }
+                    per_send(start)
+                }
+                3 => {
+                    let start = Instant::now();
+                    for _ in 0..per {
+                        let sent = replay_layer
+                            .ready()
+                            .await
+                            .expect("ready")
+                            .call(replayed.clone());
+                        black_box(sent.await.expect("sent"));
+                    }
+                    per_send(start)
+                }
+                _ => {
+                    let start = Instant::now();
+                    for _ in 0..per {
+                        black_box(tower_idempotency::Fingerprint::of(black_box(&unkeyed)));
+                    }
+                    per_send(start)
+                }
+            };
+        }
+        fresh_over.push(t[1] - t[0] - t[4]);
+        replay_over.push(t[3] - t[2] - t[4]);
+        for (part, value) in parts.iter_mut().zip(t) {
+            part.push(value);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    for (name, v) in [
+        ("fresh - bare_batched - fingerprint", &mut fresh_over),
+        ("replay - bare - fingerprint", &mut replay_over),
+    ] {
+        let (m, lo, hi) = median(v);
+        println!(
+            "sends/targets/{name}: median {m:.3} µs, range {lo:.3} to {hi:.3} ({rounds} rounds of {per})"
+        );
+    }
+    for (name, v) in ["bare_batched", "fresh", "bare", "replay", "fingerprint"]
+        .iter()
+        .zip(parts.iter_mut())
+    {
+        println!("sends/targets/{name}: median {:.3} µs", median(v).0);
+    }
+}
+
 #[path = "stores/raw_redis.rs"]
 mod raw_redis;
 
@@ -208,6 +329,9 @@ fn main() {
     }
     .expect("runtime");
     match args.as_slice() {
+        [kind, rounds] if kind == "targets" => {
+            runtime.block_on(targets(rounds.parse().expect("a number of rounds")));
+        }
         [kind, sends] => {
             let sends = sends.parse().expect("a number of sends");
             runtime.block_on(run(kind, sends));
