@@ -21,6 +21,11 @@
 //! `redis-raw-replay` send one key again and again (raw reads the reserve script's first
 //! reply value and stops; ours decodes the kept record to answer with it). Without arguments (as under
 //! `cargo bench`) it runs 1,000 of each and prints their times.
+//!
+//! `targets ROUNDS` times instead of counting: the layer's two microsecond targets (a fresh
+//! send over the bare service and the fingerprint, a replay likewise), each round five
+//! interleaved slices of `SENDS_PER_SLICE` sends (100 unless set), medians of the rounds:
+//! `SENDS_PER_SLICE=100 target/release/deps/sends-<hash> targets 3000`.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

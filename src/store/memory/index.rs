@@ -373,10 +373,7 @@ mod tests {
         let paths = &pair.paths;
         assert!(paths.put_in_runs > 20_000, "{paths:?}");
         assert!(paths.removed_from_runs > 10_000, "{paths:?}");
-        assert!(
-            paths.holes_left > 500 && paths.many_holes > 0,
-            "{paths:?}"
-        );
+        assert!(paths.holes_left > 500 && paths.many_holes > 0, "{paths:?}");
         assert!(paths.popped > 1_000, "{paths:?}");
     }
 }
