@@ -62,7 +62,12 @@ pub struct Stats {
     pub verify_inconclusive: u64,
 }
 
+/// On cache lines of their own (and so the layer's `Arc` count on its own too, the
+/// configuration being aligned as they are): every send writes a counter, and beside the
+/// options every send reads it would make each thread's next read of them miss after
+/// another thread's send.
 #[derive(Default)]
+#[repr(align(64))]
 pub(crate) struct Counters {
     pub(crate) sent: AtomicU64,
     pub(crate) unkeyed: AtomicU64,

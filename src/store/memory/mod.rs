@@ -83,9 +83,23 @@ struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     max_entries: usize,
-    len: AtomicUsize,
+    len: OwnLine<AtomicUsize>,
     /// When the store was made: its [`Tick`]s, and so listing cursors, count from it.
     epoch: Instant,
+}
+
+/// A value alone on its cache line. The record count changes with every new record: beside
+/// the shards, the hasher and the clock's epoch, which every call reads, it would make each
+/// thread's next read of them miss after another thread added a record.
+#[repr(align(64))]
+struct OwnLine<T>(T);
+
+impl<T> std::ops::Deref for OwnLine<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 /// One lock's worth of records with two indexes: by expiry (to drop expired records first) and,
@@ -360,7 +374,7 @@ impl MemoryStore {
                     .collect(),
                 hasher,
                 max_entries,
-                len: AtomicUsize::new(0),
+                len: OwnLine(AtomicUsize::new(0)),
                 epoch: Instant::now(),
             }),
         }
