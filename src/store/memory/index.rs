@@ -226,7 +226,7 @@ mod tests {
 
         fn check(&mut self) {
             self.operations += 1;
-            check(&self.index, self.operations % 64 == 0);
+            check(&self.index, self.operations.is_multiple_of(64));
         }
 
         fn insert(&mut self, place: Place, lane: Lane) {
