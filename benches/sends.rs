@@ -40,8 +40,12 @@ use messages::{message, provider};
 
 /// The keyed messages of a `fresh` run, one key each.
 fn fresh_messages(sends: usize) -> Vec<Message> {
-    (0..sends)
-        .map(|n| message(2048, Some(format!("fresh:{n}"))))
+    keyed_messages(0..sends)
+}
+
+/// Messages under the keys `fresh:{n}` for each `n` of `keys`.
+fn keyed_messages(keys: std::ops::Range<usize>) -> Vec<Message> {
+    keys.map(|n| message(2048, Some(format!("fresh:{n}"))))
         .collect()
 }
 
@@ -220,11 +224,8 @@ async fn targets(rounds: usize) {
         .expect("first send");
     let mut next = 0usize;
     let mut keyed = || {
-        let batch: Vec<Message> = (next..next + per)
-            .map(|n| message(2048, Some(format!("fresh:{n}"))))
-            .collect();
         next += per;
-        batch
+        keyed_messages(next - per..next)
     };
     let per_send = |start: Instant| start.elapsed().as_secs_f64() * 1e6 / per as f64;
     let (mut fresh_over, mut replay_over) = (Vec::new(), Vec::new());

@@ -143,6 +143,10 @@ impl KeyFns {
     }
 }
 
+// The counters' alignment makes the configuration's: its `Arc` counts, before it, then
+// have a cache line of their own.
+const _: () = assert!(std::mem::align_of::<Config>() >= 64);
+
 /// What every service of a layer shares: the checked options and the counters.
 pub(crate) struct Config {
     pub(crate) store: Arc<dyn Store>,

@@ -224,7 +224,8 @@ mod tests {
             }
         }
 
-        fn check(&mut self) {
+        /// Checks the index after an operation (in full every 64th).
+        fn verify(&mut self) {
             self.operations += 1;
             check(&self.index, self.operations.is_multiple_of(64));
         }
@@ -235,14 +236,14 @@ mod tests {
             self.index.insert(place, Arc::clone(&key), lane);
             assert!(self.model.insert(place, key).is_none());
             self.paths.put_in_runs += usize::from(counts(&self.index).0 > before);
-            self.check();
+            self.verify();
         }
 
         fn remove(&mut self, place: Place) {
             let (in_runs, holes) = counts(&self.index);
             let holes_by_run = self.index.runs.each_ref().map(|run| run.holes);
             assert_eq!(self.index.remove(&place), self.model.remove(&place));
-            self.check();
+            self.verify();
             let (in_runs_after, holes_after) = counts(&self.index);
             if in_runs_after < in_runs {
                 self.paths.removed_from_runs += 1;
@@ -263,7 +264,7 @@ mod tests {
             let expected = place.and_then(|p| self.model.remove(&p));
             assert_eq!(self.index.pop_first_if(due), expected);
             self.paths.popped += usize::from(place.is_some());
-            self.check();
+            self.verify();
             place
         }
     }

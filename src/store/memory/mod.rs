@@ -94,6 +94,9 @@ struct Inner {
 #[repr(align(64))]
 struct OwnLine<T>(T);
 
+// The count fills its line: nothing else of the store's is on it.
+const _: () = assert!(std::mem::size_of::<OwnLine<AtomicUsize>>() == 64);
+
 impl<T> std::ops::Deref for OwnLine<T> {
     type Target = T;
 
