@@ -25,7 +25,9 @@
 //! `targets ROUNDS` times instead of counting: the layer's two microsecond targets (a fresh
 //! send over the bare service and the fingerprint, a replay likewise), each round five
 //! interleaved slices of `SENDS_PER_SLICE` sends (100 unless set), medians of the rounds:
-//! `SENDS_PER_SLICE=100 target/release/deps/sends-<hash> targets 3000`.
+//! `SENDS_PER_SLICE=100 target/release/deps/sends-<hash> targets 3000`. The fresh sends go to
+//! an unbounded store, which grows all run long; `FRESH_MAX_ENTRIES=100000` bounds it (the
+//! default store's size), so after it fills every fresh send also makes room.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -208,9 +210,16 @@ async fn targets(rounds: usize) {
     let per: usize = std::env::var("SENDS_PER_SLICE")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
+        .unwrap_or(100);
+    // The fresh side's store: unbounded unless `FRESH_MAX_ENTRIES` bounds it, when it fills
+    // within the first rounds and then makes room on every send (a bounded store's steady
+    // state).
+    let fresh_max = std::env::var("FRESH_MAX_ENTRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX);
     let mut fresh_layer =
-        IdempotencyLayer::new(MemoryStore::with_max_entries(usize::MAX)).layer(provider());
+        IdempotencyLayer::new(MemoryStore::with_max_entries(fresh_max)).layer(provider());
     let mut replay_layer = IdempotencyLayer::new(MemoryStore::new()).layer(provider());
     let mut bare = provider();
     let unkeyed = message(2048, None);

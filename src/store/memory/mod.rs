@@ -25,7 +25,11 @@ mod key;
 /// The default bound on the records a [`MemoryStore`] keeps.
 pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
+/// The locks of a large store.
 const SHARDS: usize = 32;
+
+/// The bound under which a store is small: one lock, and an exact eviction order.
+const SMALL: usize = 2048;
 
 /// An idempotency store in this process's memory.
 ///
@@ -39,13 +43,15 @@ const SHARDS: usize = 32;
 ///   [`Capacity`](super::StoreErrorKind::Capacity) error and the layer answers `store_failed`
 ///   without sending.
 ///
-///   A small store (under 2048 records) keeps that order exactly. A large one makes room in
-///   the shard the new key falls in: its expired records, else up to 64 of its oldest done
-///   ones, looking across all shards only when that shard has neither. The order is then
-///   oldest-first within each of 32 shards, which keys fill evenly; in exchange a full store
-///   needs no store-wide scan per insert, and threads on distinct keys do not serialise on
-///   eviction.
-/// - **Sharded.** Keys are spread over independent locks, so unrelated keys do not contend.
+///   A small store (under 2048 records) keeps that order exactly: its records are under one
+///   lock. A large one makes room in the shard the new key falls in: its expired records,
+///   else up to 64 of its oldest done ones, looking across all shards only when that shard
+///   has neither. The order is then oldest-first within each of 32 shards, which keys fill
+///   evenly; in exchange a full store needs no store-wide scan per insert, and threads on
+///   distinct keys do not serialise on eviction.
+/// - **Sharded.** A large store spreads keys over 32 independent locks, so unrelated keys do
+///   not contend. A small one has a single lock, held for a map lookup and a write per call:
+///   exact order without a scan of every shard per insert.
 /// - **Settled by hand.** It implements [`StoreAdmin`](super::admin::StoreAdmin); each
 ///   operation is one step under the key's shard lock. The listing walks every shard (one
 ///   lock at a time) and sorts what it finds, so a page costs time in proportion to the
@@ -372,7 +378,7 @@ impl MemoryStore {
         let hasher = RandomState::new();
         Self {
             inner: Arc::new(Inner {
-                shards: (0..SHARDS)
+                shards: (0..if max_entries < SMALL { 1 } else { SHARDS })
                     .map(|_| Mutex::new(Shard::new(hasher.clone())))
                     .collect(),
                 hasher,
@@ -443,10 +449,10 @@ impl Inner {
     }
 
     /// Drops expired records, or else the oldest done ones, first in the new key's `home`
-    /// shard (large stores only), then across shards; refuses when only live pending records
-    /// remain. Never called with a shard lock held.
+    /// shard (a small store's only one), then across shards; refuses when only live pending
+    /// records remain. Never called with a shard lock held.
     fn make_room(&self, now: Tick, home: usize) -> Result<(), StoreError> {
-        if self.eviction_batch() > 1 {
+        {
             let mut shard = lock(&self.shards[home]);
             let mut dropped = shard.purge_expired(now);
             if dropped == 0 {
@@ -456,6 +462,9 @@ impl Inner {
                 self.len.fetch_sub(dropped, Ordering::AcqRel);
                 return Ok(());
             }
+        }
+        if self.shards.len() == 1 {
+            return Err(StoreError::capacity(self.max_entries));
         }
         let mut dropped = 0;
         for shard in self.shards.iter() {
