@@ -15,7 +15,7 @@ use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 use index::{ExpiryIndex, Lane};
 use kept::KeptOutcome;
-use key::{Hashed, Map, StoredKey};
+use key::{Hashed, Map, Slot, StoredKey};
 
 mod admin;
 mod index;
@@ -236,11 +236,11 @@ impl Shard {
     }
 
     fn get(&self, key: Hashed<'_>) -> Option<&Entry> {
-        self.map.get(key.lookup())
+        self.map.get(key)
     }
 
     fn get_mut(&mut self, key: Hashed<'_>) -> Option<&mut Entry> {
-        self.map.get_mut(key.lookup())
+        self.map.get_mut(key)
     }
 
     /// A key an index gave back, hashed for the map.
@@ -259,7 +259,7 @@ impl Shard {
         let stored = key.stored();
         let (expiry, state) = (entry.expiry_order(), entry.state());
         self.index(Arc::clone(&stored.key), key.hash, expiry, state);
-        self.map.insert(stored, entry);
+        self.map.insert_new(stored, entry);
     }
 
     /// Replaces the record of `key` with `entry`, or adds it. A key already held keeps its
@@ -328,7 +328,12 @@ impl Shard {
     }
 
     fn remove(&mut self, key: Hashed<'_>) -> bool {
-        match self.map.remove(key.lookup()) {
+        self.remove_if(key, |_| true)
+    }
+
+    /// Removes the record of `key` when `wanted` says so, from one lookup.
+    fn remove_if(&mut self, key: Hashed<'_>, wanted: impl FnOnce(&Entry) -> bool) -> bool {
+        match self.map.remove_if(key, wanted) {
             Some(entry) => {
                 self.unindex(&entry);
                 true
@@ -346,8 +351,7 @@ impl Shard {
             let Some((seq, queued)) = self.completed.pop_front() else {
                 break;
             };
-            let key = queued.hashed();
-            if self.get(key).is_some_and(|entry| entry.seq == seq) && self.remove(key) {
+            if self.remove_if(queued.hashed(), |entry| entry.seq == seq) {
                 dropped += 1;
             }
         }
@@ -358,7 +362,7 @@ impl Shard {
     fn purge_expired(&mut self, now: Tick) -> usize {
         let mut dropped = 0;
         while let Some(key) = self.by_expiry.pop_first_if(|&(at, _)| at <= now) {
-            if self.map.remove(self.hashed(&key).lookup()).is_some() {
+            if self.map.remove(self.hashed(&key)).is_some() {
                 dropped += 1;
             }
         }
@@ -505,38 +509,47 @@ impl Inner {
         loop {
             let now = self.now();
             {
-                let mut shard = self.shard(key);
-                // A pending record whose lease passed lingers until room is made: taking it
-                // over is reported, and keeps the first attempt of the same message.
-                let (existing, previous, first_at) = match shard.get(key) {
-                    Some(entry) if entry.is_live(now) => {
-                        return Ok(Reservation::Held {
-                            record: entry.record(now),
-                        });
-                    }
-                    Some(entry) if entry.state() == RecordState::Pending => {
+                let mut guard = self.shard(key);
+                let shard = &mut *guard;
+                let seq = shard.next_seq();
+                // One lookup: the record there, or room for a new one.
+                match shard.map.slot(key) {
+                    Slot::Taken(entry) => {
+                        if entry.is_live(now) {
+                            return Ok(Reservation::Held {
+                                record: entry.record(now),
+                            });
+                        }
+                        // A pending record whose lease passed lingers until room is made:
+                        // taking it over is reported, and keeps the first attempt of the
+                        // same message.
+                        let previous =
+                            (entry.state() == RecordState::Pending).then(|| entry.record(now));
                         let first_at = entry
                             .first_at
-                            .filter(|_| entry.fingerprint == fingerprint)
+                            .filter(|_| previous.is_some() && entry.fingerprint == fingerprint)
                             .unwrap_or(now);
-                        (true, Some(entry.record(now)), first_at)
+                        let token = Token::new();
+                        let taken = Entry::pending(fingerprint, token, now, lease, first_at, seq);
+                        let (expiry, state) = (taken.expiry_order(), taken.state());
+                        let old = std::mem::replace(entry, taken);
+                        shard.reindex(key, &old, expiry, state);
+                        return Ok(match previous {
+                            Some(previous) => Reservation::TakenOver { token, previous },
+                            None => Reservation::Reserved { token },
+                        });
                     }
-                    Some(_) => (true, None, now),
-                    None => (false, None, now),
-                };
-                if existing || self.take_slot() {
-                    let token = Token::new();
-                    let entry =
-                        Entry::pending(fingerprint, token, now, lease, first_at, shard.next_seq());
-                    if existing {
-                        shard.replace(key, entry);
-                    } else {
-                        shard.add(key, entry);
+                    Slot::Free(room) if self.take_slot() => {
+                        let token = Token::new();
+                        let added = Entry::pending(fingerprint, token, now, lease, now, seq);
+                        let (expiry, state) = (added.expiry_order(), added.state());
+                        let stored = key.stored();
+                        let indexed = Arc::clone(&stored.key);
+                        room.fill(stored, added);
+                        shard.index(indexed, key.hash, expiry, state);
+                        return Ok(Reservation::Reserved { token });
                     }
-                    return Ok(match previous {
-                        Some(previous) => Reservation::TakenOver { token, previous },
-                        None => Reservation::Reserved { token },
-                    });
+                    Slot::Free(_) => {}
                 }
             }
             self.make_room(now, self.shard_index(key))?;
