@@ -11,7 +11,8 @@
 //! (the runtime, the store, the message) cancels out. The kinds: `bare` (the inner service
 //! alone, a message clone per send), `fresh` (a new key each send), `fresh-full` (the same on a
 //! store of 1,000 records, full after the first thousand: each later send makes room),
-//! `fresh-full-10k` (the same on 10,000 records, a large store: count from 12,000 sends up) and
+//! `fresh-full-10k` (the same on 10,000 records, a large store: count from 12,000 sends up),
+//! `fresh-null` (the same through a store that keeps nothing: the layer's own share) and
 //! `replay` (one key sent again); `fresh-64` and `replay-64` send the same from 64 tasks on two threads, for their
 //! CPU time (`time`) or their counts. The keyed messages are made before the loop;
 //! `messages` makes and drops them alone, to subtract from `fresh`. With `REDIS_URL` set, `redis` sends fresh keys through the layer
@@ -27,13 +28,15 @@
 //! interleaved slices of `SENDS_PER_SLICE` sends (100 unless set), medians of the rounds:
 //! `SENDS_PER_SLICE=100 target/release/deps/sends-<hash> targets 3000`. The fresh sends go to
 //! an unbounded store, which grows all run long; `FRESH_MAX_ENTRIES=100000` bounds it (the
-//! default store's size), so after it fills every fresh send also makes room.
+//! default store's size), so after it fills every fresh send also makes room, and
+//! `FRESH_STORE=null` sends them through a store that keeps nothing (the layer's own share).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::outcome::Receipt;
+use tower_idempotency::store::{Reservation, StoreError, Token};
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Message};
 
 #[path = "common/messages.rs"]
@@ -66,6 +69,13 @@ async fn run(kind: &str, sends: usize) {
         "messages" => {
             let messages: Vec<Message> = fresh_messages(sends);
             black_box(messages);
+        }
+        "fresh-null" => {
+            let mut null = IdempotencyLayer::new(NullStore).layer(provider());
+            for m in fresh_messages(sends) {
+                let sent = null.ready().await.expect("ready").call(m);
+                black_box(sent.await.expect("sent"));
+            }
         }
         "fresh" => {
             for m in fresh_messages(sends) {
@@ -218,8 +228,11 @@ async fn targets(rounds: usize) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(usize::MAX);
-    let mut fresh_layer =
-        IdempotencyLayer::new(MemoryStore::with_max_entries(fresh_max)).layer(provider());
+    let mut fresh_layer = match std::env::var("FRESH_STORE").as_deref() {
+        // The layer's share alone: a store that answers at once and keeps nothing.
+        Ok("null") => IdempotencyLayer::new(NullStore).layer(provider()),
+        _ => IdempotencyLayer::new(MemoryStore::with_max_entries(fresh_max)).layer(provider()),
+    };
     let mut replay_layer = IdempotencyLayer::new(MemoryStore::new()).layer(provider());
     let mut bare = provider();
     let unkeyed = message(2048, None);
@@ -321,6 +334,61 @@ async fn targets(rounds: usize) {
         .zip(parts.iter_mut())
     {
         println!("sends/targets/{name}: median {:.3} µs", median(v).0);
+    }
+}
+
+/// A store that grants every reserve and keeps every outcome at once, remembering nothing:
+/// `FRESH_STORE=null` times the fresh side through it, for the layer's own share.
+#[derive(Clone)]
+struct NullStore;
+
+impl tower_idempotency::store::Store for NullStore {
+    fn reserve<'a>(
+        &'a self,
+        _: &'a str,
+        _: tower_idempotency::Fingerprint,
+        _: Duration,
+    ) -> futures_util::future::BoxFuture<'a, Result<Reservation, StoreError>> {
+        Box::pin(std::future::ready(Ok(Reservation::Reserved {
+            token: Token::new(),
+        })))
+    }
+    fn reserve_now(
+        &self,
+        _: &std::sync::Arc<str>,
+        _: tower_idempotency::Fingerprint,
+        _: Duration,
+    ) -> Option<Result<Reservation, StoreError>> {
+        Some(Ok(Reservation::Reserved {
+            token: Token::new(),
+        }))
+    }
+    fn complete<'a>(
+        &'a self,
+        _: &'a str,
+        _: Token,
+        _: tower_idempotency::Fingerprint,
+        _: &'a tower_idempotency::outcome::Outcome,
+        _: Duration,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(std::future::ready(Ok(true)))
+    }
+    fn complete_now(
+        &self,
+        _: &std::sync::Arc<str>,
+        _: Token,
+        _: tower_idempotency::Fingerprint,
+        _: &tower_idempotency::outcome::Outcome,
+        _: Duration,
+    ) -> Option<Result<bool, StoreError>> {
+        Some(Ok(true))
+    }
+    fn release<'a>(
+        &'a self,
+        _: &'a str,
+        _: Token,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(std::future::ready(Ok(true)))
     }
 }
 
