@@ -155,6 +155,26 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// A tick, or none, in the room of one: a record keeps when its first attempt began when it
+/// knows it. No first attempt begins at the end of time (a reserve's own `now`, 584 years on),
+/// so that tick stands for none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MaybeTick(Tick);
+
+impl MaybeTick {
+    const NONE: Self = Self(Tick(u64::MAX));
+
+    fn get(self) -> Option<Tick> {
+        (self != Self::NONE).then_some(self.0)
+    }
+}
+
+impl From<Option<Tick>> for MaybeTick {
+    fn from(tick: Option<Tick>) -> Self {
+        tick.map_or(Self::NONE, Self)
+    }
+}
+
 struct Entry {
     fingerprint: Fingerprint,
     token: Token,
@@ -165,10 +185,13 @@ struct Entry {
     written_at: Tick,
     /// When the first attempt under the key began: the reserve that first took it, kept
     /// through retakes and takeovers of the same message.
-    first_at: Option<Tick>,
+    first_at: MaybeTick,
     /// Unique (within the shard) id of this version of the record; breaks ties in the indexes.
     seq: u64,
 }
+
+// A record and its key fill two cache lines of the map's table: what a new key writes.
+const _: () = assert!(std::mem::size_of::<(StoredKey, Entry)>() == 128);
 
 impl Entry {
     /// A pending record under `token`, held for `lease` from `now`, whose first attempt
@@ -187,7 +210,7 @@ impl Entry {
             outcome: None,
             expires_at: now.after(lease),
             written_at: now,
-            first_at: Some(first_at),
+            first_at: Some(first_at).into(),
             seq,
         }
     }
@@ -219,7 +242,7 @@ impl Entry {
             state: self.state(),
             fingerprint: self.fingerprint,
             outcome: self.outcome.as_ref().map(KeptOutcome::outcome),
-            first_attempt_age: self.first_at.map(|at| now.since(at)),
+            first_attempt_age: self.first_at.get().map(|at| now.since(at)),
         }
     }
 }
@@ -527,6 +550,7 @@ impl Inner {
                             (entry.state() == RecordState::Pending).then(|| entry.record(now));
                         let first_at = entry
                             .first_at
+                            .get()
                             .filter(|_| previous.is_some() && entry.fingerprint == fingerprint)
                             .unwrap_or(now);
                         let token = Token::new();
@@ -569,13 +593,13 @@ impl Inner {
             {
                 let mut shard = self.shard(key);
                 let seq = shard.next_seq();
-                let done = |first_at| Entry {
+                let done = |first_at: Option<Tick>| Entry {
                     fingerprint,
                     token,
                     outcome: Some(KeptOutcome::of(outcome)),
                     expires_at: now.after(ttl),
                     written_at: now,
-                    first_at,
+                    first_at: first_at.into(),
                     seq,
                 };
                 // One lookup: a record there is rewritten in place.
@@ -584,7 +608,7 @@ impl Inner {
                     Some(slot) => {
                         // The first attempt is known when this token's own record is still
                         // there.
-                        let first_at = slot.first_at.filter(|_| slot.token == token);
+                        let first_at = slot.first_at.get().filter(|_| slot.token == token);
                         let entry = done(first_at);
                         let (expiry, state) = (entry.expiry_order(), entry.state());
                         let old = std::mem::replace(slot, entry);
@@ -648,7 +672,7 @@ impl Inner {
         let mut shard = self.shard(key);
         let entry = shard.get(key)?;
         let record = entry.record(now);
-        let first_at = entry.first_at?;
+        let first_at = entry.first_at.get()?;
         let retakes = entry.is_live(now)
             && record.fingerprint == fingerprint
             && record.is_unknown_delivery()

@@ -81,6 +81,11 @@ async fn outcomes_come_back_as_they_were_kept() {
         Outcome::sent(Receipt::new("", "resend")),
         Outcome::sent(Receipt::new("m\u{e9}\u{1f4e7}", "")),
         Outcome::sent(Receipt::new("m5", "tr\u{e4}nsport")),
+        // Accepted recipients by position, as the layer keeps them.
+        Outcome::kept(
+            &Ok(Receipt::new("m6", "resend").with_accepted(["b@example.com"])),
+            &["a@example.com", "b@example.com"],
+        ),
     ];
     for (i, outcome) in given.iter().enumerate() {
         let key = format!("k{i}");
@@ -114,4 +119,14 @@ fn a_key_given_shared_is_kept_shared_not_copied() {
     assert!(matches!(kept, Some(Ok(true))), "{kept:?}");
     // Completed: the completion queue holds one more.
     assert_eq!(Arc::strong_count(&key), 4);
+}
+
+#[test]
+fn a_maybe_tick_is_a_tick_or_none_in_eight_bytes() {
+    use super::{MaybeTick, Tick};
+    assert_eq!(std::mem::size_of::<MaybeTick>(), 8);
+    assert_eq!(MaybeTick::from(None).get(), None);
+    for tick in [0, 1, u64::MAX - 1] {
+        assert_eq!(MaybeTick::from(Some(Tick(tick))).get(), Some(Tick(tick)));
+    }
 }
