@@ -52,7 +52,7 @@ impl<'a> Hashed<'a> {
     }
 
     /// The key as the store keeps it: the caller's shared copy, or a copy of the text.
-    pub(super) fn owned(self) -> Arc<str> {
+    fn owned(self) -> Arc<str> {
         match self.shared {
             Some(shared) => Arc::clone(shared),
             None => Arc::from(self.key),
@@ -67,20 +67,6 @@ pub(super) struct StoredKey {
 }
 
 impl StoredKey {
-    /// `key` with `hash`, its hash by the store's hasher (kept from the call that made it).
-    pub(super) fn with_hash(hash: u64, key: Arc<str>) -> Self {
-        Self { hash, key }
-    }
-
-    /// The key and its hash, for a lookup that hashes nothing.
-    pub(super) fn hashed(&self) -> Hashed<'_> {
-        Hashed {
-            hash: self.hash,
-            key: &self.key,
-            shared: None,
-        }
-    }
-
     /// Whether this is `key`: the same hash (compared first, as it rules out almost every
     /// other key at once) and the same text.
     fn is(&self, key: Hashed<'_>) -> bool {
@@ -152,22 +138,24 @@ impl<V> Map<V> {
             .insert_unique(key.hash, (key, value), |(k, _)| k.hash);
     }
 
-    /// Takes out the value of `key` when `wanted` says so, from a single lookup.
-    pub(super) fn remove_if(
-        &mut self,
-        key: Hashed<'_>,
-        wanted: impl FnOnce(&V) -> bool,
-    ) -> Option<V> {
+    pub(super) fn remove(&mut self, key: Hashed<'_>) -> Option<V> {
         let found = self.table.find_entry(key.hash, |(k, _)| k.is(key)).ok()?;
-        if !wanted(&found.get().1) {
-            return None;
-        }
         let ((_, value), _) = found.remove();
         Some(value)
     }
 
-    pub(super) fn remove(&mut self, key: Hashed<'_>) -> Option<V> {
-        self.remove_if(key, |_| true)
+    /// The value under a key whose hash is `hash` that `is` picks out (one at most, as a
+    /// unique version in the value does): how an index finds a record without its key.
+    pub(super) fn find(&self, hash: u64, mut is: impl FnMut(&V) -> bool) -> Option<&V> {
+        let (_, value) = self.table.find(hash, |(_, v)| is(v))?;
+        Some(value)
+    }
+
+    /// Takes out the value [`find`](Self::find) would answer, from the same one lookup.
+    pub(super) fn remove_found(&mut self, hash: u64, mut is: impl FnMut(&V) -> bool) -> Option<V> {
+        let found = self.table.find_entry(hash, |(_, v)| is(v)).ok()?;
+        let ((_, value), _) = found.remove();
+        Some(value)
     }
 
     /// Every key with its value, in no order.
@@ -181,7 +169,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slot_is_the_value_there_or_room_for_one_and_removal_asks_first() {
+    fn a_slot_is_the_value_there_or_room_for_one_and_a_value_is_found_by_its_hash() {
         let hasher = RandomState::new();
         let mut map: Map<u32> = Map::default();
         let a = Hashed::new(&hasher, "a");
@@ -194,9 +182,16 @@ mod tests {
             Slot::Free(_) => panic!("the key was just added"),
         }
         assert_eq!((map.get(a), map.len()), (Some(&2), 1));
-        assert_eq!(map.remove_if(a, |&v| v == 1), None, "not wanted: kept");
+        // Found by the hash and the value, as the indexes find records.
+        assert_eq!(map.find(a.hash, |&v| v == 1), None);
+        assert_eq!(map.find(a.hash, |&v| v == 2), Some(&2));
+        assert_eq!(
+            map.remove_found(a.hash, |&v| v == 1),
+            None,
+            "not picked: kept"
+        );
         assert_eq!(map.get(a), Some(&2));
-        assert_eq!(map.remove_if(a, |&v| v == 2), Some(2));
+        assert_eq!(map.remove_found(a.hash, |&v| v == 2), Some(2));
         assert_eq!((map.get(a), map.len()), (None, 0));
         assert_eq!(map.remove(a), None);
     }
