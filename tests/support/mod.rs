@@ -371,6 +371,11 @@ pub fn capture() -> (Captured, CaptureGuard) {
         let subscriber = tracing_subscriber::registry().with(ThreadSink);
         let _ = tracing::subscriber::set_global_default(subscriber);
     });
+    // A callsite first hit by another test while the subscriber was being installed can
+    // keep the interest it had with none (never): tracing rebuilds the callsites it knows of
+    // when a subscriber is set, and one registering at that moment can miss the rebuild.
+    // Rebuilding again, with the subscriber surely in place, makes every event count.
+    tracing::callsite::rebuild_interest_cache();
     let captured = Captured::default();
     SINK.with(|sink| *sink.borrow_mut() = Some(captured.clone()));
     (captured, CaptureGuard)
