@@ -16,9 +16,9 @@
 //! builds it. `cargo bench --bench peers -- --warm-up-time 1 --measurement-time 3`.
 //!
 //! On a shared, noisy machine, `PEERS_INTERLEAVED=15 cargo bench --bench peers` instead
-//! times ours against the peer with SHA-256, over the same bytes and over the body (memory),
-//! and against raw (Redis) in alternating
-//! slices of 0.2 s, and prints the median ratio per case, by wall time and by the process's
+//! times ours against the peer with SHA-256, over the same bytes and over the body (memory,
+//! in alternating slices of 50,000 sends), and against raw (Redis, in alternating slices of
+//! about 0.2 s), and prints the median ratio per case, by wall time and by the process's
 //! CPU time (which time stolen by other work on a shared machine does not inflate; for Redis
 //! it leaves out the server's work, so the wall ratio is the one that counts there): see
 //! [`interleaved`].
@@ -162,19 +162,36 @@ impl<S: IdempotencyStore> Sender for Peer<S> {
 }
 
 /// A fresh key per message.
-struct Keys(AtomicU64, String);
+#[derive(Clone)]
+struct Keys(Arc<(AtomicU64, String)>);
 
 impl Keys {
     fn new(tag: &str) -> Self {
-        Self(AtomicU64::new(0), format!("{tag}:{}", uuid::Uuid::new_v4()))
+        Self(Arc::new((
+            AtomicU64::new(0),
+            format!("{tag}:{}", uuid::Uuid::new_v4()),
+        )))
     }
 
     fn next(&self) -> Message {
-        message(format!(
-            "{}:{}",
-            self.1,
-            self.0.fetch_add(1, Ordering::Relaxed)
-        ))
+        let (next, tag) = &*self.0;
+        message(format!("{tag}:{}", next.fetch_add(1, Ordering::Relaxed)))
+    }
+}
+
+/// What a slice sends: a new key each time, or one message again.
+#[derive(Clone)]
+enum Messages {
+    Fresh(Keys),
+    Replay(Message),
+}
+
+impl Messages {
+    fn next(&self) -> Message {
+        match self {
+            Self::Fresh(keys) => keys.next(),
+            Self::Replay(message) => message.clone(),
+        }
     }
 }
 
@@ -203,8 +220,8 @@ fn compare<T: Sender>(
         g.bench_function(BenchmarkId::new("fresh", name), |b| {
             b.to_async(rt).iter_custom(|sends| async move {
                 let sender = new();
-                let messages = (0..sends).map(|_| keys.next()).collect();
-                run(&sender, workers, messages).await
+                let messages = Messages::Fresh(keys.clone());
+                run(&sender, workers, sends as usize, messages).await
             })
         });
         g.bench_function(BenchmarkId::new("replay", name), |b| {
@@ -212,8 +229,7 @@ fn compare<T: Sender>(
                 let mut sender = new();
                 let replayed = keys.next();
                 sender.send(replayed.clone()).await;
-                let messages = (0..sends).map(|_| replayed.clone()).collect();
-                run(&sender, workers, messages).await
+                run(&sender, workers, sends as usize, Messages::Replay(replayed)).await
             })
         });
         g.finish();
@@ -223,30 +239,37 @@ fn compare<T: Sender>(
 /// The numbers of concurrent workers each case runs with.
 const WORKERS: [usize; 2] = [1, 64];
 
-/// Sends `messages` from `workers` tasks, message `i` from worker `i % workers`, and answers
-/// the time from their common start to the last answer.
-async fn run<T: Sender>(sender: &T, workers: usize, messages: Vec<Message>) -> Duration {
-    run_timed(sender, workers, messages).await.0
+/// Sends `sends` messages from `workers` tasks, each sending its share one after another,
+/// and answers the time from their common start to the last answer.
+async fn run<T: Sender>(sender: &T, workers: usize, sends: usize, messages: Messages) -> Duration {
+    run_timed(sender, workers, sends, messages).await.0
 }
 
 /// [`run`], answering the process's CPU time over the same span too.
+///
+/// Each worker makes its share of the messages itself, before the clock starts, on the
+/// runtime's thread that runs it, as a service makes the message it sends. Messages made on
+/// the main thread and dropped by senders on the runtime's two made those threads queue on
+/// the allocator's lock for the main thread's memory (glibc's `__lll_lock_wait_private` in
+/// `perf`), which held our 64-worker fresh sends back (see BENCHMARKS.md, issue 15's sixth
+/// pass).
 async fn run_timed<T: Sender>(
     sender: &T,
     workers: usize,
-    messages: Vec<Message>,
+    sends: usize,
+    messages: Messages,
 ) -> (Duration, Duration) {
-    let mut shares: Vec<Vec<Message>> = (0..workers).map(|_| Vec::new()).collect();
-    for (i, m) in messages.into_iter().enumerate() {
-        shares[i % workers].push(m);
-    }
-    // Every worker is spawned and waiting before the clock starts.
+    // Every worker is spawned, has made its messages and is waiting before the clock starts.
     let start = Arc::new(tokio::sync::Barrier::new(workers + 1));
-    let tasks: Vec<_> = shares
-        .into_iter()
-        .map(|share| {
+    let tasks: Vec<_> = (0..workers)
+        .map(|worker| {
             let mut sender = sender.clone();
             let start = Arc::clone(&start);
+            let messages = messages.clone();
+            // Message `i` is worker `i % workers`'s.
+            let share = (sends + workers - 1 - worker) / workers;
             tokio::spawn(async move {
+                let share: Vec<Message> = (0..share).map(|_| messages.next()).collect();
                 start.wait().await;
                 for m in share {
                     black_box(sender.send(m).await);
@@ -274,22 +297,31 @@ fn process_cpu_time() -> Duration {
     Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
+/// The most sends in one slice of [`interleaved`], and the in-memory cases' every slice:
+/// 0.05–0.3 s of sends there on our machines.
+const MAX_SLICE: usize = 50_000;
+
 /// The rounds of `PEERS_INTERLEAVED=<rounds>`, when set: the bench then runs [`interleaved`]
 /// instead of criterion's benchmarks.
 fn interleaved_rounds() -> Option<usize> {
     std::env::var("PEERS_INTERLEAVED").ok()?.parse().ok()
 }
 
-/// Times `ours` and `other` in alternating slices of about 0.2 s each (which goes first
-/// alternates too), `rounds` times per case, and prints each one's median time per send and
-/// the median over the rounds of other's time ÷ ours (above 1: we are faster). The two sides
-/// of a ratio are measured a fraction of a second apart, so load that comes and goes on a
-/// shared machine hits both alike, where criterion's benchmarks of the two run seconds or
-/// minutes apart.
+/// Times `ours` and `other` in alternating slices (which goes first alternates too),
+/// `rounds` times per case, and prints each one's median time per send and the median over
+/// the rounds of other's time ÷ ours (above 1: we are faster). The two sides of a ratio are
+/// measured a fraction of a second apart, so load that comes and goes on a shared machine
+/// hits both alike, where criterion's benchmarks of the two run seconds or minutes apart.
+///
+/// A slice is `per_slice` sends when given, else about 0.2 s of ours as a 256-send probe
+/// times it. The in-memory cases give it: a slice's sends are its stores' records (each
+/// slice starts on a new sender), so a size picked from a probe made the store, and so the
+/// time per send, differ from run to run on both sides.
 fn interleaved<A: Sender, B: Sender>(
     rt: &tokio::runtime::Runtime,
     group: &str,
     rounds: usize,
+    per_slice: Option<usize>,
     ours: (&str, impl Fn() -> A),
     other: (&str, impl Fn() -> B),
 ) {
@@ -297,12 +329,19 @@ fn interleaved<A: Sender, B: Sender>(
     for workers in WORKERS {
         for replay in [false, true] {
             let case = if replay { "replay" } else { "fresh" };
-            // Sends per slice: about 0.2 s of ours, at most 50,000 (100 MB of messages made
-            // up front: more makes the allocator's work part of what is measured).
-            let probe = rt
-                .block_on(slice(&ours.1, &ours_keys, replay, workers, 256))
-                .0;
-            let sends = ((0.2e6 / probe) as usize).clamp(256, 50_000);
+            // Sends per slice: as given, or about 0.2 s of ours; at most 50,000 (100 MB of
+            // messages made up front: more makes the allocator's work part of what is
+            // measured).
+            let sends = match per_slice {
+                Some(sends) => sends,
+                None => {
+                    let probe = rt
+                        .block_on(slice(&ours.1, &ours_keys, replay, workers, 256))
+                        .0;
+                    (0.2e6 / probe) as usize
+                }
+            }
+            .clamp(256, MAX_SLICE);
             let (mut a, mut b, mut ratios, mut cpu_ratios) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for round in 0..rounds {
@@ -354,11 +393,11 @@ async fn slice<T: Sender>(
     let messages = if replay {
         let replayed = keys.next();
         sender.send(replayed.clone()).await;
-        vec![replayed; sends]
+        Messages::Replay(replayed)
     } else {
-        (0..sends).map(|_| keys.next()).collect()
+        Messages::Fresh(keys.clone())
     };
-    let (wall, cpu) = run_timed(&sender, workers, messages).await;
+    let (wall, cpu) = run_timed(&sender, workers, sends, messages).await;
     let per_send = |d: Duration| d.as_secs_f64() * 1e6 / sends as f64;
     (per_send(wall), per_send(cpu))
 }
@@ -400,6 +439,7 @@ fn memory(c: &mut Criterion) {
                 &rt,
                 "peers/memory",
                 rounds,
+                Some(MAX_SLICE),
                 ("ours", ours),
                 (name, peer(hashing)),
             );

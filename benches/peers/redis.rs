@@ -82,6 +82,7 @@ pub(super) fn bench(c: &mut Criterion) {
             &rt,
             "peers/redis",
             rounds,
+            None,
             ("ours", || ours.clone()),
             ("raw", || raw.clone()),
         );
