@@ -130,3 +130,11 @@ fn a_maybe_tick_is_a_tick_or_none_in_eight_bytes() {
         assert_eq!(MaybeTick::from(Some(Tick(tick))).get(), Some(Tick(tick)));
     }
 }
+
+#[test]
+fn a_small_store_has_one_lock_and_a_large_one_thirty_two() {
+    for (max, locks) in [(0, 1), (1, 1), (2047, 1), (2048, 32), (usize::MAX, 32)] {
+        let store = MemoryStore::with_max_entries(max);
+        assert_eq!(store.inner.shards.len(), locks, "max_entries {max}");
+    }
+}
