@@ -12,7 +12,8 @@
 //! alone, a message clone per send), `fresh` (a new key each send), `fresh-full` (the same on a
 //! store of 1,000 records, full after the first thousand: each later send makes room),
 //! `fresh-full-10k` (the same on 10,000 records, a large store: count from 12,000 sends up),
-//! `fresh-null` (the same through a store that keeps nothing: the layer's own share) and
+//! `fresh-null` (the same through a store that keeps nothing: the layer's own share),
+//! `fresh-map` (through a std `HashMap` under one lock: the floor of a store that remembers) and
 //! `replay` (one key sent again); `fresh-64` and `replay-64` send the same from 64 tasks on two threads, for their
 //! CPU time (`time`) or their counts. The keyed messages are made before the loop;
 //! `messages` makes and drops them alone, to subtract from `fresh`. With `REDIS_URL` set, `redis` sends fresh keys through the layer
@@ -28,19 +29,23 @@
 //! interleaved slices of `SENDS_PER_SLICE` sends (100 unless set), medians of the rounds:
 //! `SENDS_PER_SLICE=100 target/release/deps/sends-<hash> targets 3000`. The fresh sends go to
 //! an unbounded store, which grows all run long; `FRESH_MAX_ENTRIES=100000` bounds it (the
-//! default store's size), so after it fills every fresh send also makes room, and
-//! `FRESH_STORE=null` sends them through a store that keeps nothing (the layer's own share).
+//! default store's size), so after it fills every fresh send also makes room. In the same
+//! rounds the fresh sends also go to two floors (`common/floor_stores.rs`): a std `HashMap`
+//! under one lock (the least a store that remembers its keys costs) and a store that keeps
+//! nothing (the layer's own share).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::outcome::Receipt;
-use tower_idempotency::store::{Reservation, StoreError, Token};
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Message};
 
+#[path = "common/floor_stores.rs"]
+mod floor_stores;
 #[path = "common/messages.rs"]
 mod messages;
+use floor_stores::{MapStore, NullStore};
 use messages::{message, provider};
 
 /// The keyed messages of a `fresh` run, one key each.
@@ -70,9 +75,12 @@ async fn run(kind: &str, sends: usize) {
             let messages: Vec<Message> = fresh_messages(sends);
             black_box(messages);
         }
-        "fresh" | "fresh-null" => {
+        "fresh" | "fresh-null" | "fresh-map" => {
             if kind == "fresh-null" {
                 layered = IdempotencyLayer::new(NullStore).layer(provider());
+            }
+            if kind == "fresh-map" {
+                layered = IdempotencyLayer::new(MapStore::default()).layer(provider());
             }
             for m in fresh_messages(sends) {
                 let sent = layered.ready().await.expect("ready").call(m);
@@ -208,27 +216,30 @@ async fn redis(raw: bool, replay: bool, sends: usize) {
 /// The layer's two targets in microseconds (`layer` measures them as separate criterion
 /// benches, minutes apart on a machine whose speed drifts): a fresh send over the bare
 /// service fed the same messages and over the fingerprint, and a replay over the bare
-/// service and the fingerprint, each worked out within one round of five interleaved
-/// slices (their order rotating round to round), then the median and range of the rounds.
-/// As in `layer`, the fresh sends' store grows for the whole run and each message is made
-/// before its slice is timed.
+/// service and the fingerprint, each worked out within one round of interleaved slices
+/// (their order rotating round to round), then the median and range of the rounds. As in
+/// `layer`, the fresh sends' stores grow for the whole run and each message is made before
+/// its slice is timed. The fresh side runs on three stores in the same rounds: the
+/// `MemoryStore`, and the two floors of `floor_stores` (a std `HashMap` under one lock,
+/// and a store that keeps nothing: the layer's own share).
 async fn targets(rounds: usize) {
     let per: usize = std::env::var("SENDS_PER_SLICE")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
-    // The fresh side's store: unbounded unless `FRESH_MAX_ENTRIES` bounds it, when it fills
+    // The memory store: unbounded unless `FRESH_MAX_ENTRIES` bounds it, when it fills
     // within the first rounds and then makes room on every send (a bounded store's steady
     // state).
     let fresh_max = std::env::var("FRESH_MAX_ENTRIES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(usize::MAX);
-    let mut fresh_layer = match std::env::var("FRESH_STORE").as_deref() {
-        // The layer's share alone: a store that answers at once and keeps nothing.
-        Ok("null") => IdempotencyLayer::new(NullStore).layer(provider()),
-        _ => IdempotencyLayer::new(MemoryStore::with_max_entries(fresh_max)).layer(provider()),
-    };
+    let mut fresh = [
+        IdempotencyLayer::new(MemoryStore::with_max_entries(fresh_max)).layer(provider()),
+        IdempotencyLayer::new(MapStore::default()).layer(provider()),
+        IdempotencyLayer::new(NullStore).layer(provider()),
+    ];
+    const FRESH: [&str; 3] = ["fresh", "fresh (map floor)", "fresh (null store)"];
     let mut replay_layer = IdempotencyLayer::new(MemoryStore::new()).layer(provider());
     let mut bare = provider();
     let unkeyed = message(2048, None);
@@ -246,38 +257,24 @@ async fn targets(rounds: usize) {
         keyed_messages(next - per..next)
     };
     let per_send = |start: Instant| start.elapsed().as_secs_f64() * 1e6 / per as f64;
-    let (mut fresh_over, mut replay_over) = (Vec::new(), Vec::new());
-    let mut parts: [Vec<f64>; 5] = Default::default();
+    // Slices: bare fed keyed messages, bare, replay, fingerprint, then each fresh store.
+    const SLICES: usize = 4 + FRESH.len();
+    let mut parts: [Vec<f64>; SLICES] = Default::default();
     for round in 0..rounds {
-        let mut t = [0.0f64; 5];
-        for slice in 0..5 {
-            let which = (slice + round) % 5;
+        let mut t = [0.0f64; SLICES];
+        for slice in 0..SLICES {
+            let which = (slice + round) % SLICES;
             t[which] = match which {
                 0 => {
                     let batch = keyed();
                     let start = Instant::now();
                     for m in batch {
-                        black_box(
-                            bare.ready()
-                                .await
-                                .expect("ready")
-                                .call(m)
-                                .await
-                                .expect("sent"),
-                        );
-                    }
-                    per_send(start)
-                }
-                1 => {
-                    let batch = keyed();
-                    let start = Instant::now();
-                    for m in batch {
-                        let sent = fresh_layer.ready().await.expect("ready").call(m);
+                        let sent = bare.ready().await.expect("ready").call(m);
                         black_box(sent.await.expect("sent"));
                     }
                     per_send(start)
                 }
-                2 => {
+                1 => {
                     let start = Instant::now();
                     for _ in 0..per {
                         let sent = bare.ready().await.expect("ready").call(unkeyed.clone());
@@ -285,7 +282,7 @@ async fn targets(rounds: usize) {
                     }
                     per_send(start)
                 }
-                3 => {
+                2 => {
                     let start = Instant::now();
                     for _ in 0..per {
                         let sent = replay_layer
@@ -297,17 +294,25 @@ async fn targets(rounds: usize) {
                     }
                     per_send(start)
                 }
-                _ => {
+                3 => {
                     let start = Instant::now();
                     for _ in 0..per {
                         black_box(tower_idempotency::Fingerprint::of(black_box(&unkeyed)));
                     }
                     per_send(start)
                 }
+                store => {
+                    let batch = keyed();
+                    let layer = &mut fresh[store - 4];
+                    let start = Instant::now();
+                    for m in batch {
+                        let sent = layer.ready().await.expect("ready").call(m);
+                        black_box(sent.await.expect("sent"));
+                    }
+                    per_send(start)
+                }
             };
         }
-        fresh_over.push(t[1] - t[0] - t[4]);
-        replay_over.push(t[3] - t[2] - t[4]);
         for (part, value) in parts.iter_mut().zip(t) {
             part.push(value);
         }
@@ -316,75 +321,34 @@ async fn targets(rounds: usize) {
         v.sort_by(f64::total_cmp);
         (v[v.len() / 2], v[0], v[v.len() - 1])
     };
-    for (name, v) in [
-        ("fresh - bare_batched - fingerprint", &mut fresh_over),
-        ("replay - bare - fingerprint", &mut replay_over),
-    ] {
-        let (m, lo, hi) = median(v);
+    // Each round's difference, then their median: the slices of one round ran moments apart.
+    let over = |parts: &[Vec<f64>; SLICES], side: usize, base: usize| -> Vec<f64> {
+        (0..rounds)
+            .map(|r| parts[side][r] - parts[base][r] - parts[3][r])
+            .collect()
+    };
+    let mut lines: Vec<(String, Vec<f64>)> = FRESH
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            (
+                format!("{name} - bare_batched - fingerprint"),
+                over(&parts, 4 + i, 0),
+            )
+        })
+        .collect();
+    lines.push(("replay - bare - fingerprint".into(), over(&parts, 2, 1)));
+    for (name, mut v) in lines {
+        let (m, lo, hi) = median(&mut v);
         println!(
             "sends/targets/{name}: median {m:.3} µs, range {lo:.3} to {hi:.3} ({rounds} rounds of {per})"
         );
     }
-    for (name, v) in ["bare_batched", "fresh", "bare", "replay", "fingerprint"]
-        .iter()
-        .zip(parts.iter_mut())
-    {
+    let names = ["bare_batched", "bare", "replay", "fingerprint"]
+        .into_iter()
+        .chain(FRESH);
+    for (name, v) in names.zip(parts.iter_mut()) {
         println!("sends/targets/{name}: median {:.3} µs", median(v).0);
-    }
-}
-
-/// A store that grants every reserve and keeps every outcome at once, remembering nothing:
-/// `FRESH_STORE=null` times the fresh side through it, for the layer's own share.
-#[derive(Clone)]
-struct NullStore;
-
-impl tower_idempotency::store::Store for NullStore {
-    fn reserve<'a>(
-        &'a self,
-        _: &'a str,
-        _: tower_idempotency::Fingerprint,
-        _: Duration,
-    ) -> futures_util::future::BoxFuture<'a, Result<Reservation, StoreError>> {
-        Box::pin(std::future::ready(Ok(Reservation::Reserved {
-            token: Token::new(),
-        })))
-    }
-    fn reserve_now(
-        &self,
-        _: &std::sync::Arc<str>,
-        _: tower_idempotency::Fingerprint,
-        _: Duration,
-    ) -> Option<Result<Reservation, StoreError>> {
-        Some(Ok(Reservation::Reserved {
-            token: Token::new(),
-        }))
-    }
-    fn complete<'a>(
-        &'a self,
-        _: &'a str,
-        _: Token,
-        _: tower_idempotency::Fingerprint,
-        _: &'a tower_idempotency::outcome::Outcome,
-        _: Duration,
-    ) -> futures_util::future::BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(std::future::ready(Ok(true)))
-    }
-    fn complete_now(
-        &self,
-        _: &std::sync::Arc<str>,
-        _: Token,
-        _: tower_idempotency::Fingerprint,
-        _: &tower_idempotency::outcome::Outcome,
-        _: Duration,
-    ) -> Option<Result<bool, StoreError>> {
-        Some(Ok(true))
-    }
-    fn release<'a>(
-        &'a self,
-        _: &'a str,
-        _: Token,
-    ) -> futures_util::future::BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(std::future::ready(Ok(true)))
     }
 }
 
