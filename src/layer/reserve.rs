@@ -73,9 +73,19 @@ pub(crate) async fn reserve_one(
     key: &Arc<str>,
     fingerprint: Fingerprint,
 ) -> Result<Reservation, StoreError> {
-    if let Some(answer) = config.store.reserve_now(key, fingerprint, config.lease) {
-        return answer;
+    match config.store.reserve_now(key, fingerprint, config.lease) {
+        Some(answer) => answer,
+        None => reserve_waiting(config, key, fingerprint).await,
     }
+}
+
+/// [`reserve_one`] from a store that did not answer at once: its call, bounded by the
+/// reserve timeout and freed in the background if abandoned.
+pub(crate) async fn reserve_waiting(
+    config: &Arc<Config>,
+    key: &Arc<str>,
+    fingerprint: Fingerprint,
+) -> Result<Reservation, StoreError> {
     let store = Arc::clone(&config.store);
     let owned = Arc::clone(key);
     let lease = config.lease;

@@ -15,7 +15,7 @@ use super::renew::{Held, Lease, given_up};
 use super::repeat::answer_held;
 use super::request::IdempotentRequest;
 use super::resend::take_back;
-use super::reserve::reserve_one;
+use super::reserve::reserve_waiting;
 use super::settle::{Finish, Settle};
 use super::stats::bump;
 use super::takeover::{Takeover, after_takeover};
@@ -129,16 +129,23 @@ where
     // Waiting for a send in flight and taking back a key inside the provider's window are
     // options, off by default: without them the answer is not handed through their steps (a
     // record moved in and out of each is a copy of ~200 bytes).
-    let reservation = match reserve_one(&config, &store_key, fingerprint).await {
-        Ok(Reservation::Held { record }) if config.wait_for_in_flight.is_some() => {
-            wait_one(&config, &store_key, fingerprint, record, &mut asked_at).await
-        }
-        other => other,
+    // A store that answers at once is asked here rather than through `reserve_one`'s
+    // future: its answer (~180 bytes) is then not moved out of one more state.
+    let mut reservation = match config
+        .store
+        .reserve_now(&store_key, fingerprint, config.lease)
+    {
+        Some(answer) => answer,
+        None => reserve_waiting(&config, &store_key, fingerprint).await,
     };
-    let reservation = match config.provider_window {
-        Some(_) => take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await,
-        None => reservation,
-    };
+    if config.wait_for_in_flight.is_some()
+        && let Ok(Reservation::Held { record }) = reservation
+    {
+        reservation = wait_one(&config, &store_key, fingerprint, record, &mut asked_at).await;
+    }
+    if config.provider_window.is_some() {
+        reservation = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await;
+    }
     let token = match reservation {
         Ok(Reservation::Reserved { token }) => token,
         Ok(Reservation::TakenOver { token, previous }) => {
