@@ -8,6 +8,9 @@
 //! 100 keys as single reserve + complete pairs, one caller: keys per second.
 //!
 //! Runs when `DATABASE_URL` is set, on a table of its own that it drops at the end.
+//! With `STORES_INTERLEAVED=<rounds>` the pairs of the store and of raw run instead in
+//! alternating slices, at 1 and at 64, and print the median ratio (see [`interleaved`]):
+//! `DATABASE_URL=… STORES_INTERLEAVED=21 cargo bench --bench stores -- '^postgres'`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -288,6 +291,83 @@ pub fn bench(c: &mut Criterion) {
         })
     });
 
+    if let Some(rounds) = interleaved_rounds() {
+        for concurrency in CONCURRENCY {
+            interleaved(&runtime, &bench, concurrency, rounds);
+        }
+    } else {
+        groups(c, &runtime, &bench);
+    }
+
+    runtime.block_on(async {
+        let client = bench.pool.get().await.expect("connection");
+        client
+            .batch_execute(&format!("DROP TABLE \"{table}\""))
+            .await
+            .expect("drop the bench table");
+    });
+}
+
+/// The rounds of `STORES_INTERLEAVED=<rounds>`, when set: the PostgreSQL cases then run
+/// [`interleaved`] instead of criterion's benchmarks.
+fn interleaved_rounds() -> Option<usize> {
+    std::env::var("STORES_INTERLEAVED").ok()?.parse().ok()
+}
+
+/// Times the store's pairs and raw's in alternating slices of about 0.3 s each (which goes
+/// first alternates too), `rounds` times, and prints each side's median time per pair and
+/// the median over the rounds of raw's time ÷ ours (above 1: we are faster). Criterion runs
+/// the two sides seconds apart, and a shared machine's load moved their ratio by up to 0.2
+/// between two runs of the same code; a round's two slices run moments apart.
+fn interleaved(
+    runtime: &tokio::runtime::Runtime,
+    bench: &Arc<Bench>,
+    concurrency: usize,
+    rounds: usize,
+) {
+    let probe = runtime.block_on(run(bench, 64, concurrency, Side::Store));
+    let pairs = ((0.3 / probe.as_secs_f64()) * 64.0) as u64;
+    let pairs = pairs.clamp(64, 100_000);
+    let per_pair = |d: Duration| d.as_secs_f64() * 1e6 / pairs as f64;
+    let (mut ours, mut raw, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (x, y) = if round % 2 == 0 {
+            let x = runtime.block_on(run(bench, pairs, concurrency, Side::Store));
+            (
+                x,
+                runtime.block_on(run(bench, pairs, concurrency, Side::Raw)),
+            )
+        } else {
+            let y = runtime.block_on(run(bench, pairs, concurrency, Side::Raw));
+            (
+                runtime.block_on(run(bench, pairs, concurrency, Side::Store)),
+                y,
+            )
+        };
+        ours.push(per_pair(x));
+        raw.push(per_pair(y));
+        ratios.push(y.as_secs_f64() / x.as_secs_f64());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (lo, hi) = (
+        ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        ratios.iter().copied().fold(0.0, f64::max),
+    );
+    println!(
+        "postgres/reserve+complete/{concurrency}: ours {:.1} µs, raw {:.1} µs a pair (medians \
+         of {rounds} slices of {pairs} pairs); raw ÷ ours: median {:.2}, range {lo:.2} to \
+         {hi:.2}",
+        median(&mut ours),
+        median(&mut raw),
+        median(&mut ratios),
+    );
+}
+
+/// The criterion benchmarks: pairs at each concurrency on every side, then batches.
+fn groups(c: &mut Criterion, runtime: &tokio::runtime::Runtime, bench: &Arc<Bench>) {
     let mut group = c.benchmark_group("postgres");
     group
         .throughput(Throughput::Elements(1))
@@ -305,8 +385,8 @@ pub fn bench(c: &mut Criterion) {
                 BenchmarkId::new(format!("reserve+complete/{name}"), concurrency),
                 &concurrency,
                 |b, &concurrency| {
-                    b.to_async(&runtime)
-                        .iter_custom(|iters| run(&bench, iters, concurrency, side));
+                    b.to_async(runtime)
+                        .iter_custom(|iters| run(bench, iters, concurrency, side));
                 },
             );
         }
@@ -320,8 +400,8 @@ pub fn bench(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
     group.bench_function("reserve_many+complete_many", |b| {
-        b.to_async(&runtime).iter_custom(|iters| {
-            let bench = Arc::clone(&bench);
+        b.to_async(runtime).iter_custom(|iters| {
+            let bench = Arc::clone(bench);
             async move {
                 let start = Instant::now();
                 for _ in 0..iters {
@@ -332,16 +412,8 @@ pub fn bench(c: &mut Criterion) {
         });
     });
     group.bench_function("100 × reserve+complete", |b| {
-        b.to_async(&runtime)
-            .iter_custom(|iters| run(&bench, iters * BATCH as u64, 1, Side::Store));
+        b.to_async(runtime)
+            .iter_custom(|iters| run(bench, iters * BATCH as u64, 1, Side::Store));
     });
     group.finish();
-
-    runtime.block_on(async {
-        let client = bench.pool.get().await.expect("connection");
-        client
-            .batch_execute(&format!("DROP TABLE \"{table}\""))
-            .await
-            .expect("drop the bench table");
-    });
 }
