@@ -47,7 +47,7 @@ fn bench_dir() -> PathBuf {
 fn fresh_file(name: &str) -> PathBuf {
     let path = bench_dir().join(format!(
         "{name}-{}.sqlite3",
-        Token::new().as_uuid().simple()
+        uuid::Uuid::from(Token::new()).simple()
     ));
     let _ = std::fs::remove_file(&path);
     path
@@ -62,7 +62,7 @@ struct Keys {
 impl Keys {
     fn new() -> Arc<Self> {
         Arc::new(Self {
-            prefix: Token::new().as_uuid().simple().to_string(),
+            prefix: uuid::Uuid::from(Token::new()).simple().to_string(),
             next: AtomicU64::new(0),
         })
     }
@@ -137,19 +137,19 @@ fn raw_pair(statements: &mut RawStatements<'_>, keys: &Keys, outcome_json: &str)
         .query_row(
             params![
                 key,
-                &token.as_uuid().as_bytes()[..],
+                &token.as_bytes()[..],
                 &FINGERPRINT[..],
                 LEASE.as_millis() as i64
             ],
             |row| row.get(1),
         )
         .expect("reserve");
-    assert_eq!(holder, token.as_uuid().as_bytes());
+    assert_eq!(holder, token.as_bytes());
     let written = statements
         .complete
         .exists(params![
             key,
-            &token.as_uuid().as_bytes()[..],
+            &token.as_bytes()[..],
             &FINGERPRINT[..],
             outcome_json,
             TTL.as_millis() as i64

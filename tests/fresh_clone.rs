@@ -22,7 +22,9 @@ use std::process::Command;
 /// - `rusqlite` without its statement cache (hashlink, hashbrown, foldhash): `SqliteStore`
 ///   prepares its statements once on its own thread;
 /// - tokens read the OS's random source a block at a time instead of uuid's `fast-rng`
-///   (rand, chacha20, cpufeatures).
+///   (rand, chacha20, cpufeatures);
+/// - a token is a UUID v4 of the crate's own: `uuid` comes only with `postgres` (or the
+///   `uuid` feature), which left room for `hashbrown` in `MemoryStore`.
 ///
 /// SQLite compiled in is 11 of the 60; the suite's features on crates the library shares
 /// (tokio `net` and `macros`, futures-util's macros and io, tracing's attributes, tower's

@@ -187,7 +187,10 @@ impl Bench {
         let client = self.pool.get().await.expect("connection");
         let statement = client.prepare_cached(reserve).await.expect("prepare");
         let reserved = client
-            .execute(&statement, &[&key, token.as_uuid(), &fingerprint, &lease])
+            .execute(
+                &statement,
+                &[&key, &Uuid::from(token), &fingerprint, &lease],
+            )
             .await
             .expect("reserve");
         assert_eq!(reserved, 1, "a fresh key was not reserved");
@@ -199,7 +202,7 @@ impl Bench {
                 &statement,
                 &[
                     &key,
-                    token.as_uuid(),
+                    &Uuid::from(token),
                     &fingerprint,
                     &self.outcome_json,
                     &ttl,

@@ -59,7 +59,7 @@ pub fn fp(n: u8) -> Fingerprint {
 /// `prefix` and a random suffix, a name no other test or run shares: usable as a table name,
 /// a key namespace or part of a Redis key.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", Token::new().as_uuid().simple())
+    format!("{prefix}_{}", uuid::Uuid::from(Token::new()).simple())
 }
 
 /// A Redis key prefix no other test or run shares.

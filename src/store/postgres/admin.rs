@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use tokio_postgres::Row;
+use uuid::Uuid;
 
 use super::{PostgresStore, millis};
 use crate::outcome::Outcome;
@@ -135,7 +136,7 @@ impl PostgresStore {
                 &[
                     &key,
                     &force.is_forced(),
-                    token.as_uuid(),
+                    &Uuid::from(token),
                     &outcome,
                     &millis(ttl),
                 ],

@@ -3,6 +3,7 @@
 //! their send.
 
 use tokio_postgres::GenericClient;
+use uuid::Uuid;
 
 use super::{PostgresStore, millis};
 use crate::store::{Claim, StoreError};
@@ -55,7 +56,7 @@ impl PostgresStore {
                 &self.table.sql.claim,
                 &[
                     &claim.key,
-                    token.as_uuid(),
+                    &Uuid::from(token),
                     &fingerprint,
                     &millis(claim.ttl),
                 ],

@@ -380,7 +380,7 @@ impl PostgresStore {
         let token = Token::new();
         let fingerprint = &fingerprint.as_bytes()[..];
         let params: [&(dyn ToSql + Sync); 4] =
-            [&key, token.as_uuid(), &fingerprint, &millis(lease)];
+            [&key, &Uuid::from(token), &fingerprint, &millis(lease)];
         // Most sends find no row: one plain insert takes the key.
         let insert = client
             .prepare_cached(&self.table.sql.insert)
@@ -447,7 +447,7 @@ impl PostgresStore {
                 &statement,
                 &[
                     &key,
-                    token.as_uuid(),
+                    &Uuid::from(token),
                     &fingerprint,
                     &millis(lease),
                     &millis(within),
@@ -478,7 +478,7 @@ impl PostgresStore {
         let mut asked: Vec<usize> = (0..requests.len()).collect();
         for _ in 0..RESERVE_ATTEMPTS {
             let keys: Vec<&str> = asked.iter().map(|&at| requests[at].0).collect();
-            let uuids: Vec<Uuid> = asked.iter().map(|&at| *tokens[at].as_uuid()).collect();
+            let uuids: Vec<Uuid> = asked.iter().map(|&at| Uuid::from(tokens[at])).collect();
             let fingerprints: Vec<&[u8]> = asked
                 .iter()
                 .map(|&at| &requests[at].1.as_bytes()[..])
@@ -527,7 +527,13 @@ impl PostgresStore {
         let written = client
             .execute(
                 &statement,
-                &[&key, token.as_uuid(), &fingerprint, &outcome, &millis(ttl)],
+                &[
+                    &key,
+                    &Uuid::from(token),
+                    &fingerprint,
+                    &outcome,
+                    &millis(ttl),
+                ],
             )
             .await
             .map_err(|e| self.db_error(e))?;
@@ -545,7 +551,7 @@ impl PostgresStore {
             .map(|c| record::outcome_json(c.outcome))
             .collect::<Result<Vec<String>, _>>()?;
         let keys: Vec<&str> = completions.iter().map(|c| c.key).collect();
-        let uuids: Vec<Uuid> = completions.iter().map(|c| *c.token.as_uuid()).collect();
+        let uuids: Vec<Uuid> = completions.iter().map(|c| Uuid::from(c.token)).collect();
         let fingerprints: Vec<&[u8]> = completions
             .iter()
             .map(|c| &c.fingerprint.as_bytes()[..])
@@ -572,7 +578,10 @@ impl PostgresStore {
     async fn try_release_many(&self, releases: &[(&str, Token)]) -> Result<Vec<bool>, StoreError> {
         let positions = positions("release_many", releases.iter().map(|(key, _)| *key))?;
         let keys: Vec<&str> = releases.iter().map(|(key, _)| *key).collect();
-        let uuids: Vec<Uuid> = releases.iter().map(|(_, token)| *token.as_uuid()).collect();
+        let uuids: Vec<Uuid> = releases
+            .iter()
+            .map(|(_, token)| Uuid::from(*token))
+            .collect();
         let client = self.client().await?;
         let statement = client
             .prepare_cached(&self.table.sql.release_many)
@@ -596,7 +605,7 @@ impl PostgresStore {
             .await
             .map_err(|e| self.db_error(e))?;
         let deleted = client
-            .execute(&statement, &[&key, token.as_uuid()])
+            .execute(&statement, &[&key, &Uuid::from(token)])
             .await
             .map_err(|e| self.db_error(e))?;
         Ok(deleted > 0)
@@ -614,7 +623,7 @@ impl PostgresStore {
             .await
             .map_err(|e| self.db_error(e))?;
         let row = client
-            .query_opt(&statement, &[&key, token.as_uuid(), &millis(lease)])
+            .query_opt(&statement, &[&key, &Uuid::from(token), &millis(lease)])
             .await
             .map_err(|e| self.db_error(e))?;
         Ok(row.is_some())

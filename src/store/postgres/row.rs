@@ -62,7 +62,7 @@ impl PostgresStore {
         let holder: Uuid = row
             .try_get(1)
             .map_err(|e| self.corrupt("has no readable token").with_source(e))?;
-        if holder == *token.as_uuid() {
+        if holder == Uuid::from(token) {
             return Ok(Reservation::Reserved { token });
         }
         self.record(row).map(|record| Reservation::Held { record })

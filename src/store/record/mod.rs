@@ -316,9 +316,7 @@ pub(crate) fn record_json_at(
         RecordState::Done => b"done".as_slice(),
     });
     json.extend_from_slice(b"\",\"token\":\"");
-    let mut uuid = uuid::Uuid::encode_buffer();
-    let uuid = token.as_uuid().hyphenated().encode_lower(&mut uuid);
-    json.extend_from_slice(uuid.as_bytes());
+    json.extend_from_slice(&token.hyphenated());
     json.extend_from_slice(b"\",\"fingerprint\":\"");
     json.extend_from_slice(&fingerprint.hex());
     json.push(b'"');

@@ -42,7 +42,7 @@ pub(super) fn read(bytes: &[u8]) -> Option<Written> {
         None => at.eat(b"done").map(|()| RecordState::Done)?,
     };
     at.eat(b"\",\"token\":\"")?;
-    let token = Token::from(uuid::Uuid::try_parse_ascii(at.take(36)?).ok()?);
+    let token = Token::parse_ascii(at.take(36)?).ok()?;
     at.eat(b"\",\"fingerprint\":\"")?;
     let fingerprint = Fingerprint::from_hex(at.take(64)?)?;
     at.eat(b"\"")?;

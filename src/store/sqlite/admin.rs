@@ -137,12 +137,7 @@ impl SqliteStore {
                 &key,
                 force,
                 |resolve| {
-                    resolve.execute(rusqlite::params![
-                        key,
-                        &token.as_uuid().as_bytes()[..],
-                        outcome,
-                        ttl
-                    ])
+                    resolve.execute(rusqlite::params![key, &token.as_bytes()[..], outcome, ttl])
                 },
                 sql::RESOLVE,
             )

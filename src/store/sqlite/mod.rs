@@ -379,7 +379,7 @@ impl SqliteStore {
             .and_then(|mut statement| {
                 statement.exists(rusqlite::params![
                     claim.key,
-                    &token.as_uuid().as_bytes()[..],
+                    &token.as_bytes()[..],
                     &claim.fingerprint.as_bytes()[..],
                     millis(claim.ttl),
                 ])
@@ -439,7 +439,7 @@ fn reserve(
             statement.query_row(
                 rusqlite::params![
                     key,
-                    &token.as_uuid().as_bytes()[..],
+                    &token.as_bytes()[..],
                     &fingerprint.as_bytes()[..],
                     lease
                 ],
@@ -465,7 +465,7 @@ fn complete(
         .and_then(|statement| {
             statement.exists(rusqlite::params![
                 key,
-                &token.as_uuid().as_bytes()[..],
+                &token.as_bytes()[..],
                 &fingerprint.as_bytes()[..],
                 outcome,
                 ttl
@@ -483,9 +483,7 @@ fn release(
 ) -> Result<bool, StoreError> {
     session
         .statement(sql::RELEASE)
-        .and_then(|statement| {
-            statement.execute(rusqlite::params![key, &token.as_uuid().as_bytes()[..]])
-        })
+        .and_then(|statement| statement.execute(rusqlite::params![key, &token.as_bytes()[..]]))
         .map(|deleted| deleted > 0)
         .map_err(|e| writer::failure(&e, path))
 }
@@ -539,11 +537,7 @@ impl Store for SqliteStore {
             session
                 .statement(sql::EXTEND)
                 .and_then(|statement| {
-                    statement.execute(rusqlite::params![
-                        key,
-                        &token.as_uuid().as_bytes()[..],
-                        lease
-                    ])
+                    statement.execute(rusqlite::params![key, &token.as_bytes()[..], lease])
                 })
                 .map(|moved| moved > 0)
                 .map_err(|e| writer::failure(&e, &path))
@@ -566,7 +560,7 @@ impl Store for SqliteStore {
                 .and_then(|statement| {
                     statement.exists(rusqlite::params![
                         key,
-                        &token.as_uuid().as_bytes()[..],
+                        &token.as_bytes()[..],
                         &fingerprint.as_bytes()[..],
                         lease,
                         within

@@ -73,7 +73,7 @@ impl Found {
         path: &Path,
     ) -> Result<Reservation, StoreError> {
         match self.token.as_deref() {
-            Some(holder) if holder == &token.as_uuid().as_bytes()[..] => {
+            Some(holder) if holder == &token.as_bytes()[..] => {
                 return match before.filter(Before::was_stale_pending) {
                     Some(before) => {
                         let previous = record(
