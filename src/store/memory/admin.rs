@@ -110,7 +110,7 @@ impl Inner {
         let mut found: Vec<(u128, Inspected)> = Vec::new();
         for shard in self.shards.iter() {
             let shard = lock(shard);
-            for (stored, entry) in &shard.map {
+            for (stored, entry) in shard.map.iter() {
                 let key = &stored.key;
                 let record = entry.inspected(key, now);
                 if !(record.is_unknown_delivery() && entry.is_live(now) || record.is_stale()) {

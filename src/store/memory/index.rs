@@ -1,4 +1,5 @@
 //! [`ExpiryIndex`]: a shard's records by their place in time, to drop expired ones first.
+//! Each place holds what finds its record (the store keeps its key's hash there).
 //!
 //! Places mostly come in order: a pending place is its reserve's time plus the lease, a done
 //! place its completion's time plus the ttl, and each of the two grows with the clock. So
@@ -13,7 +14,6 @@
 //! would answer (a model test holds the two together).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
 
 /// Which run a place tries first: a record's places come in order within each lane.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,21 +26,21 @@ pub(super) enum Lane {
 
 const RUNS: usize = 2;
 
-/// Keys by a unique, ordered place `O` (a time, then a version to break ties).
-pub(super) struct ExpiryIndex<O> {
-    runs: [Run<O>; RUNS],
+/// Values `V` by a unique, ordered place `O` (a time, then a version to break ties).
+pub(super) struct ExpiryIndex<O, V> {
+    runs: [Run<O, V>; RUNS],
     /// The places that fit no run.
-    tree: BTreeMap<O, Arc<str>>,
+    tree: BTreeMap<O, V>,
 }
 
-/// Places in increasing order, each with its key, or a hole where one was taken out. Its
+/// Places in increasing order, each with its value, or a hole where one was taken out. Its
 /// first and last elements are never holes.
-struct Run<O> {
-    places: VecDeque<(O, Option<Arc<str>>)>,
+struct Run<O, V> {
+    places: VecDeque<(O, Option<V>)>,
     holes: usize,
 }
 
-impl<O: Ord> Run<O> {
+impl<O: Ord, V> Run<O, V> {
     fn new() -> Self {
         Self {
             places: VecDeque::new(),
@@ -56,44 +56,48 @@ impl<O: Ord> Run<O> {
         self.places.front().map(|(place, _)| place)
     }
 
-    /// Takes out the key at `place`, if the run holds it.
-    fn remove(&mut self, place: &O) -> Option<Arc<str>> {
+    /// Takes out the value at `place`, if the run holds it.
+    fn remove(&mut self, place: &O) -> Option<V> {
         // A complete takes out the place its reserve put last, and making room the first.
         let at = match (self.places.back(), self.places.front()) {
             (Some((last, _)), _) if last == place => self.places.len() - 1,
             (_, Some((first, _))) if first == place => 0,
             _ => self.places.binary_search_by(|(p, _)| p.cmp(place)).ok()?,
         };
-        let key = self.places.get_mut(at)?.1.take()?;
+        let value = self.places.get_mut(at)?.1.take()?;
         self.holes += 1;
         self.trim();
         if self.holes > 64 && self.holes > self.places.len() / 2 {
-            self.places.retain(|(_, key)| key.is_some());
+            self.places.retain(|(_, value)| value.is_some());
             self.holes = 0;
         }
-        Some(key)
+        Some(value)
     }
 
     /// Drops the holes at either end.
     fn trim(&mut self) {
-        while self.places.back().is_some_and(|(_, key)| key.is_none()) {
+        while self.places.back().is_some_and(|(_, value)| value.is_none()) {
             self.places.pop_back();
             self.holes -= 1;
         }
-        while self.places.front().is_some_and(|(_, key)| key.is_none()) {
+        while self
+            .places
+            .front()
+            .is_some_and(|(_, value)| value.is_none())
+        {
             self.places.pop_front();
             self.holes -= 1;
         }
     }
 
-    fn pop_first(&mut self) -> Option<Arc<str>> {
-        let (_, key) = self.places.pop_front()?;
+    fn pop_first(&mut self) -> Option<(O, V)> {
+        let (place, value) = self.places.pop_front()?;
         self.trim();
-        key
+        Some((place, value?))
     }
 }
 
-impl<O: Ord> ExpiryIndex<O> {
+impl<O: Ord, V> ExpiryIndex<O, V> {
     pub(super) fn new() -> Self {
         Self {
             runs: std::array::from_fn(|_| Run::new()),
@@ -101,33 +105,33 @@ impl<O: Ord> ExpiryIndex<O> {
         }
     }
 
-    /// Places `key` at `place`, which no other key holds: at the end of `lane`'s run when
+    /// Puts `value` at `place`, which no other value holds: at the end of `lane`'s run when
     /// it comes after the run's last place, else in the tree.
-    pub(super) fn insert(&mut self, place: O, key: Arc<str>, lane: Lane) {
+    pub(super) fn insert(&mut self, place: O, value: V, lane: Lane) {
         let run = &mut self.runs[lane as usize];
         if run.last().is_none_or(|last| *last < place) {
-            run.places.push_back((place, Some(key)));
+            run.places.push_back((place, Some(value)));
         } else {
-            self.tree.insert(place, key);
+            self.tree.insert(place, value);
         }
     }
 
-    /// Takes out the key at `place`, if one is there.
-    pub(super) fn remove(&mut self, place: &O) -> Option<Arc<str>> {
+    /// Takes out the value at `place`, if one is there.
+    pub(super) fn remove(&mut self, place: &O) -> Option<V> {
         for run in &mut self.runs {
             let holds = run
                 .first()
                 .zip(run.last())
                 .is_some_and(|(first, last)| first <= place && place <= last);
-            if holds && let Some(key) = run.remove(place) {
-                return Some(key);
+            if holds && let Some(value) = run.remove(place) {
+                return Some(value);
             }
         }
         self.tree.remove(place)
     }
 
-    /// Takes out the key at the earliest place, when `due` says that place is due.
-    pub(super) fn pop_first_if(&mut self, due: impl Fn(&O) -> bool) -> Option<Arc<str>> {
+    /// Takes out the earliest place and its value, when `due` says that place is due.
+    pub(super) fn pop_first_if(&mut self, due: impl Fn(&O) -> bool) -> Option<(O, V)> {
         // The earliest place is the first of a run or of the tree.
         let mut earliest: Option<(&O, Option<usize>)> =
             self.tree.first_key_value().map(|(place, _)| (place, None));
@@ -144,7 +148,7 @@ impl<O: Ord> ExpiryIndex<O> {
         }
         match from {
             Some(i) => self.runs[i].pop_first(),
-            None => self.tree.pop_first().map(|(_, key)| key),
+            None => self.tree.pop_first(),
         }
     }
 }
@@ -171,7 +175,7 @@ mod tests {
 
     /// What must hold after every operation: each run in increasing order with no hole at
     /// either end and its holes counted (looked at in full every 64th call, being slow).
-    fn check(index: &ExpiryIndex<Place>, full: bool) {
+    fn check(index: &ExpiryIndex<Place, Arc<str>>, full: bool) {
         for run in &index.runs {
             let places = &run.places;
             assert!(places.front().is_none_or(|(_, key)| key.is_some()));
@@ -190,7 +194,7 @@ mod tests {
     }
 
     /// The places the runs hold, and their holes.
-    fn counts(index: &ExpiryIndex<Place>) -> (usize, usize) {
+    fn counts(index: &ExpiryIndex<Place, Arc<str>>) -> (usize, usize) {
         let holes: usize = index.runs.iter().map(|run| run.holes).sum();
         let len: usize = index.runs.iter().map(|run| run.places.len()).sum();
         (len - holes, holes)
@@ -208,7 +212,7 @@ mod tests {
 
     /// Both hold the index and its model, and count the paths taken.
     struct Pair {
-        index: ExpiryIndex<Place>,
+        index: ExpiryIndex<Place, Arc<str>>,
         model: Model,
         paths: Paths,
         operations: usize,
@@ -261,7 +265,7 @@ mod tests {
         fn pop(&mut self, now: u64) -> Option<Place> {
             let due = |p: &Place| p.0 <= now;
             let place = self.model.keys().next().copied().filter(due);
-            let expected = place.and_then(|p| self.model.remove(&p));
+            let expected = place.and_then(|p| self.model.remove_entry(&p));
             assert_eq!(self.index.pop_first_if(due), expected);
             self.paths.popped += usize::from(place.is_some());
             self.verify();

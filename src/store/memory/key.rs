@@ -2,10 +2,11 @@
 //! begins, and that one hash picks the shard and finds the record, so no lookup hashes the
 //! key again.
 
-use std::borrow::Borrow;
-use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
+
+use hashbrown::HashTable;
+use hashbrown::hash_table::{Entry, VacantEntry};
 
 /// A key and its hash by the store's hasher, made once per call.
 #[derive(Clone, Copy)]
@@ -51,7 +52,7 @@ impl<'a> Hashed<'a> {
     }
 
     /// The key as the store keeps it: the caller's shared copy, or a copy of the text.
-    pub(super) fn owned(self) -> Arc<str> {
+    fn owned(self) -> Arc<str> {
         match self.shared {
             Some(shared) => Arc::clone(shared),
             None => Arc::from(self.key),
@@ -66,101 +67,100 @@ pub(super) struct StoredKey {
 }
 
 impl StoredKey {
-    /// `key` with `hash`, its hash by the store's hasher (kept from the call that made it).
-    pub(super) fn with_hash(hash: u64, key: Arc<str>) -> Self {
-        Self { hash, key }
+    /// Whether this is `key`: the same hash (compared first, as it rules out almost every
+    /// other key at once) and the same text.
+    fn is(&self, key: Hashed<'_>) -> bool {
+        self.hash == key.hash && *self.key == *key.key
     }
+}
 
-    /// The key and its hash, for a lookup that hashes nothing.
-    pub(super) fn hashed(&self) -> Hashed<'_> {
-        Hashed {
-            hash: self.hash,
-            key: &self.key,
-            shared: None,
+/// The records of a shard by key, found by the hash each key carries: no lookup hashes
+/// anything, and a table that grows moves its keys by the hashes they keep.
+pub(super) struct Map<V> {
+    table: HashTable<(StoredKey, V)>,
+}
+
+/// A key's place in a [`Map`], from one lookup: its value, or room for one.
+pub(super) enum Slot<'a, V> {
+    Taken(&'a mut V),
+    Free(Free<'a, V>),
+}
+
+/// Room for a key's value in a [`Map`], found by [`Map::slot`].
+pub(super) struct Free<'a, V> {
+    room: VacantEntry<'a, (StoredKey, V)>,
+}
+
+impl<V> Free<'_, V> {
+    /// Fills the room with `key`, the store's copy of the key it was found for, and `value`.
+    pub(super) fn fill(self, key: StoredKey, value: V) {
+        self.room.insert((key, value));
+    }
+}
+
+impl<V> Default for Map<V> {
+    fn default() -> Self {
+        Self {
+            table: HashTable::new(),
         }
     }
 }
 
-/// The records of a shard by key. Its hasher passes the hash each key carries through.
-pub(super) type Map<V> = HashMap<StoredKey, V, BuildHasherDefault<PassThrough>>;
-
-/// What the map compares, stored or borrowed: the hash, then the text.
-pub(super) trait MapKey {
-    fn parts(&self) -> (u64, &str);
-}
-
-impl MapKey for StoredKey {
-    fn parts(&self) -> (u64, &str) {
-        (self.hash, &self.key)
-    }
-}
-
-impl MapKey for Hashed<'_> {
-    fn parts(&self) -> (u64, &str) {
-        (self.hash, self.key)
-    }
-}
-
-impl Hashed<'_> {
-    /// The key as the map's lookups take it.
-    pub(super) fn lookup(&self) -> &dyn MapKey {
-        self
-    }
-}
-
-impl Hash for dyn MapKey + '_ {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.parts().0);
-    }
-}
-
-impl PartialEq for dyn MapKey + '_ {
-    fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
-    }
-}
-
-impl Eq for dyn MapKey + '_ {}
-
-// A stored key hashes and compares as its borrowed form does, as `Borrow` requires.
-impl Hash for StoredKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        (self as &dyn MapKey).hash(state);
-    }
-}
-
-impl PartialEq for StoredKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
-    }
-}
-
-impl Eq for StoredKey {}
-
-impl<'a> Borrow<dyn MapKey + 'a> for StoredKey {
-    fn borrow(&self) -> &(dyn MapKey + 'a) {
-        self
-    }
-}
-
-/// The map's hasher: a key's hash is written once, as a `u64`, and passed through. (Other
-/// writes, which the map never makes, are folded in rather than trusted.)
-#[derive(Default)]
-pub(super) struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
+impl<V> Map<V> {
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
     }
 
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+    pub(super) fn get(&self, key: Hashed<'_>) -> Option<&V> {
+        let (_, value) = self.table.find(key.hash, |(k, _)| k.is(key))?;
+        Some(value)
+    }
+
+    pub(super) fn get_mut(&mut self, key: Hashed<'_>) -> Option<&mut V> {
+        let (_, value) = self.table.find_mut(key.hash, |(k, _)| k.is(key))?;
+        Some(value)
+    }
+
+    /// The value of `key`, or room for one, from a single lookup.
+    pub(super) fn slot(&mut self, key: Hashed<'_>) -> Slot<'_, V> {
+        match self
+            .table
+            .entry(key.hash, |(k, _)| k.is(key), |(k, _)| k.hash)
+        {
+            Entry::Occupied(taken) => Slot::Taken(&mut taken.into_mut().1),
+            Entry::Vacant(room) => Slot::Free(Free { room }),
         }
     }
 
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
+    /// Adds `value` under `key`, which the map does not hold.
+    pub(super) fn insert_new(&mut self, key: StoredKey, value: V) {
+        self.table
+            .insert_unique(key.hash, (key, value), |(k, _)| k.hash);
+    }
+
+    pub(super) fn remove(&mut self, key: Hashed<'_>) -> Option<V> {
+        let found = self.table.find_entry(key.hash, |(k, _)| k.is(key)).ok()?;
+        let ((_, value), _) = found.remove();
+        Some(value)
+    }
+
+    /// The value under a key whose hash is `hash` that `is` picks out (one at most, as a
+    /// unique version in the value does): how an index finds a record without its key.
+    pub(super) fn find(&self, hash: u64, mut is: impl FnMut(&V) -> bool) -> Option<&V> {
+        let (_, value) = self.table.find(hash, |(_, v)| is(v))?;
+        Some(value)
+    }
+
+    /// Takes out the value [`find`](Self::find) would answer, from the same one lookup.
+    pub(super) fn remove_found(&mut self, hash: u64, mut is: impl FnMut(&V) -> bool) -> Option<V> {
+        let found = self.table.find_entry(hash, |(_, v)| is(v)).ok()?;
+        let ((_, value), _) = found.remove();
+        Some(value)
+    }
+
+    /// Every key with its value, in no order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&StoredKey, &V)> {
+        self.table.iter().map(|(key, value)| (key, value))
     }
 }
 
@@ -169,20 +169,62 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stored_key_is_found_by_its_borrowed_form_and_by_nothing_else() {
+    fn a_slot_is_the_value_there_or_room_for_one_and_a_value_is_found_by_its_hash() {
         let hasher = RandomState::new();
         let mut map: Map<u32> = Map::default();
-        map.insert(Hashed::new(&hasher, "a").stored(), 1);
-        map.insert(Hashed::new(&hasher, "b").stored(), 2);
-        assert_eq!(map.get(Hashed::new(&hasher, "a").lookup()), Some(&1));
-        assert_eq!(map.get(Hashed::new(&hasher, "b").lookup()), Some(&2));
-        assert_eq!(map.get(Hashed::new(&hasher, "c").lookup()), None);
+        let a = Hashed::new(&hasher, "a");
+        match map.slot(a) {
+            Slot::Free(room) => room.fill(a.stored(), 1),
+            Slot::Taken(_) => panic!("an empty map holds nothing"),
+        }
+        match map.slot(a) {
+            Slot::Taken(value) => *value += 1,
+            Slot::Free(_) => panic!("the key was just added"),
+        }
+        assert_eq!((map.get(a), map.len()), (Some(&2), 1));
+        // Found by the hash and the value, as the indexes find records.
+        assert_eq!(map.find(a.hash, |&v| v == 1), None);
+        assert_eq!(map.find(a.hash, |&v| v == 2), Some(&2));
+        assert_eq!(
+            map.remove_found(a.hash, |&v| v == 1),
+            None,
+            "not picked: kept"
+        );
+        assert_eq!(map.get(a), Some(&2));
+        assert_eq!(map.remove_found(a.hash, |&v| v == 2), Some(2));
+        assert_eq!((map.get(a), map.len()), (None, 0));
+        assert_eq!(map.remove(a), None);
+    }
+
+    #[test]
+    fn a_table_that_grows_still_finds_every_key() {
+        let hasher = RandomState::new();
+        let keys: Vec<String> = (0..5_000).map(|n| format!("k{n}")).collect();
+        let mut map: Map<usize> = Map::default();
+        for (n, key) in keys.iter().enumerate() {
+            map.insert_new(Hashed::new(&hasher, key).stored(), n);
+        }
+        for (n, key) in keys.iter().enumerate() {
+            assert_eq!(map.get(Hashed::new(&hasher, key)), Some(&n));
+        }
+        assert_eq!(map.iter().count(), keys.len());
+    }
+
+    #[test]
+    fn a_stored_key_is_found_by_its_hash_and_text_and_by_nothing_else() {
+        let hasher = RandomState::new();
+        let mut map: Map<u32> = Map::default();
+        map.insert_new(Hashed::new(&hasher, "a").stored(), 1);
+        map.insert_new(Hashed::new(&hasher, "b").stored(), 2);
+        assert_eq!(map.get(Hashed::new(&hasher, "a")), Some(&1));
+        assert_eq!(map.get(Hashed::new(&hasher, "b")), Some(&2));
+        assert_eq!(map.get(Hashed::new(&hasher, "c")), None);
         // The same text under another hash is another key: hashes are never mixed.
         let forged = Hashed {
             hash: 1,
             ..Hashed::new(&hasher, "a")
         };
-        assert_eq!(map.get(forged.lookup()), None);
+        assert_eq!(map.get(forged), None);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 use index::{ExpiryIndex, Lane};
 use kept::KeptOutcome;
-use key::{Hashed, Map, StoredKey};
+use key::{Hashed, Map, Slot};
 
 mod admin;
 mod index;
@@ -115,19 +115,21 @@ impl<T> std::ops::Deref for OwnLine<T> {
 /// for done records, in order of completion (to drop the oldest done one next). Completion
 /// times come from the clock rather than a shared counter, so shards never touch a common
 /// cache line.
+///
+/// The map alone holds the keys. An index names a record by its key's hash and its version
+/// (`seq`, unique in the shard): the map finds it from the hash and knows it by the version,
+/// so the indexes keep no key, clone no `Arc`, and hash nothing.
 struct Shard {
-    /// The records by key, each key hashed once per call by `hasher` (see [`key`]).
+    /// The records by key, each key hashed once per call by the store's hasher (see [`key`]).
     map: Map<Entry>,
-    /// The store's hasher, for the keys the indexes give back.
-    hasher: RandomState,
-    /// Every record's key at its place by expiry (see [`index`]).
-    by_expiry: ExpiryIndex<Order>,
-    /// Done records in the order they were completed, oldest first: the version (`seq`) of
-    /// each and its key with its hash (so that making room hashes no key). Writes come in
-    /// that order, so a queue keeps it; a record rewritten or removed since leaves a stale
-    /// element, skipped when it reaches the front and swept out once the queue holds twice
-    /// as many elements as the shard holds records (and 64).
-    completed: VecDeque<(u64, StoredKey)>,
+    /// Every record's key's hash at its place by expiry, whose tie-breaker is the record's
+    /// version (see [`index`]).
+    by_expiry: ExpiryIndex<Order, u64>,
+    /// Done records in the order they were completed, oldest first: the version of each and
+    /// its key's hash. Writes come in that order, so a queue keeps it; a record rewritten or
+    /// removed since leaves a stale element, skipped when it reaches the front and swept out
+    /// once the queue holds twice as many elements as the shard holds records (and 64).
+    completed: VecDeque<(u64, u64)>,
     next_seq: u64,
 }
 
@@ -190,8 +192,8 @@ struct Entry {
     seq: u64,
 }
 
-// A record and its key fill 128 bytes of the map's table: what a new key writes.
-const _: () = assert!(std::mem::size_of::<(StoredKey, Entry)>() == 128);
+// A record and its key fill two cache lines of the map's table: what a new key writes.
+const _: () = assert!(std::mem::size_of::<(key::StoredKey, Entry)>() == 128);
 
 impl Entry {
     /// A pending record under `token`, held for `lease` from `now`, whose first attempt
@@ -248,10 +250,9 @@ impl Entry {
 }
 
 impl Shard {
-    fn new(hasher: RandomState) -> Self {
+    fn new() -> Self {
         Self {
             map: Map::default(),
-            hasher,
             by_expiry: ExpiryIndex::new(),
             completed: VecDeque::new(),
             next_seq: 0,
@@ -259,16 +260,16 @@ impl Shard {
     }
 
     fn get(&self, key: Hashed<'_>) -> Option<&Entry> {
-        self.map.get(key.lookup())
+        self.map.get(key)
     }
 
     fn get_mut(&mut self, key: Hashed<'_>) -> Option<&mut Entry> {
-        self.map.get_mut(key.lookup())
+        self.map.get_mut(key)
     }
 
-    /// A key an index gave back, hashed for the map.
-    fn hashed<'a>(&self, key: &'a str) -> Hashed<'a> {
-        Hashed::new(&self.hasher, key)
+    /// The record an index names: version `seq` of a key whose hash is `hash`.
+    fn version(&self, hash: u64, seq: u64) -> Option<&Entry> {
+        self.map.find(hash, |entry| entry.seq == seq)
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -276,17 +277,14 @@ impl Shard {
         self.next_seq
     }
 
-    /// Adds `entry` as the record of `key`, which the shard does not hold: the key is copied
-    /// into the store, once for the map and both indexes.
+    /// Adds `entry` as the record of `key`, which the shard does not hold.
     fn add(&mut self, key: Hashed<'_>, entry: Entry) {
-        let stored = key.stored();
-        let (expiry, state) = (entry.expiry_order(), entry.state());
-        self.index(Arc::clone(&stored.key), key.hash, expiry, state);
-        self.map.insert(stored, entry);
+        self.index(key.hash, entry.expiry_order(), entry.state());
+        self.map.insert_new(key.stored(), entry);
     }
 
     /// Replaces the record of `key` with `entry`, or adds it. A key already held keeps its
-    /// stored copy, taken from its old place in the expiry index.
+    /// stored copy.
     fn replace(&mut self, key: Hashed<'_>, entry: Entry) {
         let Some(slot) = self.get_mut(key) else {
             return self.add(key, entry);
@@ -297,39 +295,36 @@ impl Shard {
     }
 
     /// Moves the record of `key`, just rewritten in place from `old`, in the indexes, to
-    /// `expiry` and `state`; the stored copy of the key is taken from its old place.
+    /// `expiry` and `state`.
     fn reindex(&mut self, key: Hashed<'_>, old: &Entry, expiry: Order, state: RecordState) {
-        let stored = self.unindex(old).unwrap_or_else(|| key.owned());
-        self.index(stored, key.hash, expiry, state);
+        self.unindex(old);
+        self.index(key.hash, expiry, state);
     }
 
-    /// Indexes the stored `key` (whose hash is `hash`) of a record in `state` whose place by
-    /// expiry is `expiry`.
-    fn index(&mut self, key: Arc<str>, hash: u64, expiry: Order, state: RecordState) {
+    /// Indexes a record in `state` whose key's hash is `hash` and whose place by expiry is
+    /// `expiry` (its version the tie-breaker).
+    fn index(&mut self, hash: u64, expiry: Order, state: RecordState) {
         let lane = match state {
             RecordState::Pending => Lane::Pending,
             RecordState::Done => {
                 if self.completed.len() > 2 * self.map.len() + 64 {
                     self.sweep_completed();
                 }
-                let queued = StoredKey::with_hash(hash, Arc::clone(&key));
-                self.completed.push_back((expiry.1, queued));
+                self.completed.push_back((expiry.1, hash));
                 Lane::Done
             }
         };
-        self.by_expiry.insert(expiry, key, lane);
+        self.by_expiry.insert(expiry, hash, lane);
     }
 
-    /// Takes `entry` out of the expiry index; answers the stored key it held. (Its place in
-    /// the completion queue goes stale.)
-    fn unindex(&mut self, entry: &Entry) -> Option<Arc<str>> {
-        self.by_expiry.remove(&entry.expiry_order())
+    /// Takes `entry` out of the expiry index. (Its place in the completion queue goes stale.)
+    fn unindex(&mut self, entry: &Entry) {
+        self.by_expiry.remove(&entry.expiry_order());
     }
 
     /// Whether `element` of the completion queue is still the done record it was queued for.
-    fn is_current(&self, (seq, key): &(u64, StoredKey)) -> bool {
-        self.get(key.hashed())
-            .is_some_and(|entry| entry.seq == *seq)
+    fn is_current(&self, &(seq, hash): &(u64, u64)) -> bool {
+        self.version(hash, seq).is_some()
     }
 
     /// Drops the stale elements of the completion queue.
@@ -341,8 +336,8 @@ impl Shard {
 
     /// The completion order of the oldest done record, dropping stale elements in front of it.
     fn oldest_done(&mut self) -> Option<Order> {
-        while let Some(front) = self.completed.front() {
-            if let Some(entry) = self.get(front.1.hashed()).filter(|e| e.seq == front.0) {
+        while let Some(&(seq, hash)) = self.completed.front() {
+            if let Some(entry) = self.version(hash, seq) {
                 return entry.completion_order();
             }
             self.completed.pop_front();
@@ -351,7 +346,7 @@ impl Shard {
     }
 
     fn remove(&mut self, key: Hashed<'_>) -> bool {
-        match self.map.remove(key.lookup()) {
+        match self.map.remove(key) {
             Some(entry) => {
                 self.unindex(&entry);
                 true
@@ -361,16 +356,15 @@ impl Shard {
     }
 
     /// Drops up to `n` of the oldest done records, and the stale elements of the completion
-    /// queue in front of them; answers how many records went. No key is hashed: the queue
-    /// keeps each one's hash.
+    /// queue in front of them; answers how many records went.
     fn evict_oldest_done(&mut self, n: usize) -> usize {
         let mut dropped = 0;
         while dropped < n {
-            let Some((seq, queued)) = self.completed.pop_front() else {
+            let Some((seq, hash)) = self.completed.pop_front() else {
                 break;
             };
-            let key = queued.hashed();
-            if self.get(key).is_some_and(|entry| entry.seq == seq) && self.remove(key) {
+            if let Some(entry) = self.map.remove_found(hash, |entry| entry.seq == seq) {
+                self.unindex(&entry);
                 dropped += 1;
             }
         }
@@ -380,8 +374,12 @@ impl Shard {
     /// Drops every expired record; answers how many went.
     fn purge_expired(&mut self, now: Tick) -> usize {
         let mut dropped = 0;
-        while let Some(key) = self.by_expiry.pop_first_if(|&(at, _)| at <= now) {
-            if self.map.remove(self.hashed(&key).lookup()).is_some() {
+        while let Some(((_, seq), hash)) = self.by_expiry.pop_first_if(|&(at, _)| at <= now) {
+            if self
+                .map
+                .remove_found(hash, |entry| entry.seq == seq)
+                .is_some()
+            {
                 dropped += 1;
             }
         }
@@ -402,7 +400,7 @@ impl MemoryStore {
         Self {
             inner: Arc::new(Inner {
                 shards: (0..if max_entries < SMALL { 1 } else { SHARDS })
-                    .map(|_| Mutex::new(Shard::new(hasher.clone())))
+                    .map(|_| Mutex::new(Shard::new()))
                     .collect(),
                 hasher,
                 max_entries,
@@ -528,39 +526,46 @@ impl Inner {
         loop {
             let now = self.now();
             {
-                let mut shard = self.shard(key);
-                // A pending record whose lease passed lingers until room is made: taking it
-                // over is reported, and keeps the first attempt of the same message.
-                let (existing, previous, first_at) = match shard.get(key) {
-                    Some(entry) if entry.is_live(now) => {
-                        return Ok(Reservation::Held {
-                            record: entry.record(now),
-                        });
-                    }
-                    Some(entry) if entry.state() == RecordState::Pending => {
+                let mut guard = self.shard(key);
+                let shard = &mut *guard;
+                let seq = shard.next_seq();
+                // One lookup: the record there, or room for a new one.
+                match shard.map.slot(key) {
+                    Slot::Taken(entry) => {
+                        if entry.is_live(now) {
+                            return Ok(Reservation::Held {
+                                record: entry.record(now),
+                            });
+                        }
+                        // A pending record whose lease passed lingers until room is made:
+                        // taking it over is reported, and keeps the first attempt of the
+                        // same message.
+                        let previous =
+                            (entry.state() == RecordState::Pending).then(|| entry.record(now));
                         let first_at = entry
                             .first_at
                             .get()
-                            .filter(|_| entry.fingerprint == fingerprint)
+                            .filter(|_| previous.is_some() && entry.fingerprint == fingerprint)
                             .unwrap_or(now);
-                        (true, Some(entry.record(now)), first_at)
+                        let token = Token::new();
+                        let taken = Entry::pending(fingerprint, token, now, lease, first_at, seq);
+                        let (expiry, state) = (taken.expiry_order(), taken.state());
+                        let old = std::mem::replace(entry, taken);
+                        shard.reindex(key, &old, expiry, state);
+                        return Ok(match previous {
+                            Some(previous) => Reservation::TakenOver { token, previous },
+                            None => Reservation::Reserved { token },
+                        });
                     }
-                    Some(_) => (true, None, now),
-                    None => (false, None, now),
-                };
-                if existing || self.take_slot() {
-                    let token = Token::new();
-                    let entry =
-                        Entry::pending(fingerprint, token, now, lease, first_at, shard.next_seq());
-                    if existing {
-                        shard.replace(key, entry);
-                    } else {
-                        shard.add(key, entry);
+                    Slot::Free(room) if self.take_slot() => {
+                        let token = Token::new();
+                        let added = Entry::pending(fingerprint, token, now, lease, now, seq);
+                        let (expiry, state) = (added.expiry_order(), added.state());
+                        room.fill(key.stored(), added);
+                        shard.index(key.hash, expiry, state);
+                        return Ok(Reservation::Reserved { token });
                     }
-                    return Ok(match previous {
-                        Some(previous) => Reservation::TakenOver { token, previous },
-                        None => Reservation::Reserved { token },
-                    });
+                    Slot::Free(_) => {}
                 }
             }
             self.make_room(now, self.shard_index(key))?;

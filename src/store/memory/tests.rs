@@ -112,13 +112,19 @@ fn a_key_given_shared_is_kept_shared_not_copied() {
     let Some(Ok(Reservation::Reserved { token })) = reserved else {
         panic!("a free key is reserved: {reserved:?}");
     };
-    // The map and the expiry index each hold a clone of the caller's key.
-    assert_eq!(Arc::strong_count(&key), 3);
+    // The map holds a clone of the caller's key; the indexes name the record by its hash.
+    assert_eq!(Arc::strong_count(&key), 2);
     let outcome = Outcome::sent(Receipt::new("m1", "test"));
     let kept = store.complete_now(&key, token, fp(), &outcome, TTL);
     assert!(matches!(kept, Some(Ok(true))), "{kept:?}");
-    // Completed: the completion queue holds one more.
-    assert_eq!(Arc::strong_count(&key), 4);
+    // Completed: still the map's one clone; the completion queue holds the key's hash.
+    assert_eq!(Arc::strong_count(&key), 2);
+    let queued = store
+        .inner
+        .shard(store.inner.hashed("shared"))
+        .completed
+        .len();
+    assert_eq!(queued, 1);
 }
 
 #[test]
