@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize, Serializer};
 /// It is written as a UUID is, in lowercase hyphenated form (`Display`, serde in a
 /// human-readable format; its 16 bytes in another), and read from any of a UUID's forms
 /// (hyphenated, 32 digits, braced, `urn:uuid:`), in either case. With the `uuid` feature
-/// (which `postgres` turns on) it converts to and from [`uuid::Uuid`].
+/// (which `postgres` turns on) it converts to and from `uuid::Uuid`.
 ///
 /// ```
 /// use tower_idempotency::store::Token;
