@@ -74,11 +74,9 @@ impl Fingerprint {
     /// (a `write!` per byte cost ~0.45 µs, paid for every record a networked store writes;
     /// `benches/stores.rs`, `record/fingerprint-hex`).
     pub(crate) fn hex(&self) -> [u8; 64] {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut hex = [0; 64];
         for (pair, byte) in hex.chunks_exact_mut(2).zip(&self.0) {
-            pair[0] = DIGITS[usize::from(byte >> 4)];
-            pair[1] = DIGITS[usize::from(byte & 15)];
+            pair.copy_from_slice(&crate::hex::pair(*byte));
         }
         hex
     }
@@ -125,35 +123,11 @@ impl Fingerprint {
         let hex: &[u8; 64] = hex.try_into().ok()?;
         let mut out = [0u8; 32];
         for (byte, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
-            let (hi, lo) = (
-                HEX_VALUE[usize::from(pair[0])],
-                HEX_VALUE[usize::from(pair[1])],
-            );
-            if (hi | lo) > 15 {
-                return None;
-            }
-            *byte = (hi << 4) | lo;
+            *byte = crate::hex::byte(pair[0], pair[1])?;
         }
         Some(Self(out))
     }
 }
-
-/// Each byte's value as a hex digit, or 255 when it is none.
-const HEX_VALUE: [u8; 256] = {
-    let mut table = [255u8; 256];
-    let mut i = 0;
-    while i < 10 {
-        table[b'0' as usize + i] = i as u8;
-        i += 1;
-    }
-    let mut i = 0;
-    while i < 6 {
-        table[b'a' as usize + i] = 10 + i as u8;
-        table[b'A' as usize + i] = 10 + i as u8;
-        i += 1;
-    }
-    table
-};
 
 impl Serialize for Fingerprint {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {

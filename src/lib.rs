@@ -200,6 +200,7 @@ mod base64;
 pub mod batch;
 pub mod classify;
 pub mod fingerprint;
+mod hex;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod layer;

@@ -161,7 +161,7 @@ fn write_stored_form<'b>(
             rest.write_all(HASHED_V1.as_bytes()).ok()?;
             rest.write_all(b":").ok()?;
             for b in digest.finalize() {
-                rest.write_all(&hex_pair(b)).ok()?;
+                rest.write_all(&crate::hex::pair(b)).ok()?;
             }
         }
     }
@@ -171,14 +171,9 @@ fn write_stored_form<'b>(
 }
 
 /// The two lowercase hex digits of a byte.
-fn hex_pair(b: u8) -> [u8; 2] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0x0f)]]
-}
-
 fn push_hex(out: &mut String, bytes: &[u8]) {
     for b in bytes {
-        out.extend(hex_pair(*b).map(char::from));
+        out.extend(crate::hex::pair(*b).map(char::from));
     }
 }
 

@@ -97,15 +97,13 @@ impl Token {
 
     /// The 36 characters of the hyphenated lowercase form, as `Display` writes them.
     pub(crate) fn hyphenated(&self) -> [u8; 36] {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut out = [b'-'; 36];
         let mut at = 0;
         for (i, byte) in self.0.iter().enumerate() {
             if matches!(i, 4 | 6 | 8 | 10) {
                 at += 1;
             }
-            out[at] = DIGITS[usize::from(byte >> 4)];
-            out[at + 1] = DIGITS[usize::from(byte & 15)];
+            out[at..at + 2].copy_from_slice(&crate::hex::pair(*byte));
             at += 2;
         }
         out
@@ -113,32 +111,30 @@ impl Token {
 
     /// Reads a token from any of a UUID's written forms (see the type's docs).
     pub fn parse_ascii(text: &[u8]) -> Result<Self, ParseTokenError> {
-        let digits = match text.len() {
-            32 => text,
-            36 => text,
+        let text = match text.len() {
+            32 | 36 => text,
             38 if text[0] == b'{' && text[37] == b'}' => &text[1..37],
             45 if text[..9].eq_ignore_ascii_case(b"urn:uuid:") => &text[9..],
             _ => return Err(ParseTokenError),
         };
-        // Hyphens, when there are any, stand where a UUID's do and nowhere else.
-        let hyphenated = digits.len() == 36;
-        let mut bytes = [0; 16];
-        let mut nibbles = digits.iter().enumerate().filter_map(|(i, &c)| {
-            if hyphenated && matches!(i, 8 | 13 | 18 | 23) {
-                return (c != b'-').then_some(None);
+        // A UUID's hyphens, when it has them, and only there: then the 32 digits.
+        let mut digits = [0; 32];
+        let mut at = 0;
+        for (i, &c) in text.iter().enumerate() {
+            if text.len() == 36 && matches!(i, 8 | 13 | 18 | 23) {
+                if c != b'-' {
+                    return Err(ParseTokenError);
+                }
+                continue;
             }
-            Some(char::from(c).to_digit(16))
-        });
-        for byte in &mut bytes {
-            let (Some(Some(high)), Some(Some(low))) = (nibbles.next(), nibbles.next()) else {
-                return Err(ParseTokenError);
-            };
-            *byte = u8::try_from(high << 4 | low).map_err(|_| ParseTokenError)?;
+            *digits.get_mut(at).ok_or(ParseTokenError)? = c;
+            at += 1;
         }
-        match nibbles.next() {
-            None => Ok(Self(bytes)),
-            Some(_) => Err(ParseTokenError),
+        let mut bytes = [0; 16];
+        for (byte, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
+            *byte = crate::hex::byte(pair[0], pair[1]).ok_or(ParseTokenError)?;
         }
+        Ok(Self(bytes))
     }
 }
 
