@@ -31,7 +31,7 @@
 //! an unbounded store, which grows all run long; `FRESH_MAX_ENTRIES=100000` bounds it (the
 //! default store's size), so after it fills every fresh send also makes room. In the same
 //! rounds the fresh sends also go to two floors (`common/floor_stores.rs`): a std `HashMap`
-//! under one lock (the least a store that remembers its keys costs) and a store that keeps
+//! under one lock (the plainest store that remembers its keys) and a store that keeps
 //! nothing (the layer's own share).
 
 use std::hint::black_box;
