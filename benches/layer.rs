@@ -14,8 +14,12 @@ use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::{Reservation, Store};
 use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message};
 
+#[path = "common/floor_stores.rs"]
+#[allow(dead_code, reason = "`MapStore` is the `sends` bench's floor")]
+mod floor_stores;
 #[path = "common/messages.rs"]
 mod messages;
+use floor_stores::NullStore;
 use messages::{message, provider};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -62,6 +66,18 @@ fn layer_cost(c: &mut Criterion) {
                 b,
                 &rt,
                 IdempotencyLayer::new(store).layer_service(provider()),
+                len,
+            );
+        });
+
+        // The same sends through a store that keeps nothing: the layer's own share of
+        // `fresh_key` (SPEC: "the layer's own cost over a bare service"), the rest being
+        // what the `MemoryStore` costs to remember a new key.
+        group.bench_function("fresh_key_null_store", |b| {
+            fresh_sends(
+                b,
+                &rt,
+                IdempotencyLayer::new(NullStore).layer_service(provider()),
                 len,
             );
         });

@@ -32,13 +32,17 @@
 //! default store's size), so after it fills every fresh send also makes room. In the same
 //! rounds the fresh sends also go to two floors (`common/floor_stores.rs`): a std `HashMap`
 //! under one lock (the plainest store that remembers its keys) and a store that keeps
-//! nothing (the layer's own share).
+//! nothing (the layer's own share). `FRESH_GROWN=<n>` grows both remembering stores to `n`
+//! keys and empties them before the rounds (with `n` above the rounds' sends, none of them
+//! grows a table or touches memory the process never had): what a fresh send costs a store
+//! that has its room, against the default's growing one.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::outcome::Receipt;
+use tower_idempotency::store::{Reservation, Store};
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Message};
 
 #[path = "common/floor_stores.rs"]
@@ -234,9 +238,22 @@ async fn targets(rounds: usize) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(usize::MAX);
+    let memory = MemoryStore::with_max_entries(fresh_max);
+    let map = MapStore::default();
+    // `FRESH_GROWN=<n>`: both remembering stores take `n` keys and give them back before the
+    // rounds, so their tables hold room for `n` and their allocator's heap the memory of as
+    // many keys: the rounds' sends then neither grow a table nor fault in a new page.
+    if let Some(grown) = std::env::var("FRESH_GROWN")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        grow_and_empty(&memory, grown).await;
+        grow_and_empty(&map, grown).await;
+        println!("sends/targets: both remembering stores grown to {grown} keys and emptied");
+    }
     let mut fresh = [
-        IdempotencyLayer::new(MemoryStore::with_max_entries(fresh_max)).layer(provider()),
-        IdempotencyLayer::new(MapStore::default()).layer(provider()),
+        IdempotencyLayer::new(memory).layer(provider()),
+        IdempotencyLayer::new(map).layer(provider()),
         IdempotencyLayer::new(NullStore).layer(provider()),
     ];
     const FRESH: [&str; 3] = ["fresh", "fresh (map floor)", "fresh (null store)"];
@@ -349,6 +366,24 @@ async fn targets(rounds: usize) {
         .chain(FRESH);
     for (name, v) in names.zip(parts.iter_mut()) {
         println!("sends/targets/{name}: median {:.3} µs", median(v).0);
+    }
+}
+
+/// Reserves `n` keys in `store` (none of the rounds' keys), then releases every one: the
+/// store is empty again, with the room it grew.
+async fn grow_and_empty(store: &impl Store, n: usize) {
+    let fingerprint = tower_idempotency::Fingerprint::from_bytes([1; 32]);
+    let lease = Duration::from_secs(600);
+    let keys: Vec<String> = (0..n).map(|i| format!("default:grown:{i}")).collect();
+    let mut tokens = Vec::with_capacity(n);
+    for key in &keys {
+        match store.reserve(key, fingerprint, lease).await {
+            Ok(Reservation::Reserved { token }) => tokens.push(token),
+            other => panic!("a fresh key is reserved: {other:?}"),
+        }
+    }
+    for (key, token) in keys.iter().zip(tokens) {
+        assert!(store.release(key, token).await.expect("released"));
     }
 }
 
