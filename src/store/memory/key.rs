@@ -2,7 +2,7 @@
 //! begins, and that one hash picks the shard and finds the record, so no lookup hashes the
 //! key again.
 
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Arc;
 
 use hashbrown::HashTable;
@@ -21,8 +21,12 @@ pub(super) struct Hashed<'a> {
 impl<'a> Hashed<'a> {
     /// `key` hashed by `hasher`, the store's.
     pub(super) fn new(hasher: &RandomState, key: &'a str) -> Self {
+        // The key's bytes in one write: a `str`'s `Hash` adds a second write (a terminator
+        // byte that keeps a tuple's fields apart), which a key hashed alone does not need.
+        let mut state = hasher.build_hasher();
+        state.write(key.as_bytes());
         Self {
-            hash: hasher.hash_one(key),
+            hash: state.finish(),
             key,
             shared: None,
         }
