@@ -170,13 +170,6 @@ fn write_stored_form<'b>(
     std::str::from_utf8(&buf[..len]).ok()
 }
 
-/// The two lowercase hex digits of a byte.
-fn push_hex(out: &mut String, bytes: &[u8]) {
-    for b in bytes {
-        out.extend(crate::hex::pair(*b).map(char::from));
-    }
-}
-
 /// What the layer makes of a request's key.
 pub(crate) enum KeyOf {
     /// No key: sent as it is, the store untouched.
@@ -241,14 +234,23 @@ pub(crate) fn store_key<R: IdempotentRequest>(config: &Config, request: &R) -> K
 /// never logged.
 pub(crate) fn key_hash(key: &str) -> String {
     let digest = Sha256::digest(key.as_bytes());
-    let mut hash = String::with_capacity(12);
-    push_hex(&mut hash, &digest[..6]);
-    hash
+    digest[..6]
+        .iter()
+        .flat_map(|&b| crate::hex::pair(b).map(char::from))
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first six bytes of the key's SHA-256 in lowercase hex, as
+    /// `printf '%s' a | sha256sum | cut -c1-12` prints: what logs name a key by.
+    #[test]
+    fn a_keys_hash_in_logs_is_the_start_of_its_sha256() {
+        assert_eq!(key_hash("a"), "ca978112ca1b");
+        assert_eq!(key_hash(""), "e3b0c44298fc");
+    }
 
     /// The key a send holds is the stored form an operator computes, on either side of the
     /// short buffer's length and at the longest key under the longest namespace.
