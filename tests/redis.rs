@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use support::servers::RedisServer;
 use support::stores::redis_admin::admin;
 use support::stores::{backend_url, broken_records, fp, unique_prefix};
 use tower_idempotency::fingerprint::Fingerprint;
@@ -965,50 +966,12 @@ mod cluster {
 }
 
 /// A `redis-server` of the test's own on a free loopback port, so its statistics count this
-/// test's commands alone; killed when dropped.
-struct PrivateServer {
-    child: std::process::Child,
-    url: String,
-}
-
-impl PrivateServer {
-    async fn start() -> Self {
-        // A port nothing listens on: bind one, then free it for the server.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = std::process::Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH (CI starts its Redis with it)");
-        let server = Self {
-            child,
-            url: format!("redis://127.0.0.1:{port}"),
-        };
-        let client = redis::Client::open(server.url.as_str()).unwrap();
-        for _ in 0..100 {
-            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
-                let pong: Result<String, _> = redis::cmd("PING").query_async(&mut c).await;
-                if pong.is_ok() {
-                    return server;
-                }
-            }
-            // Polls for the process to come up; no expiry depends on this wait.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the private redis-server did not answer PING within 5 s");
-    }
-}
-
-impl Drop for PrivateServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// test's commands alone; killed when dropped. Its tests are ignored where the binaries are
+/// missing, so here they are on PATH.
+async fn private_server() -> RedisServer {
+    RedisServer::start()
+        .await
+        .expect("redis-server on PATH (CI starts its Redis with it)")
 }
 
 /// Counts round trips between a client and a server by standing between them.
@@ -1137,7 +1100,7 @@ fn calls(list: &[(&str, u64)]) -> Vec<(String, u64)> {
     ignore = "no redis-server and redis-cli on PATH"
 )]
 async fn a_batch_of_100_keys_costs_one_round_trip_per_call() {
-    let server = PrivateServer::start().await;
+    let server = private_server().await;
     let trips = RoundTrips::between(&server.url).await;
     let store = RedisStore::connect(&trips.url)
         .await
@@ -1473,7 +1436,7 @@ async fn list_all(store: &RedisStore, page: usize) -> (Vec<String>, usize) {
     ignore = "no redis-server and redis-cli on PATH"
 )]
 async fn listing_10_000_unknown_keys_reads_the_index_never_the_keyspace() {
-    let server = PrivateServer::start().await;
+    let server = private_server().await;
     let store = RedisStore::connect(&server.url)
         .await
         .unwrap()
