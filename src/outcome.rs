@@ -43,7 +43,16 @@ pub mod codes {
     //!
     //! Codes made from an HTTP provider's answer are with the transport, in `http::codes`
     //! (feature `http`); the codes only one provider's codec makes are in that codec's module,
-    //! such as `http::codec::resend::codes`.
+    //! such as `http::codec::resend::codes`. A code that starts with
+    //! [`PROVIDER_IDEMPOTENCY_PREFIX`] (`provider.idempotency_`) is the provider's answer about
+    //! an earlier request under the same idempotency key (still in flight, or another message):
+    //! it says nothing of the provider's health, so
+    //! [`counts_against_provider`](super::SendError::counts_against_provider) never counts it.
+
+    /// How the codes of a provider's answers about an earlier request under the same
+    /// idempotency key begin, such as Resend's `provider.idempotency_in_flight`: answers a
+    /// circuit breaker does not count.
+    pub const PROVIDER_IDEMPOTENCY_PREFIX: &str = "provider.idempotency_";
 
     /// A send under the key is still in flight; this one was not sent. Category unknown.
     pub const IN_FLIGHT: &str = "idempotency.in_flight";
@@ -414,10 +423,15 @@ impl SendError {
 
     /// Whether a circuit breaker should count this error against the provider: a retryable or
     /// unknown-delivery failure that came from the provider, not an answer of the idempotency
-    /// layer or of an open breaker, and not the caller's invalid input.
+    /// layer or of an open breaker, not the provider's answer about an earlier request under
+    /// the same key (a code starting with
+    /// [`PROVIDER_IDEMPOTENCY_PREFIX`](codes::PROVIDER_IDEMPOTENCY_PREFIX), such as Resend's
+    /// 409 for a request still in flight: a healthy provider's answer), and not the caller's
+    /// invalid input.
     pub fn counts_against_provider(&self) -> bool {
         !self.is_idempotency_answer()
             && self.code != codes::CIRCUIT_OPEN
+            && !self.code.starts_with(codes::PROVIDER_IDEMPOTENCY_PREFIX)
             && matches!(self.category, Category::Retryable | Category::Unknown)
     }
 }
@@ -725,5 +739,21 @@ mod tests {
         assert!(counts_against_provider(&Err::<(), _>(
             SendError::unknown_delivery("provider.500", "500")
         )));
+    }
+
+    #[test]
+    fn a_providers_answer_about_an_earlier_request_under_the_key_does_not_count() {
+        // Retryable and of unknown delivery, as Resend's 409 for a request still in flight.
+        let in_flight = SendError::new(
+            "provider.idempotency_in_flight",
+            Category::Unknown,
+            true,
+            "still handling an earlier request under this key",
+        );
+        assert!(!in_flight.is_idempotency_answer());
+        assert!(!counts_against_provider(&Err::<(), _>(in_flight)));
+        // The prefix is the whole rule: a code that only looks alike still counts.
+        let lookalike = SendError::new("provider.idempotency", Category::Unknown, true, "500");
+        assert!(counts_against_provider(&Err::<(), _>(lookalike)));
     }
 }

@@ -358,6 +358,34 @@ async fn concurrent_idempotent_request_is_retried_under_the_same_key_and_gets_th
 }
 
 #[tokio::test]
+async fn a_request_still_in_flight_at_resend_does_not_count_against_the_provider() {
+    // Resend answers 409 concurrent_idempotent_requests to every attempt: the retries end on
+    // it, and the error is a healthy provider's answer about the key's earlier request.
+    let provider = resend::answering(resend_error(409, "concurrent_idempotent_requests")).await;
+    let policy = RetryPolicy::new()
+        .max_attempts(2)
+        .base_delay(Duration::from_millis(1));
+    let mut service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::in_memory())
+        .layer(RetryLayer::new(policy))
+        .service(transport(&provider));
+
+    let err = ServiceExt::<Message>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(email().idempotency_key("in-flight:1").build().unwrap())
+        .await
+        .unwrap_err();
+
+    assert_eq!(err.code(), resend_codes::IDEMPOTENCY_IN_FLIGHT);
+    assert!(err.delivery_unknown(), "the earlier request may send");
+    assert!(!err.counts_against_provider());
+    assert!(!counts_against_provider(&Err::<(), _>(err)));
+    assert_eq!(provider.requests().len(), 2, "retried under the same key");
+    provider.assert_no_violations();
+}
+
+#[tokio::test]
 async fn a_base_url_with_a_query_string_keeps_it_after_the_path() {
     let provider = resend::answering(Reply::accepted(1)).await;
     let base = format!("http://{}/resend/?tenant=7", provider.addr);

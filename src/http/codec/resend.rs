@@ -42,7 +42,11 @@
 //!   delivery and [`is_retryable`](SendError::is_retryable): a
 //!   [`RetryPolicy`](crate::RetryPolicy) inside the idempotency layer retries it (with its
 //!   backoff) under the same key and gets the real outcome; only when every retry meets the
-//!   same answer does the layer keep it, as any unknown delivery.
+//!   same answer does the layer keep it, as any unknown delivery. It is a healthy Resend's
+//!   answer about the key's earlier request, so
+//!   [`counts_against_provider`](crate::counts_against_provider) does not count it (its code
+//!   starts with [`provider.idempotency_`](crate::outcome::codes::PROVIDER_IDEMPOTENCY_PREFIX)):
+//!   a circuit breaker does not open on it.
 //! - **Quota exceeded** is not a rate limit: retrying within seconds cannot succeed, and it
 //!   says nothing about Resend's health. It is permanent (the message certainly did not go, so
 //!   the key is freed; no retry policy retries it; a circuit breaker does not count it), with
@@ -70,7 +74,8 @@ use crate::outcome::{BoxError, Category, Receipt, SendError};
 /// ([`http::codes`](crate::http::codes)).
 pub mod codes {
     /// Resend is still handling a request under this idempotency key (its 409
-    /// `concurrent_idempotent_requests`). Unknown delivery, retryable under the same key.
+    /// `concurrent_idempotent_requests`). Unknown delivery, retryable under the same key; not
+    /// counted against the provider.
     pub const IDEMPOTENCY_IN_FLIGHT: &str = "provider.idempotency_in_flight";
     /// Resend holds this idempotency key for a different request (its 409
     /// `invalid_idempotent_request`). Validation.
