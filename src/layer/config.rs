@@ -453,7 +453,7 @@ impl IdempotencyLayerBuilder {
     /// **When a re-send is safe.** Only when all of these hold:
     ///
     /// - the provider deduplicates on the forwarded key for at least `window`, counted from
-    ///   the first request it received (the [`http`][http-transport] transport forwards the
+    ///   the first request it received (the `http` feature's transport forwards the
     ///   key as `Idempotency-Key`; Resend keeps it for 24 hours);
     /// - every attempt forwards the same key (the layer's key, unchanged, on every retry):
     ///   a transport that derives another key per attempt gets a second message;
@@ -488,12 +488,6 @@ impl IdempotencyLayerBuilder {
     /// ```
     ///
     /// [`Store::retake`]: crate::store::Store::retake
-    ///
-    #[cfg_attr(feature = "http", doc = "[http-transport]: crate::http")]
-    #[cfg_attr(
-        not(feature = "http"),
-        doc = "[http-transport]: https://docs.rs/tower-idempotency/latest/tower_idempotency/http/index.html"
-    )]
     pub fn provider_window(mut self, window: Duration) -> Self {
         self.provider_window = (!window.is_zero()).then_some(window);
         self

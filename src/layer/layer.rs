@@ -176,29 +176,12 @@ impl IdempotencyLayer {
     /// request without a key.
     ///
     /// Write it in your own transaction with a store that can, such as
-    /// [`PostgresStore::claim_in`][pg-claim-in] (feature `postgres`) or
-    /// [`SqliteStore::claim_in`][sqlite-claim-in] (feature `sqlite`); the layer's send of the same request then takes the claim as its
+    /// `PostgresStore::claim_in` (feature `postgres`) or `SqliteStore::claim_in` (feature
+    /// `sqlite`); the layer's send of the same request then takes the claim as its
     /// own.
     ///
     /// # Errors
     /// The layer's `idempotency.invalid_key` error for a key the rules refuse.
-    ///
-    #[cfg_attr(
-        feature = "postgres",
-        doc = "[pg-claim-in]: crate::store::postgres::PostgresStore::claim_in"
-    )]
-    #[cfg_attr(
-        not(feature = "postgres"),
-        doc = "[pg-claim-in]: https://docs.rs/tower-idempotency/latest/tower_idempotency/store/postgres/struct.PostgresStore.html#method.claim_in"
-    )]
-    #[cfg_attr(
-        feature = "sqlite",
-        doc = "[sqlite-claim-in]: crate::store::sqlite::SqliteStore::claim_in"
-    )]
-    #[cfg_attr(
-        not(feature = "sqlite"),
-        doc = "[sqlite-claim-in]: https://docs.rs/tower-idempotency/latest/tower_idempotency/store/sqlite/struct.SqliteStore.html#method.claim_in"
-    )]
     pub fn claim<R: IdempotentRequest>(&self, request: &R) -> Result<Option<Claim>, SendError> {
         match derive_key(&self.config, request) {
             None => Ok(None),

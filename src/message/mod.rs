@@ -199,17 +199,8 @@ impl Message {
     /// own key.
     ///
     /// Transports send it as the provider's idempotency key
-    /// ([`HttpTransport`] through its codec), so the provider's
+    /// (`HttpTransport`, feature `http`, through its codec), so the provider's
     /// own deduplication covers exactly what the layer's store does.
-    ///
-    #[cfg_attr(
-        feature = "http",
-        doc = "[`HttpTransport`]: crate::http::HttpTransport"
-    )]
-    #[cfg_attr(
-        not(feature = "http"),
-        doc = "[`HttpTransport`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/http/struct.HttpTransport.html"
-    )]
     pub fn provider_key(&self) -> Option<&str> {
         match &self.layer_key {
             LayerKey::NotSet => self.idempotency_key().map(IdempotencyKey::as_str),

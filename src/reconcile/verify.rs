@@ -24,7 +24,7 @@ use crate::store::admin::{Expiry, Inspected, KeyState};
 /// matching them against `stored_key`.
 ///
 /// A message sent through the idempotency layer and
-/// [`HttpTransport`] reached the provider under its stored key
+/// `HttpTransport` (feature `http`) reached the provider under its stored key
 /// ([`Message::provider_key`](crate::Message::provider_key), fitted by the codec), so the
 /// stored key finds it, raw or hashed:
 ///
@@ -36,15 +36,6 @@ use crate::store::admin::{Expiry, Inspected, KeyState};
 /// }
 /// # let _ = provider_key;
 /// ```
-///
-#[cfg_attr(
-    feature = "http",
-    doc = "[`HttpTransport`]: crate::http::HttpTransport"
-)]
-#[cfg_attr(
-    not(feature = "http"),
-    doc = "[`HttpTransport`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/http/struct.HttpTransport.html"
-)]
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Verify {
