@@ -41,6 +41,19 @@ async fn send(provider: &FakeProvider, message: Message) -> Result<Receipt, Send
     support::send(&mut transport(provider), message).await
 }
 
+/// Sends one email under `key` through the layer (in memory) and a retry `policy` to
+/// `provider`, expecting an error: the stack a production user has, for the answers that end
+/// it.
+async fn fail_through_layer(provider: &FakeProvider, policy: RetryPolicy, key: &str) -> SendError {
+    ServiceBuilder::new()
+        .layer(IdempotencyLayer::in_memory())
+        .layer(RetryLayer::new(policy))
+        .service(transport(provider))
+        .oneshot(email().idempotency_key(key).build().unwrap())
+        .await
+        .unwrap_err()
+}
+
 async fn send_batch(provider: &FakeProvider, messages: Vec<Message>) -> BatchOutcomes {
     support::send_batch(&mut transport(provider), messages).await
 }
@@ -292,17 +305,7 @@ async fn quota_exceeded_is_not_retried_and_does_not_count_against_the_provider()
     let provider =
         resend::answering(resend_error(429, "daily_quota_exceeded").header("retry-after", "3600"))
             .await;
-    let mut service = ServiceBuilder::new()
-        .layer(IdempotencyLayer::in_memory())
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(5)))
-        .service(transport(&provider));
-
-    let err = ServiceExt::<Message>::ready(&mut service)
-        .await
-        .unwrap()
-        .call(email().idempotency_key("quota:1").build().unwrap())
-        .await
-        .unwrap_err();
+    let err = fail_through_layer(&provider, RetryPolicy::new().max_attempts(5), "quota:1").await;
 
     assert_eq!(err.code(), resend_codes::QUOTA_EXCEEDED);
     assert!(!err.is_retryable());
@@ -365,17 +368,7 @@ async fn a_request_still_in_flight_at_resend_does_not_count_against_the_provider
     let policy = RetryPolicy::new()
         .max_attempts(2)
         .base_delay(Duration::from_millis(1));
-    let mut service = ServiceBuilder::new()
-        .layer(IdempotencyLayer::in_memory())
-        .layer(RetryLayer::new(policy))
-        .service(transport(&provider));
-
-    let err = ServiceExt::<Message>::ready(&mut service)
-        .await
-        .unwrap()
-        .call(email().idempotency_key("in-flight:1").build().unwrap())
-        .await
-        .unwrap_err();
+    let err = fail_through_layer(&provider, policy, "in-flight:1").await;
 
     assert_eq!(err.code(), resend_codes::IDEMPOTENCY_IN_FLIGHT);
     assert!(err.delivery_unknown(), "the earlier request may send");
