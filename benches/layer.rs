@@ -1,5 +1,7 @@
 //! The layer's own cost over a bare service, fingerprint throughput against raw SHA-256, and
-//! the memory store's scaling across threads. `cargo bench --bench layer`.
+//! the memory store's scaling across threads. `cargo bench --bench layer`;
+//! `MEMORY_INTERLEAVED=21 cargo bench --bench layer -- memory_store` times the scaling with
+//! one thread and two in alternating slices instead (see [`scaling_interleaved`]).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -293,7 +295,78 @@ fn store_cycles(store: &MemoryStore, threads: usize, iters: u64) -> Duration {
         .unwrap_or_default()
 }
 
+/// The full store of the `memory_store/reserve_complete_at_capacity` cases: every new key
+/// first makes room, the steady state of a long-running service (a store that grew without
+/// bound would measure the kernel's page faults instead).
+const CAPACITY: usize = 65_536;
+
+fn full_store() -> MemoryStore {
+    let store = MemoryStore::with_max_entries(CAPACITY);
+    store_pairs(&store, 1, CAPACITY as u64, u64::MAX);
+    store
+}
+
+/// The rounds of `MEMORY_INTERLEAVED=<rounds>`, when set: the `memory_store/*` cases then run
+/// [`scaling_interleaved`] instead of criterion's benchmarks.
+fn interleaved_rounds() -> Option<usize> {
+    std::env::var("MEMORY_INTERLEAVED").ok()?.parse().ok()
+}
+
+/// Times each workload with one thread and with two in alternating slices of the same number
+/// of operations (which goes first alternates too), `rounds` times, and prints the median of
+/// one thread's time ÷ two threads' (the throughput two threads reach over one) and its
+/// range. Criterion's two cases run seconds apart, through whatever the host does between
+/// them; here they run a moment apart.
+fn scaling_interleaved(rounds: usize) {
+    const OPS: u64 = 200_000;
+    let cycles = MemoryStore::new();
+    let full = full_store();
+    let run = AtomicU64::new(0);
+    let workloads: [(&str, &dyn Fn(usize) -> Duration); 2] = [
+        ("memory_store/reserve_release", &|threads| {
+            store_cycles(&cycles, threads, OPS)
+        }),
+        ("memory_store/reserve_complete_at_capacity", &|threads| {
+            store_pairs(&full, threads, OPS, run.fetch_add(1, Ordering::Relaxed))
+        }),
+    ];
+    for (name, time) in workloads {
+        let (mut ratios, mut one, mut two) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let (t1, t2) = if round % 2 == 0 {
+                let t1 = time(1);
+                (t1, time(2))
+            } else {
+                let t2 = time(2);
+                (time(1), t2)
+            };
+            ratios.push(t1.as_secs_f64() / t2.as_secs_f64());
+            one.push(t1.as_secs_f64() * 1e9 / OPS as f64);
+            two.push(t2.as_secs_f64() * 1e9 / OPS as f64);
+        }
+        let (low, high) = ratios
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
+        println!(
+            "{name}: 1 thread {:.0} ns, 2 threads {:.0} ns an operation (medians of {rounds} \
+             slices of {OPS}); 2 threads ÷ 1 in throughput: median {:.2}, range {low:.2} to \
+             {high:.2}",
+            median(&mut one),
+            median(&mut two),
+            median(&mut ratios),
+        );
+    }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
 fn memory_store_scaling(c: &mut Criterion) {
+    if let Some(rounds) = interleaved_rounds() {
+        return scaling_interleaved(rounds);
+    }
     let mut group = c.benchmark_group("memory_store/reserve_release");
     let store = MemoryStore::new();
     for threads in [1usize, 2] {
@@ -304,11 +377,7 @@ fn memory_store_scaling(c: &mut Criterion) {
     }
     group.finish();
 
-    // Steady state of a long-running service: the store is full, so every new key first makes
-    // room (a store that grew without bound would measure the kernel's page faults instead).
-    const CAPACITY: usize = 65_536;
-    let store = MemoryStore::with_max_entries(CAPACITY);
-    store_pairs(&store, 1, CAPACITY as u64, u64::MAX);
+    let store = full_store();
     let mut group = c.benchmark_group("memory_store/reserve_complete_at_capacity");
     let run = AtomicU64::new(0);
     for threads in [1usize, 2] {
