@@ -312,7 +312,8 @@ impl AsSendError for BoxError {
 ///
 /// Successes, replays, the layer's own answers (in flight, aborted, store failed, key reused)
 /// and validation or permanent errors do not count; retryable and unknown-delivery errors from
-/// the provider do. The error is read through [`find_send_error`], so a [`SendError`] wrapped
+/// the provider do, except its answers about an earlier request under the same key (see
+/// [`SendError::counts_against_provider`]). The error is read through [`find_send_error`], so a [`SendError`] wrapped
 /// in another error is judged as itself. Errors that hold no [`SendError`] count (a timeout, a
 /// connection error).
 ///
