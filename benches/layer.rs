@@ -19,9 +19,12 @@ use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message};
 #[path = "common/floor_stores.rs"]
 #[allow(dead_code, reason = "`MapStore` is the `sends` bench's floor")]
 mod floor_stores;
+#[path = "common/interleave.rs"]
+mod interleave;
 #[path = "common/messages.rs"]
 mod messages;
 use floor_stores::NullStore;
+use interleave::{Spread, alternate};
 use messages::{message, provider};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -306,17 +309,9 @@ fn full_store() -> MemoryStore {
     store
 }
 
-/// The rounds of `MEMORY_INTERLEAVED=<rounds>`, when set: the `memory_store/*` cases then run
-/// [`scaling_interleaved`] instead of criterion's benchmarks.
-fn interleaved_rounds() -> Option<usize> {
-    std::env::var("MEMORY_INTERLEAVED").ok()?.parse().ok()
-}
-
 /// Times each workload with one thread and with two in alternating slices of the same number
-/// of operations (which goes first alternates too), `rounds` times, and prints the median of
-/// one thread's time ÷ two threads' (the throughput two threads reach over one) and its
-/// range. Criterion's two cases run seconds apart, through whatever the host does between
-/// them; here they run a moment apart.
+/// of operations ([`alternate`]), `rounds` times, and prints the median of one thread's time ÷
+/// two threads' (the throughput two threads reach over one) and its range.
 fn scaling_interleaved(rounds: usize) {
     const OPS: u64 = 200_000;
     let cycles = MemoryStore::new();
@@ -330,41 +325,26 @@ fn scaling_interleaved(rounds: usize) {
             store_pairs(&full, threads, OPS, run.fetch_add(1, Ordering::Relaxed))
         }),
     ];
+    let per_op = |d: Duration| d.as_secs_f64() * 1e9 / OPS as f64;
     for (name, time) in workloads {
-        let (mut ratios, mut one, mut two) = (Vec::new(), Vec::new(), Vec::new());
-        for round in 0..rounds {
-            let (t1, t2) = if round % 2 == 0 {
-                let t1 = time(1);
-                (t1, time(2))
-            } else {
-                let t2 = time(2);
-                (time(1), t2)
-            };
-            ratios.push(t1.as_secs_f64() / t2.as_secs_f64());
-            one.push(t1.as_secs_f64() * 1e9 / OPS as f64);
-            two.push(t2.as_secs_f64() * 1e9 / OPS as f64);
-        }
-        let (low, high) = ratios
-            .iter()
-            .fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
+        let pairs = alternate(rounds, || time(1), || time(2));
+        let one = Spread::of(pairs.iter().map(|&(t1, _)| per_op(t1)));
+        let two = Spread::of(pairs.iter().map(|&(_, t2)| per_op(t2)));
+        let ratio = Spread::of(
+            pairs
+                .iter()
+                .map(|(t1, t2)| t1.as_secs_f64() / t2.as_secs_f64()),
+        );
         println!(
             "{name}: 1 thread {:.0} ns, 2 threads {:.0} ns an operation (medians of {rounds} \
-             slices of {OPS}); 2 threads ÷ 1 in throughput: median {:.2}, range {low:.2} to \
-             {high:.2}",
-            median(&mut one),
-            median(&mut two),
-            median(&mut ratios),
+             slices of {OPS}); 2 threads ÷ 1 in throughput: median {:.2}, range {:.2} to {:.2}",
+            one.median, two.median, ratio.median, ratio.low, ratio.high,
         );
     }
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 fn memory_store_scaling(c: &mut Criterion) {
-    if let Some(rounds) = interleaved_rounds() {
+    if let Some(rounds) = interleave::rounds("MEMORY_INTERLEAVED") {
         return scaling_interleaved(rounds);
     }
     let mut group = c.benchmark_group("memory_store/reserve_release");

@@ -38,6 +38,8 @@ use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::outcome::Receipt;
 use tower_idempotency::{BoxError, Fingerprint, IdempotencyLayer, MemoryStore, Message};
 
+use interleave::{Spread, alternate};
+
 const BODY: usize = 2 * 1024;
 const TTL: Duration = Duration::from_secs(60);
 const NAMESPACE: &str = "default";
@@ -301,12 +303,6 @@ fn process_cpu_time() -> Duration {
 /// 0.05–0.3 s of sends there on our machines.
 const MAX_SLICE: usize = 50_000;
 
-/// The rounds of `PEERS_INTERLEAVED=<rounds>`, when set: the bench then runs [`interleaved`]
-/// instead of criterion's benchmarks.
-fn interleaved_rounds() -> Option<usize> {
-    std::env::var("PEERS_INTERLEAVED").ok()?.parse().ok()
-}
-
 /// Times `ours` and `other` in alternating slices (which goes first alternates too),
 /// `rounds` times per case, and prints each one's median time per send and the median over
 /// the rounds of other's time ÷ ours (above 1: we are faster). The two sides of a ratio are
@@ -342,39 +338,31 @@ fn interleaved<A: Sender, B: Sender>(
                 }
             }
             .clamp(256, MAX_SLICE);
-            let (mut a, mut b, mut ratios, mut cpu_ratios) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for round in 0..rounds {
-                let ours = || slice(&ours.1, &ours_keys, replay, workers, sends);
-                let other = || slice(&other.1, &other_keys, replay, workers, sends);
-                let (x, y) = if round % 2 == 0 {
-                    let x = rt.block_on(ours());
-                    (x, rt.block_on(other()))
-                } else {
-                    let y = rt.block_on(other());
-                    (rt.block_on(ours()), y)
-                };
-                a.push(x.0);
-                b.push(y.0);
-                ratios.push(y.0 / x.0);
-                cpu_ratios.push(y.1 / x.1);
-            }
+            let pairs = alternate(
+                rounds,
+                || rt.block_on(slice(&ours.1, &ours_keys, replay, workers, sends)),
+                || rt.block_on(slice(&other.1, &other_keys, replay, workers, sends)),
+            );
+            let a = Spread::of(pairs.iter().map(|(x, _)| x.0));
+            let b = Spread::of(pairs.iter().map(|(_, y)| y.0));
+            let ratios = Spread::of(pairs.iter().map(|(x, y)| y.0 / x.0));
+            let cpu_ratios = Spread::of(pairs.iter().map(|(x, y)| y.1 / x.1));
             println!(
                 "{group}/{workers}-workers/{case}: {} {:.3} µs, {} {:.3} µs a send (medians \
                  of {rounds} slices of {sends} sends); {} ÷ {}: median {:.2}, range {:.2} to \
                  {:.2}; by this process's CPU time: median {:.2}, range {:.2} to {:.2}",
                 ours.0,
-                median(&mut a),
+                a.median,
                 other.0,
-                median(&mut b),
+                b.median,
                 other.0,
                 ours.0,
-                median(&mut ratios),
-                ratios.iter().copied().fold(f64::INFINITY, f64::min),
-                ratios.iter().copied().fold(0.0, f64::max),
-                median(&mut cpu_ratios),
-                cpu_ratios.iter().copied().fold(f64::INFINITY, f64::min),
-                cpu_ratios.iter().copied().fold(0.0, f64::max),
+                ratios.median,
+                ratios.low,
+                ratios.high,
+                cpu_ratios.median,
+                cpu_ratios.low,
+                cpu_ratios.high,
             );
         }
     }
@@ -402,11 +390,6 @@ async fn slice<T: Sender>(
     (per_send(wall), per_send(cpu))
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -417,7 +400,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn memory(c: &mut Criterion) {
     let rt = runtime();
-    if let Some(rounds) = interleaved_rounds() {
+    if let Some(rounds) = interleave::rounds("PEERS_INTERLEAVED") {
         let ours = || {
             Ours(IdempotencyLayer::new(MemoryStore::with_max_entries(usize::MAX)).layer(provider()))
         };
@@ -465,6 +448,8 @@ fn memory(c: &mut Criterion) {
     }
 }
 
+#[path = "common/interleave.rs"]
+mod interleave;
 #[path = "stores/raw_redis.rs"]
 mod raw_redis;
 #[path = "peers/redis.rs"]

@@ -7,6 +7,9 @@
 use criterion::{Criterion, criterion_group, criterion_main};
 
 #[cfg(feature = "postgres")]
+#[path = "common/interleave.rs"]
+mod interleave;
+#[cfg(feature = "postgres")]
 #[path = "stores/outbox.rs"]
 mod outbox;
 #[cfg(feature = "postgres")]

@@ -14,10 +14,7 @@ use tower_idempotency::{Fingerprint, IdempotencyLayer, Message};
 
 use crate::raw_redis::RawRedis;
 
-use super::{
-    Hashing, NAMESPACE, Ours, Peer, Sender, TTL, compare, interleaved, interleaved_rounds,
-    provider, runtime,
-};
+use super::{Hashing, NAMESPACE, Ours, Peer, Sender, TTL, compare, interleaved, provider, runtime};
 
 /// The commands `RedisStore` sends, none of our code.
 #[derive(Clone)]
@@ -77,7 +74,7 @@ pub(super) fn bench(c: &mut Criterion) {
         rt.block_on(script.prepare_invoke().load_async(&mut raw.manager.clone()))
             .expect("SCRIPT LOAD");
     }
-    if let Some(rounds) = interleaved_rounds() {
+    if let Some(rounds) = super::interleave::rounds("PEERS_INTERLEAVED") {
         interleaved(
             &rt,
             "peers/redis",

@@ -26,6 +26,8 @@ use tower_idempotency::store::postgres::deadpool_postgres::{
 use tower_idempotency::store::{Completion, PostgresStore, Reservation, Store, Token};
 use uuid::Uuid;
 
+use crate::interleave::{Spread, alternate};
+
 const CONCURRENCY: [usize; 2] = [1, 64];
 const LEASE: Duration = Duration::from_secs(600);
 const TTL: Duration = Duration::from_secs(3600);
@@ -294,7 +296,7 @@ pub fn bench(c: &mut Criterion) {
         })
     });
 
-    if let Some(rounds) = interleaved_rounds() {
+    if let Some(rounds) = crate::interleave::rounds("STORES_INTERLEAVED") {
         for concurrency in CONCURRENCY {
             interleaved(&runtime, &bench, concurrency, rounds);
         }
@@ -309,12 +311,6 @@ pub fn bench(c: &mut Criterion) {
             .await
             .expect("drop the bench table");
     });
-}
-
-/// The rounds of `STORES_INTERLEAVED=<rounds>`, when set: the PostgreSQL cases then run
-/// [`interleaved`] instead of criterion's benchmarks.
-fn interleaved_rounds() -> Option<usize> {
-    std::env::var("STORES_INTERLEAVED").ok()?.parse().ok()
 }
 
 /// Times the store's pairs and raw's in alternating slices of about 0.3 s each (which goes
@@ -332,40 +328,22 @@ fn interleaved(
     let pairs = ((0.3 / probe.as_secs_f64()) * 64.0) as u64;
     let pairs = pairs.clamp(64, 100_000);
     let per_pair = |d: Duration| d.as_secs_f64() * 1e6 / pairs as f64;
-    let (mut ours, mut raw, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..rounds {
-        let (x, y) = if round % 2 == 0 {
-            let x = runtime.block_on(run(bench, pairs, concurrency, Side::Store));
-            (
-                x,
-                runtime.block_on(run(bench, pairs, concurrency, Side::Raw)),
-            )
-        } else {
-            let y = runtime.block_on(run(bench, pairs, concurrency, Side::Raw));
-            (
-                runtime.block_on(run(bench, pairs, concurrency, Side::Store)),
-                y,
-            )
-        };
-        ours.push(per_pair(x));
-        raw.push(per_pair(y));
-        ratios.push(y.as_secs_f64() / x.as_secs_f64());
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (lo, hi) = (
-        ratios.iter().copied().fold(f64::INFINITY, f64::min),
-        ratios.iter().copied().fold(0.0, f64::max),
+    let rounds_timed = alternate(
+        rounds,
+        || runtime.block_on(run(bench, pairs, concurrency, Side::Store)),
+        || runtime.block_on(run(bench, pairs, concurrency, Side::Raw)),
+    );
+    let ours = Spread::of(rounds_timed.iter().map(|&(x, _)| per_pair(x)));
+    let raw = Spread::of(rounds_timed.iter().map(|&(_, y)| per_pair(y)));
+    let ratios = Spread::of(
+        rounds_timed
+            .iter()
+            .map(|(x, y)| y.as_secs_f64() / x.as_secs_f64()),
     );
     println!(
         "postgres/reserve+complete/{concurrency}: ours {:.1} µs, raw {:.1} µs a pair (medians \
-         of {rounds} slices of {pairs} pairs); raw ÷ ours: median {:.2}, range {lo:.2} to \
-         {hi:.2}",
-        median(&mut ours),
-        median(&mut raw),
-        median(&mut ratios),
+         of {rounds} slices of {pairs} pairs); raw ÷ ours: median {:.2}, range {:.2} to {:.2}",
+        ours.median, raw.median, ratios.median, ratios.low, ratios.high,
     );
 }
 
