@@ -24,7 +24,7 @@ mod interleave;
 #[path = "common/messages.rs"]
 mod messages;
 use floor_stores::NullStore;
-use interleave::{Spread, alternate};
+use interleave::{Compared, alternate};
 use messages::{message, provider};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -310,7 +310,7 @@ fn full_store() -> MemoryStore {
 }
 
 /// Times each workload with one thread and with two in alternating slices of the same number
-/// of operations ([`alternate`]), `rounds` times, and prints the median of one thread's time ÷
+/// of operations ([`alternate`], the two-thread slice first in even rounds), `rounds` times, and prints the median of one thread's time ÷
 /// two threads' (the throughput two threads reach over one) and its range.
 fn scaling_interleaved(rounds: usize) {
     const OPS: u64 = 200_000;
@@ -327,18 +327,13 @@ fn scaling_interleaved(rounds: usize) {
     ];
     let per_op = |d: Duration| d.as_secs_f64() * 1e9 / OPS as f64;
     for (name, time) in workloads {
-        let pairs = alternate(rounds, || time(1), || time(2));
-        let one = Spread::of(pairs.iter().map(|&(t1, _)| per_op(t1)));
-        let two = Spread::of(pairs.iter().map(|&(_, t2)| per_op(t2)));
-        let ratio = Spread::of(
-            pairs
-                .iter()
-                .map(|(t1, t2)| t1.as_secs_f64() / t2.as_secs_f64()),
-        );
+        // Two threads as `a`: one thread's time ÷ theirs is the throughput they reach over it.
+        let c = Compared::of(&alternate(rounds, || time(2), || time(1)), per_op);
+        let ratio = c.b_over_a;
         println!(
             "{name}: 1 thread {:.0} ns, 2 threads {:.0} ns an operation (medians of {rounds} \
              slices of {OPS}); 2 threads ÷ 1 in throughput: median {:.2}, range {:.2} to {:.2}",
-            one.median, two.median, ratio.median, ratio.low, ratio.high,
+            c.b.median, c.a.median, ratio.median, ratio.low, ratio.high,
         );
     }
 }

@@ -38,7 +38,7 @@ use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::outcome::Receipt;
 use tower_idempotency::{BoxError, Fingerprint, IdempotencyLayer, MemoryStore, Message};
 
-use interleave::{Spread, alternate};
+use interleave::{Compared, alternate};
 
 const BODY: usize = 2 * 1024;
 const TTL: Duration = Duration::from_secs(60);
@@ -343,18 +343,17 @@ fn interleaved<A: Sender, B: Sender>(
                 || rt.block_on(slice(&ours.1, &ours_keys, replay, workers, sends)),
                 || rt.block_on(slice(&other.1, &other_keys, replay, workers, sends)),
             );
-            let a = Spread::of(pairs.iter().map(|(x, _)| x.0));
-            let b = Spread::of(pairs.iter().map(|(_, y)| y.0));
-            let ratios = Spread::of(pairs.iter().map(|(x, y)| y.0 / x.0));
-            let cpu_ratios = Spread::of(pairs.iter().map(|(x, y)| y.1 / x.1));
+            let wall = Compared::of(&pairs, |(wall, _)| wall);
+            let (ratios, cpu_ratios) =
+                (wall.b_over_a, Compared::of(&pairs, |(_, cpu)| cpu).b_over_a);
             println!(
                 "{group}/{workers}-workers/{case}: {} {:.3} µs, {} {:.3} µs a send (medians \
                  of {rounds} slices of {sends} sends); {} ÷ {}: median {:.2}, range {:.2} to \
                  {:.2}; by this process's CPU time: median {:.2}, range {:.2} to {:.2}",
                 ours.0,
-                a.median,
+                wall.a.median,
                 other.0,
-                b.median,
+                wall.b.median,
                 other.0,
                 ours.0,
                 ratios.median,

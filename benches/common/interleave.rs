@@ -30,6 +30,25 @@ pub(crate) fn alternate<T>(
         .collect()
 }
 
+/// Two sides timed by [`alternate`]: the spread of each side's `value` (its time per unit of
+/// work, say), and the spread of `b`'s ÷ `a`'s, round by round (above 1: `a` is faster).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Compared {
+    pub(crate) a: Spread,
+    pub(crate) b: Spread,
+    pub(crate) b_over_a: Spread,
+}
+
+impl Compared {
+    pub(crate) fn of<T: Copy>(pairs: &[(T, T)], value: impl Fn(T) -> f64) -> Self {
+        Self {
+            a: Spread::of(pairs.iter().map(|&(a, _)| value(a))),
+            b: Spread::of(pairs.iter().map(|&(_, b)| value(b))),
+            b_over_a: Spread::of(pairs.iter().map(|&(a, b)| value(b) / value(a))),
+        }
+    }
+}
+
 /// The median of a sample and its range.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Spread {

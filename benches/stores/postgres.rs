@@ -26,7 +26,7 @@ use tower_idempotency::store::postgres::deadpool_postgres::{
 use tower_idempotency::store::{Completion, PostgresStore, Reservation, Store, Token};
 use uuid::Uuid;
 
-use crate::interleave::{Spread, alternate};
+use crate::interleave::{Compared, alternate};
 
 const CONCURRENCY: [usize; 2] = [1, 64];
 const LEASE: Duration = Duration::from_secs(600);
@@ -328,22 +328,17 @@ fn interleaved(
     let pairs = ((0.3 / probe.as_secs_f64()) * 64.0) as u64;
     let pairs = pairs.clamp(64, 100_000);
     let per_pair = |d: Duration| d.as_secs_f64() * 1e6 / pairs as f64;
-    let rounds_timed = alternate(
+    let timed = alternate(
         rounds,
         || runtime.block_on(run(bench, pairs, concurrency, Side::Store)),
         || runtime.block_on(run(bench, pairs, concurrency, Side::Raw)),
     );
-    let ours = Spread::of(rounds_timed.iter().map(|&(x, _)| per_pair(x)));
-    let raw = Spread::of(rounds_timed.iter().map(|&(_, y)| per_pair(y)));
-    let ratios = Spread::of(
-        rounds_timed
-            .iter()
-            .map(|(x, y)| y.as_secs_f64() / x.as_secs_f64()),
-    );
+    let c = Compared::of(&timed, per_pair);
+    let ratios = c.b_over_a;
     println!(
         "postgres/reserve+complete/{concurrency}: ours {:.1} µs, raw {:.1} µs a pair (medians \
          of {rounds} slices of {pairs} pairs); raw ÷ ours: median {:.2}, range {:.2} to {:.2}",
-        ours.median, raw.median, ratios.median, ratios.low, ratios.high,
+        c.a.median, c.b.median, ratios.median, ratios.low, ratios.high,
     );
 }
 
