@@ -8,16 +8,16 @@
 //!   worker and from 64 concurrent workers (long-lived tasks, each sending its share one
 //!   send after another): criterion reports the time per send and sends per second.
 //! - `peers/redis/*` (when `REDIS_URL` is set): our layer on a `RedisStore`, the peer's
-//!   `ValkeyStore` behind the same adapter, and "raw": the commands our store issues, through
-//!   the same client (`EVALSHA` of the reserve script, then of the complete script), with none of
-//!   our code.
+//!   `ValkeyStore` behind the same adapter, and "minimal": what a user would write instead,
+//!   through the same client (`SET NX GET`, then a fenced write of the done record), alone and
+//!   after SHA-256 over the body, with none of our code.
 //!
 //! The peer is a dev-dependency of the `suite` member only: no user and not the quickstart
 //! builds it. `cargo bench --bench peers -- --warm-up-time 1 --measurement-time 3`.
 //!
 //! On a shared, noisy machine, `PEERS_INTERLEAVED=15 cargo bench --bench peers` instead
 //! times ours against the peer with SHA-256, over the same bytes and over the body (memory,
-//! in alternating slices of 50,000 sends), and against raw (Redis, in alternating slices of
+//! in alternating slices of 50,000 sends), and against the minimal commands and the peer (Redis, in alternating slices of
 //! about 0.2 s), and prints the median ratio per case, by wall time and by the process's
 //! CPU time (which time stolen by other work on a shared machine does not inflate; for Redis
 //! it leaves out the server's work, so the wall ratio is the one that counts there): see

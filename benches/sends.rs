@@ -17,11 +17,11 @@
 //! `replay` (one key sent again); `fresh-64` and `replay-64` send the same from 64 tasks on two threads, for their
 //! CPU time (`time`) or their counts. The keyed messages are made before the loop;
 //! `messages` makes and drops them alone, to subtract from `fresh`. With `REDIS_URL` set, `redis` sends fresh keys through the layer
-//! on a `RedisStore` and `redis-raw` issues the same commands with none of our code (the
-//! stores bench's raw baseline), so their difference is our client's cost per send; the
-//! server's work runs in its own process and is not counted. `redis-replay` and
-//! `redis-raw-replay` send one key again and again (raw reads the reserve script's first
-//! reply value and stops; ours decodes the kept record to answer with it). Without arguments (as under
+//! on a `RedisStore` and `redis-raw` issues the minimal commands a user would write instead (the
+//! stores bench's baseline: `SET NX GET`, then a fenced write), so their difference is our
+//! client's cost per send; the server's work runs in its own process and is not counted.
+//! `redis-replay` and `redis-raw-replay` send one key again and again (raw stops at the
+//! `SET NX GET`'s answer; ours decodes the kept record to answer with it). Without arguments (as under
 //! `cargo bench`) it runs 1,000 of each and prints their times.
 //!
 //! `targets ROUNDS` times instead of counting: the layer's two microsecond targets (a fresh
@@ -161,10 +161,9 @@ async fn workers64(replay: bool, sends: usize) {
 }
 
 /// Fresh keys, or one key sent again, over Redis at `REDIS_URL`: through the layer, or as
-/// the raw commands.
+/// the minimal commands.
 async fn redis(raw: bool, replay: bool, sends: usize) {
     use tower_idempotency::store::RedisStore;
-    use tower_idempotency::store::redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT};
 
     let url = std::env::var("REDIS_URL").expect("REDIS_URL for the redis kinds");
     let client = redis::Client::open(url).expect("a valid REDIS_URL");
@@ -179,24 +178,13 @@ async fn redis(raw: bool, replay: bool, sends: usize) {
         fresh_messages(sends)
     };
     if raw {
-        let commands = raw_redis::RawRedis {
-            reserve: redis::Script::new(RESERVE_SCRIPT),
-            complete: redis::Script::new(COMPLETE_SCRIPT),
-        };
-        let mut connection = manager.clone();
-        for script in [&commands.reserve, &commands.complete] {
-            let load = script.prepare_invoke();
-            load.load_async(&mut connection).await.expect("SCRIPT LOAD");
-        }
+        let commands = raw_redis::MinimalRedis::load(&mut manager.clone()).await;
         let ttl = Duration::from_secs(60);
         for m in messages {
             let key = m.idempotency_key().expect("keyed");
             let key = format!("{prefix}default:{}", key.as_str());
-            let fingerprint = tower_idempotency::Fingerprint::of(&m);
             let mut connection = manager.clone();
-            commands
-                .send(&mut connection, &key, fingerprint, ttl, ttl)
-                .await;
+            commands.send(&mut connection, &key, ttl, ttl).await;
             black_box(Receipt::new("msg_1", "bench"));
         }
     } else {

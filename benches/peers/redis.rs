@@ -1,37 +1,40 @@
 //! `peers/redis/*`: our layer on a `RedisStore`, the `idempotent` crate's `ValkeyStore`, and
-//! the raw commands our store issues through the same client. Skipped without `REDIS_URL`.
+//! the minimal commands a user would write instead (`stores/raw_redis.rs`), through the same
+//! client: alone, and after SHA-256 over the message body, the work any check of key reuse
+//! needs. Skipped without `REDIS_URL`.
 
 use std::sync::Arc;
 
 use criterion::Criterion;
-use redis::Script;
 use redis::aio::ConnectionManager;
+use sha2::{Digest, Sha256};
 use tower::Layer;
 use tower_idempotency::outcome::Receipt;
-use tower_idempotency::store::redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT};
 use tower_idempotency::store::{RedisStore, Token};
-use tower_idempotency::{Fingerprint, IdempotencyLayer, Message};
+use tower_idempotency::{IdempotencyLayer, Message};
 
-use crate::raw_redis::RawRedis;
+use crate::raw_redis::MinimalRedis;
 
 use super::{Hashing, NAMESPACE, Ours, Peer, Sender, TTL, compare, interleaved, provider, runtime};
 
-/// The commands `RedisStore` sends, none of our code.
+/// The minimal commands, none of our code; with `hash_body`, SHA-256 over the body first.
 #[derive(Clone)]
-struct Raw {
+struct Minimal {
     manager: ConnectionManager,
-    commands: Arc<RawRedis>,
+    commands: Arc<MinimalRedis>,
     prefix: Arc<str>,
+    hash_body: bool,
 }
 
-impl Sender for Raw {
+impl Sender for Minimal {
     async fn send(&mut self, message: Message) -> Receipt {
+        if self.hash_body {
+            let body = message.text().unwrap_or_default();
+            std::hint::black_box(Sha256::digest(body.as_bytes()));
+        }
         let key = message.idempotency_key().expect("keyed");
         let key = format!("{}{NAMESPACE}:{}", self.prefix, key.as_str());
-        let fingerprint = Fingerprint::of(&message);
-        self.commands
-            .send(&mut self.manager, &key, fingerprint, TTL, TTL)
-            .await;
+        self.commands.send(&mut self.manager, &key, TTL, TTL).await;
         Receipt::new("msg_1", "bench")
     }
 }
@@ -45,9 +48,10 @@ pub(super) fn bench(c: &mut Criterion) {
     let rt = runtime();
     let client = redis::Client::open(url.as_str()).expect("valid REDIS_URL");
     let prefix = format!("bench-peers:{}:", Token::new());
-    let manager = rt
+    let mut manager = rt
         .block_on(ConnectionManager::new(client.clone()))
         .expect("connect to REDIS_URL");
+    let commands = Arc::new(rt.block_on(MinimalRedis::load(&mut manager)));
 
     let store = RedisStore::new(manager.clone()).key_prefix(prefix.clone());
     // Leased and kept as long as raw's records (and the peer's entries): the same commands,
@@ -61,19 +65,26 @@ pub(super) fn bench(c: &mut Criterion) {
         .layer(provider());
     let ours = Ours(ours);
 
-    let raw = Raw {
+    let minimal = Minimal {
         manager,
-        commands: Arc::new(RawRedis {
-            reserve: Script::new(RESERVE_SCRIPT),
-            complete: Script::new(COMPLETE_SCRIPT),
-        }),
+        commands,
         prefix: Arc::from(prefix.as_str()),
+        hash_body: false,
     };
-    // Load the scripts once, as `RedisStore` does, so EVALSHA finds them.
-    for script in [&raw.commands.reserve, &raw.commands.complete] {
-        rt.block_on(script.prepare_invoke().load_async(&mut raw.manager.clone()))
-            .expect("SCRIPT LOAD");
-    }
+    let minimal_sha256 = Minimal {
+        hash_body: true,
+        ..minimal.clone()
+    };
+    let peer = |name: &str, hashing| Peer {
+        store: Arc::new(
+            rt.block_on(idempotent::store::valkey::ValkeyStore::with_prefix(
+                client.clone(),
+                Some(&format!("{prefix}{name}")),
+            ))
+            .expect("connect the peer"),
+        ),
+        hashing,
+    };
     if let Some(rounds) = super::interleave::rounds("PEERS_INTERLEAVED") {
         interleaved(
             &rt,
@@ -81,28 +92,37 @@ pub(super) fn bench(c: &mut Criterion) {
             rounds,
             None,
             ("ours", || ours.clone()),
-            ("raw", || raw.clone()),
+            ("minimal", || minimal.clone()),
+        );
+        interleaved(
+            &rt,
+            "peers/redis",
+            rounds,
+            None,
+            ("ours", || ours.clone()),
+            ("minimal+sha256", || minimal_sha256.clone()),
+        );
+        let sha256 = peer("idempotent-sha256", Hashing::Sha256);
+        interleaved(
+            &rt,
+            "peers/redis",
+            rounds,
+            None,
+            ("ours", || ours.clone()),
+            ("idempotent-sha256", || sha256.clone()),
         );
         return;
     }
     compare(c, "peers/redis", "ours", &rt, || ours.clone());
-    compare(c, "peers/redis", "raw", &rt, || raw.clone());
-
+    compare(c, "peers/redis", "minimal", &rt, || minimal.clone());
+    compare(c, "peers/redis", "minimal+sha256", &rt, || {
+        minimal_sha256.clone()
+    });
     for (name, hashing) in [
         ("idempotent-xxh3", Hashing::Shipped),
         ("idempotent-sha256", Hashing::Sha256),
     ] {
-        let peer_prefix = format!("{prefix}{name}");
-        let store = rt
-            .block_on(idempotent::store::valkey::ValkeyStore::with_prefix(
-                client.clone(),
-                Some(&peer_prefix),
-            ))
-            .expect("connect the peer");
-        let peer = Peer {
-            store: Arc::new(store),
-            hashing,
-        };
+        let peer = peer(name, hashing);
         compare(c, "peers/redis", name, &rt, || peer.clone());
     }
 }
