@@ -183,39 +183,17 @@ impl Times {
 }
 
 /// [`decode_record`], with the times the record carries.
-///
-/// A record in the form this release writes is read by [`written`], its fixed fields by
-/// position; any other bytes by serde_json. Both give the same answer for the same bytes.
 pub(crate) fn decode_record_times(bytes: &[u8]) -> Result<(Token, Record, Times), StoreError> {
-    let stored = match written::read(bytes) {
-        Some(stored) => stored,
-        None => read_general(bytes)?,
-    };
-    checked_stored(stored)
-}
-
-/// A record's fields by serde_json, whatever their order and spacing.
-fn read_general(bytes: &[u8]) -> Result<written::Written, StoreError> {
     let stored: RecordIn = read(bytes, "the value under the key is not a record")?;
-    Ok(written::Written {
-        state: stored.state.into(),
-        token: stored.token,
-        fingerprint: stored.fingerprint,
-        outcome: stored.outcome,
-        times: Times {
-            first_attempt_at_ms: stored.first_attempt_at_ms,
-            lease_until_ms: stored.lease_until_ms,
-        },
-    })
-}
-
-/// The record of fields read, held to the record rules.
-fn checked_stored(stored: written::Written) -> Result<(Token, Record, Times), StoreError> {
     let outcome = stored.outcome.map(Outcome::try_from).transpose()?;
-    let record = checked_record(stored.state, stored.fingerprint, outcome).map_err(|e| {
+    let record = checked_record(stored.state.into(), stored.fingerprint, outcome).map_err(|e| {
         StoreError::corrupt("the value under the key is not a usable record").with_source(e)
     })?;
-    Ok((stored.token, record, stored.times))
+    let times = Times {
+        first_attempt_at_ms: stored.first_attempt_at_ms,
+        lease_until_ms: stored.lease_until_ms,
+    };
+    Ok((stored.token, record, times))
 }
 
 /// The record a store read, once it passes [the record rules](self#the-record-rules) on its
@@ -252,18 +230,7 @@ fn check_shape(state: RecordState, has_outcome: bool) -> Result<(), StoreError> 
 /// The outcome as version-1 JSON, for a store that keeps it as text (`PostgresStore`'s
 /// `jsonb` column).
 pub(crate) fn outcome_json(outcome: &Outcome) -> Result<String, StoreError> {
-    let mut json = Vec::with_capacity(128);
-    write_outcome(&mut json, outcome)?;
-    String::from_utf8(json).map_err(unencodable)
-}
-
-/// Writes `outcome` as [`OutcomeOut`] through serde_json: a kept receipt whose strings need
-/// no escape by position ([`written::write_receipt`]), anything else by serde_json.
-fn write_outcome(json: &mut Vec<u8>, outcome: &Outcome) -> Result<(), StoreError> {
-    if written::write_receipt(json, outcome) {
-        return Ok(());
-    }
-    serde_json::to_writer(json, &OutcomeOut::from(outcome)).map_err(unencodable)
+    serde_json::to_string(&OutcomeOut::from(outcome)).map_err(unencodable)
 }
 
 /// A pending record as version-1 JSON.
@@ -291,16 +258,9 @@ fn record_json(
     record_json_at(state, token, fingerprint, outcome, Times::default())
 }
 
-/// A record as version-1 JSON with its times, as `RedisStore`'s scripts complete it: they
-/// append the times to the JSON written without them, in this order, so the bytes are the
-/// same (pinned by the golden tests).
-///
-/// The fields whose text never needs escaping (the state's name, the token's UUID, the
-/// fingerprint's hex digits, the times) are written as they are: serde_json would scan each
-/// of their bytes for escapes, ~1.9k instructions per record, on every reserve and complete
-/// of a networked store. The outcome, which holds a provider's strings, goes through
-/// serde_json. The bytes are those of [`RecordOut`] through serde_json, field for field
-/// (a unit test holds the two together).
+/// A record as version-1 JSON with its times. `RedisStore`'s scripts append the times to
+/// the JSON written without them, in the order of [`RecordOut`], so the bytes are the same
+/// (pinned by the golden tests).
 pub(crate) fn record_json_at(
     state: RecordState,
     token: Token,
@@ -308,36 +268,15 @@ pub(crate) fn record_json_at(
     outcome: Option<&Outcome>,
     times: Times,
 ) -> Result<String, StoreError> {
-    // A pending record is ~150 bytes; a done one adds its outcome.
-    let mut json = Vec::with_capacity(if outcome.is_some() { 320 } else { 192 });
-    json.extend_from_slice(b"{\"state\":\"");
-    json.extend_from_slice(match state {
-        RecordState::Pending => b"pending".as_slice(),
-        RecordState::Done => b"done".as_slice(),
-    });
-    json.extend_from_slice(b"\",\"token\":\"");
-    json.extend_from_slice(&token.hyphenated());
-    json.extend_from_slice(b"\",\"fingerprint\":\"");
-    json.extend_from_slice(&fingerprint.hex());
-    json.push(b'"');
-    if let Some(outcome) = outcome {
-        json.extend_from_slice(b",\"outcome\":");
-        write_outcome(&mut json, outcome)?;
-    }
-    for (name, ms) in [
-        (
-            b",\"first_attempt_at_ms\":".as_slice(),
-            times.first_attempt_at_ms,
-        ),
-        (b",\"lease_until_ms\":".as_slice(), times.lease_until_ms),
-    ] {
-        if let Some(ms) = ms {
-            json.extend_from_slice(name);
-            written::write_number(&mut json, ms);
-        }
-    }
-    json.push(b'}');
-    String::from_utf8(json).map_err(unencodable)
+    serde_json::to_string(&RecordOut {
+        state: state.into(),
+        token,
+        fingerprint,
+        outcome: outcome.map(OutcomeOut::from),
+        first_attempt_at_ms: times.first_attempt_at_ms,
+        lease_until_ms: times.lease_until_ms,
+    })
+    .map_err(unencodable)
 }
 
 fn unencodable(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
@@ -381,9 +320,7 @@ fn read<'de, T: Deserialize<'de>>(bytes: &'de [u8], not_a_record: &str) -> Resul
 // Version 1. The structs below are the stored form: renaming or reordering a field changes
 // what is written, and the golden tests fail.
 
-/// A whole record as it is written: [`record_json_at`] writes these fields, in this order,
-/// as serde_json writes this struct.
-#[cfg_attr(not(test), allow(dead_code))]
+/// A whole record as it is written.
 #[derive(Serialize)]
 struct RecordOut<'a> {
     state: StateV1,
@@ -608,8 +545,6 @@ impl fmt::Display for KeptSource {
 }
 
 impl Error for KeptSource {}
-
-mod written;
 
 #[cfg(test)]
 mod tests;
