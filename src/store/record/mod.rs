@@ -51,8 +51,9 @@
 //! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
 //! fingerprint in lowercase hex, `outcome` the outcome as above (done records only).
 //!
-//! Two optional fields follow, in this order, in milliseconds since the UNIX epoch by the
-//! store's clock (`RedisStore`: the server's `TIME`), each left out when unknown:
+//! A store that keeps the times of a record in it (`RedisStore`) adds two fields, in this
+//! order, in milliseconds since the UNIX epoch by the store's clock (`RedisStore`: the
+//! server's `TIME`):
 //!
 //! ```json
 //! {"state":"pending","token":"6f1c…","fingerprint":"9a0e…","first_attempt_at_ms":1764500000000,"lease_until_ms":1764500120000}
@@ -61,13 +62,19 @@
 //!
 //! - `first_attempt_at_ms`: when the first attempt under the key began (kept through
 //!   retakes and takeovers of the same message); a store reports its age as
-//!   [`Record::first_attempt_age`](super::Record::first_attempt_age). A record without it
-//!   (written by an earlier release) has an unknown first attempt, and is never re-sent.
-//! - `lease_until_ms`: when the lease of a pending record ends. A pending record outlives
-//!   its lease, so that a reserve after it can tell it took the key over from a holder that
-//!   never settled it ([`Reservation::TakenOver`](super::Reservation::TakenOver)). A
-//!   pending record without it (written by an earlier release) is live for as long as it
-//!   exists.
+//!   [`Record::first_attempt_age`](super::Record::first_attempt_age). Every pending record
+//!   carries it. A done record carries it when the holder of such a pending record
+//!   completed it, and not otherwise (completed after its own pending record was gone, or
+//!   resolved by an operator): its first attempt is unknown, and it is never re-sent.
+//! - `lease_until_ms`: when the lease of a pending record ends, on every pending record and
+//!   on no done one. A pending record outlives its lease, so that a reserve after it can
+//!   tell it took the key over from a holder that never settled it
+//!   ([`Reservation::TakenOver`](super::Reservation::TakenOver)).
+//!
+//! Such a store reads a pending record without both as
+//! [`Corrupt`](super::StoreErrorKind::Corrupt): it could not tell when its lease ends.
+//! [`encode_record`] has no clock and writes neither; [`decode_record`] reads a record with
+//! or without them.
 //!
 //! # The record rules
 //!
@@ -159,17 +166,17 @@ pub fn encode_record(token: Token, record: &Record) -> Result<Vec<u8>, StoreErro
 /// a done one without, a failure of category `delivered`), or are of a later version than
 /// this release reads.
 pub fn decode_record(bytes: &[u8]) -> Result<(Token, Record), StoreError> {
-    decode_record_times(bytes).map(|(token, record, _)| (token, record))
+    read_record(bytes).map(|(token, record, _)| (token, record))
 }
 
 /// The times a stored record carries, in milliseconds since the UNIX epoch by the clock of
-/// the store that wrote them (`RedisStore`: the server's `TIME`); absent in records written
-/// before they existed.
+/// the store that wrote them (`RedisStore`: the server's `TIME`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Times {
-    /// When the first attempt under the key began.
+    /// When the first attempt under the key began: on every pending record, on a done one
+    /// when it is known.
     pub(crate) first_attempt_at_ms: Option<u64>,
-    /// When the lease of a pending record ends.
+    /// When the lease of a pending record ends: on every pending record.
     pub(crate) lease_until_ms: Option<u64>,
 }
 
@@ -182,8 +189,24 @@ impl Times {
     }
 }
 
-/// [`decode_record`], with the times the record carries.
+/// A record with its times, as a store that keeps them in the record (`RedisStore`) reads
+/// it: a pending record without both is corrupt.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn decode_record_times(bytes: &[u8]) -> Result<(Token, Record, Times), StoreError> {
+    let (token, record, times) = read_record(bytes)?;
+    if record.state == RecordState::Pending
+        && (times.first_attempt_at_ms.is_none() || times.lease_until_ms.is_none())
+    {
+        return Err(StoreError::corrupt(
+            "a pending record carries no first attempt's time or no lease end: every reserve \
+             writes both",
+        ));
+    }
+    Ok((token, record, times))
+}
+
+/// [`decode_record`], with whatever times the record carries.
+fn read_record(bytes: &[u8]) -> Result<(Token, Record, Times), StoreError> {
     let stored: RecordIn = read(bytes, "the value under the key is not a record")?;
     let outcome = stored.outcome.map(Outcome::try_from).transpose()?;
     let record = checked_record(stored.state.into(), stored.fingerprint, outcome).map_err(|e| {

@@ -263,12 +263,38 @@ fn records_with_times_are_written_after_every_other_field_and_read_back() {
             .unwrap()
     );
     assert_eq!(done, appended);
-    // A record of the previous release carries none.
-    let old = done_json(token(), fingerprint(), &failed).unwrap();
-    assert_eq!(
-        decode_record_times(old.as_bytes()).unwrap().2,
-        Times::default()
-    );
+}
+
+#[test]
+fn a_pending_record_without_both_times_is_corrupt_where_records_carry_them() {
+    let at = 1_764_500_000_000;
+    for times in [
+        Times::default(),
+        Times {
+            first_attempt_at_ms: Some(at),
+            lease_until_ms: None,
+        },
+        Times {
+            first_attempt_at_ms: None,
+            lease_until_ms: Some(at),
+        },
+    ] {
+        let pending =
+            record_json_at(RecordState::Pending, token(), fingerprint(), None, times).unwrap();
+        let err = decode_record_times(pending.as_bytes()).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{pending}");
+        // The public decoder reads what `encode_record`, which has no clock, writes.
+        assert!(decode_record(pending.as_bytes()).is_ok(), "{pending}");
+    }
+}
+
+#[test]
+fn a_done_record_without_its_first_attempt_reads_with_an_unknown_age() {
+    let done = done_json(token(), fingerprint(), &Outcome::failed(kept_error())).unwrap();
+    let (_, record, times) = decode_record_times(done.as_bytes()).unwrap();
+    assert!(record.is_unknown_delivery());
+    assert_eq!(times, Times::default());
+    assert_eq!(times.first_attempt_age(1_764_500_000_000), None);
 }
 
 #[test]
