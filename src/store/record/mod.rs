@@ -34,7 +34,7 @@
 //! - `sent`: the provider's message `id`, the `transport`'s name, the `accepted` recipients
 //!   (empty when the layer kept them as positions), `replayed`, and `accepted_at`: the
 //!   accepted recipients as positions in the message's recipient list, so no address is
-//!   stored (left out when empty). `accepted`, `replayed` and `accepted_at` may be absent.
+//!   stored (left out when empty).
 //! - `failed`: the error's stable `code`, its `category` (`retryable`, `permanent`,
 //!   `validation` or `unknown`; `delivered` is a name of the form but contradicts a failure,
 //!   see [the rules](#the-record-rules)), `retryable`, the `message`, and, when set,
@@ -425,9 +425,7 @@ struct ReceiptOut<'a> {
 struct ReceiptIn {
     id: String,
     transport: String,
-    #[serde(default)]
     accepted: Vec<String>,
-    #[serde(default)]
     replayed: bool,
     #[serde(default)]
     accepted_at: Vec<u32>,

@@ -152,7 +152,14 @@ fn undecodable_records_are_corrupt() {
         let err = decode_record(value).unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Corrupt);
     }
-    for value in [&b"42"[..], br#"{"nope":1}"#, b"[]", b""] {
+    for value in [
+        &b"42"[..],
+        br#"{"nope":1}"#,
+        b"[]",
+        b"",
+        br#"{"sent":{"id":"m","transport":"t"}}"#,
+        br#"{"sent":{"id":"m","transport":"t","accepted":[]}}"#,
+    ] {
         let err = decode_outcome(value).unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Corrupt);
     }
