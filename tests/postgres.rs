@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use support::stores::postgres_admin::admin;
 use support::stores::{backend_url, broken_records, fp, unique};
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::outcome::{Outcome, Receipt};
+use tower_idempotency::outcome::{Outcome, Receipt, SendError};
 use tower_idempotency::store::admin::{AdminOutcome, Force, KeyState, Resolution, StoreAdmin};
 use tower_idempotency::store::conformance::Conformance;
 use tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::{self, NoTls};
@@ -1465,57 +1465,32 @@ async fn admin_sees_claims_as_live_holders_and_lists_only_lost_sends() {
     table.drop().await;
 }
 
-/// A table the previous release made has no `first_attempt_at`: `migrate` adds it, and the
-/// rows already there read with an unknown first attempt, so a kept outcome of unknown
-/// delivery among them is never taken back for a re-send.
+/// A row completed after its own pending row was gone does not know its first attempt: its
+/// age is unknown, and a retake never takes it back.
 #[tokio::test]
 #[cfg_attr(
     not(backend_postgres),
     ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
 )]
-async fn migrate_adds_the_first_attempt_to_a_table_of_the_previous_release() {
+async fn a_row_completed_without_its_pending_row_is_never_taken_back() {
     let Some(url) = database_url() else { return };
-    let admin = admin(&url).await;
-    let name = unique("idem_previous");
-    admin
-        .batch_execute(&format!(
-            "CREATE TABLE {name} (key text PRIMARY KEY, state text NOT NULL, token uuid NOT NULL,
-                 fingerprint bytea NOT NULL, outcome jsonb, expires_at timestamptz NOT NULL);
-             INSERT INTO {name} VALUES ('old', 'done', gen_random_uuid(), decode(repeat('01', 32), 'hex'),
-                 '{}'::jsonb, now() + interval '1 hour')",
-            broken_records::UNKNOWN_FAILURE
-        ))
-        .await
-        .unwrap();
-    let store = PostgresStore::connect(&url)
-        .await
-        .unwrap()
-        .table(&name)
-        .unwrap();
-    store
-        .migrate()
-        .await
-        .expect("migrate a table of the previous release");
+    let table = TempTable::new(&url).await;
+    let store = &table.store;
+    let outcome = Outcome::failed(SendError::unknown_delivery("provider.timeout", "timed out"));
     let window = Duration::from_secs(3600);
-    assert_eq!(
-        store.retake("old", fp(1), LEASE, window).await.unwrap(),
-        None
+    assert!(
+        store
+            .complete("k", Token::new(), fp(1), &outcome, window)
+            .await
+            .unwrap()
     );
-    match store.reserve("old", fp(1), LEASE).await.unwrap() {
+    assert_eq!(store.retake("k", fp(1), LEASE, window).await.unwrap(), None);
+    match store.reserve("k", fp(1), LEASE).await.unwrap() {
         Reservation::Held { record } => {
             assert!(record.is_unknown_delivery());
             assert_eq!(record.first_attempt_age, None);
         }
-        other => panic!("a kept outcome of the previous release: {other:?}"),
+        other => panic!("a kept outcome: {other:?}"),
     }
-    // New rows carry it.
-    store.reserve("new", fp(1), LEASE).await.unwrap();
-    match store.reserve("new", fp(1), LEASE).await.unwrap() {
-        Reservation::Held { record } => assert!(record.first_attempt_age.is_some()),
-        other => panic!("a live pending row: {other:?}"),
-    }
-    admin
-        .batch_execute(&format!("DROP TABLE {name}"))
-        .await
-        .unwrap();
+    table.drop().await;
 }

@@ -1603,68 +1603,74 @@ async fn a_pending_record_carries_its_times_in_the_stored_form() {
     );
 }
 
-/// Records the previous release wrote carry no times: a done one of unknown delivery is
-/// never taken back (its first attempt's age is unknown), and a pending one holds its key
-/// for as long as it exists (its `PX` is its lease).
+/// Every pending record the store writes carries its times: one without them is no record of
+/// this store. A reserve, its holder's extend and an inspect report it corrupt, and it is
+/// left as it is.
 #[tokio::test]
 #[cfg_attr(
     not(backend_redis),
     ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
 )]
-async fn records_of_the_previous_release_keep_their_meaning() {
+async fn a_pending_record_without_its_times_is_corrupt_and_left_alone() {
     let Some(url) = backend_url("REDIS_URL") else {
         return;
     };
-    let prefix = unique_prefix("previous-release");
+    let prefix = unique_prefix("pending-without-times");
     let store = RedisStore::connect(&url)
         .await
         .unwrap()
         .key_prefix(prefix.clone());
-    let mut admin = admin(&url).await;
     let token = Token::new();
-    let done = support::stores::broken_records::whole(
-        "done",
-        &token.to_string(),
-        &fp(1).to_string(),
-        support::stores::broken_records::UNKNOWN_FAILURE,
-    );
     let pending = format!(
         r#"{{"state":"pending","token":"{token}","fingerprint":"{}"}}"#,
         fp(1)
     );
-    let () = redis::cmd("SET")
-        .arg(format!("{prefix}done"))
-        .arg(&done)
-        .arg("PX")
-        .arg(60_000)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let () = redis::cmd("SET")
-        .arg(format!("{prefix}pending"))
-        .arg(&pending)
-        .arg("PX")
-        .arg(60_000)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let window = Duration::from_secs(3600);
+    let redis_key = format!("{prefix}k");
+    plant(&url, &redis_key, pending.as_bytes()).await;
+
+    let err = store.reserve("k", fp(1), LEASE).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "reserve: {err}");
+    let err = store.extend("k", token, LEASE).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "extend: {err}");
+    let err = store.inspect("k").await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "inspect: {err}");
     assert_eq!(
-        store.retake("done", fp(1), LEASE, window).await.unwrap(),
-        None
+        raw_get(&url, &redis_key).await.as_deref(),
+        Some(pending.as_bytes()),
+        "the value was left as it is"
     );
-    match store.reserve("done", fp(1), LEASE).await.unwrap() {
+}
+
+/// A done record completed after its own pending record was gone carries no first attempt:
+/// its age is unknown, and a retake never takes it back.
+#[tokio::test]
+#[cfg_attr(
+    not(backend_redis),
+    ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+)]
+async fn a_done_record_completed_without_its_pending_record_is_never_taken_back() {
+    let Some(url) = backend_url("REDIS_URL") else {
+        return;
+    };
+    let prefix = unique_prefix("done-without-first-attempt");
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .key_prefix(prefix.clone());
+    let outcome = Outcome::failed(SendError::unknown_delivery("provider.timeout", "timed out"));
+    assert!(
+        store
+            .complete("k", Token::new(), fp(1), &outcome, TTL)
+            .await
+            .unwrap()
+    );
+    let window = Duration::from_secs(3600);
+    assert_eq!(store.retake("k", fp(1), LEASE, window).await.unwrap(), None);
+    match store.reserve("k", fp(1), LEASE).await.unwrap() {
         Reservation::Held { record } => {
             assert!(record.is_unknown_delivery());
             assert_eq!(record.first_attempt_age, None);
         }
-        other => panic!("a kept outcome of the previous release: {other:?}"),
+        other => panic!("a kept outcome: {other:?}"),
     }
-    match store.reserve("pending", fp(1), LEASE).await.unwrap() {
-        Reservation::Held { record } => assert_eq!(record.state, RecordState::Pending),
-        other => panic!("a live pending record of the previous release: {other:?}"),
-    }
-    // Its holder still extends and settles it.
-    assert!(store.extend("pending", token, LEASE).await.unwrap());
-    assert!(store.release("pending", token).await.unwrap());
 }

@@ -365,48 +365,32 @@ async fn the_store_thread_purges_on_its_own_while_idle() {
     assert!(purged.is_ok(), "the expired row was never purged");
 }
 
+/// A row completed after its own pending row was gone does not know its first attempt: its
+/// age is unknown, and a retake never takes it back.
 #[tokio::test]
-async fn a_file_made_before_first_attempts_were_kept_gains_the_column_and_never_retakes_its_rows() {
-    use tower_idempotency::store::{Reservation, Store};
-    let dir = SqliteDir::new("old-schema");
-    let old = Connection::open(dir.file()).unwrap();
-    old.execute_batch(
-        "CREATE TABLE idempotency_keys (
-             key TEXT PRIMARY KEY NOT NULL, state TEXT NOT NULL, token BLOB NOT NULL,
-             fingerprint BLOB NOT NULL, outcome TEXT, expires_at INTEGER NOT NULL
-         ) WITHOUT ROWID;",
-    )
-    .unwrap();
-    let unknown = r#"{"failed":{"code":"provider.timeout","category":"unknown","retryable":false,"message":"timed out"}}"#;
-    old.execute(
-        "INSERT INTO idempotency_keys VALUES ('old', 'done', zeroblob(16), zeroblob(32) , ?1,
-             CAST(unixepoch('subsec') * 1000 AS INTEGER) + 3600000)",
-        [unknown],
-    )
-    .unwrap();
-    drop(old);
-
+async fn a_row_completed_without_its_pending_row_is_never_taken_back() {
+    use tower_idempotency::store::{Reservation, Store, Token};
+    use tower_idempotency::{Outcome, SendError};
+    let dir = SqliteDir::new("done-without-first-attempt");
     let store = SqliteStore::open(dir.file()).await.unwrap();
-    let zero = tower_idempotency::Fingerprint::from_bytes([0; 32]);
-    let Reservation::Held { record } = store.reserve("old", zero, LEASE).await.unwrap() else {
-        panic!("the old row holds its key")
-    };
-    assert!(record.is_unknown_delivery());
-    assert_eq!(record.first_attempt_age, None, "unknown, not made up");
-    assert_eq!(
+    let outcome = Outcome::failed(SendError::unknown_delivery("provider.timeout", "timed out"));
+    let window = Duration::from_secs(3600);
+    assert!(
         store
-            .retake("old", zero, LEASE, Duration::from_secs(3600))
+            .complete("k", Token::new(), fp(1), &outcome, window)
             .await
-            .unwrap(),
+            .unwrap()
+    );
+    assert_eq!(
+        store.retake("k", fp(1), LEASE, window).await.unwrap(),
         None,
         "a first attempt of unknown age is never sent again"
     );
-    // New rows keep the time.
-    store.reserve("new", zero, LEASE).await.unwrap();
-    let Reservation::Held { record } = store.reserve("new", zero, LEASE).await.unwrap() else {
-        panic!("held")
+    let Reservation::Held { record } = store.reserve("k", fp(1), LEASE).await.unwrap() else {
+        panic!("the kept outcome holds its key")
     };
-    assert!(record.first_attempt_age.is_some());
+    assert!(record.is_unknown_delivery());
+    assert_eq!(record.first_attempt_age, None, "unknown, not made up");
 }
 
 #[tokio::test]

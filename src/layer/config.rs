@@ -445,10 +445,10 @@ impl IdempotencyLayerBuilder {
     /// flight. The same rule applies to a send that takes a key over from a holder that
     /// never settled it (a crashed process, see [`verify_takeovers`](Self::verify_takeovers)).
     ///
-    /// Outside the window, with a record whose first attempt's time is unknown (written by
-    /// an earlier release), or without this option, the kept error is replayed, as before.
-    /// A [`Batch`](crate::batch::Batch) answers kept outcomes as before: re-sends and the
-    /// takeover check are for single sends.
+    /// Outside the window, with a record whose first attempt's time the store does not know,
+    /// or without this option, the kept error is replayed. A
+    /// [`Batch`](crate::batch::Batch) replays kept outcomes: re-sends and the takeover check
+    /// are for single sends.
     ///
     /// **When a re-send is safe.** Only when all of these hold:
     ///

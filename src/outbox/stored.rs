@@ -61,8 +61,7 @@ struct StoredMessage {
     tracking: StoredTracking,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     metadata: BTreeMap<String, String>,
-    /// An SMS's sender kind (`number`, `sender_id`, `messaging_service`); absent for an email,
-    /// as in every row written before SMS existed.
+    /// An SMS's sender kind (`number`, `sender_id`, `messaging_service`); absent for an email.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sms: Option<String>,
 }

@@ -107,9 +107,9 @@ pub struct Record {
     /// How long ago the first attempt under this key began (the reserve that first took it,
     /// kept through retakes and takeovers of the same message), measured by the store's own
     /// clock, so no skew between the caller's and the store's clocks enters it. `None` when
-    /// the store cannot tell: a record written by an earlier release, or by a store that
-    /// does not keep the time. A layer never re-sends a message whose first attempt's age is
-    /// unknown (see [`IdempotencyLayerBuilder::provider_window`](crate::IdempotencyLayerBuilder::provider_window)).
+    /// the store cannot tell: a store that does not keep the time, a record completed after
+    /// its own pending record was gone, or one resolved by hand on `RedisStore`. A layer never
+    /// re-sends a message whose first attempt's age is unknown (see [`IdempotencyLayerBuilder::provider_window`](crate::IdempotencyLayerBuilder::provider_window)).
     pub first_attempt_age: Option<Duration>,
 }
 

@@ -1,11 +1,11 @@
-//! [`Token`]: who holds a reservation, 128 bits from the OS's random source.
+//! [`Token`]: who holds a reservation, a UUID v4 from the OS's random source.
 
 use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;
 
-use serde::de::{self, Deserializer, Visitor};
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 /// An unguessable token that proves who holds a reservation: a UUID v4 whose random bits come
 /// from the OS's random source.
@@ -16,10 +16,9 @@ use serde::{Deserialize, Serialize, Serializer};
 /// randomness kept in a process, a process that forks without `exec` shares its thread's
 /// unread block with the child; tokens made in both after such a fork could repeat.
 ///
-/// It is written as a UUID is, in lowercase hyphenated form (`Display`, serde in a
-/// human-readable format; its 16 bytes in another), and read from any of a UUID's forms
-/// (hyphenated, 32 digits, braced, `urn:uuid:`), in either case. With the `uuid` feature
-/// (which `postgres` turns on) it converts to and from `uuid::Uuid`.
+/// It is a [`uuid::Uuid`] and converts to and from one; it is written as a UUID is, in
+/// lowercase hyphenated form (`Display`, serde in a human-readable format; its 16 bytes in
+/// another), and read from any of the forms [`Uuid::parse_str`] reads.
 ///
 /// ```
 /// use tower_idempotency::store::Token;
@@ -33,8 +32,9 @@ use serde::{Deserialize, Serialize, Serializer};
 ///     "a1a1a1a1-a1a1-a1a1-a1a1-a1a1a1a1a1a1"
 /// );
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Token([u8; 16]);
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Token(Uuid);
 
 /// How many tokens' worth of random bytes one read from the OS brings.
 const TOKENS_PER_READ: usize = 64;
@@ -78,77 +78,20 @@ fn fill_from_os(bytes: &mut [u8]) {
 impl Token {
     /// A new random token.
     pub fn new() -> Self {
-        let mut bytes = RANDOM.with(|block| block.borrow_mut().next());
-        // RFC 9562: version 4 (random), variant 0b10.
-        bytes[6] = (bytes[6] & 0x0f) | 0x40;
-        bytes[8] = (bytes[8] & 0x3f) | 0x80;
-        Self(bytes)
+        let random = RANDOM.with(|block| block.borrow_mut().next());
+        Self(uuid::Builder::from_random_bytes(random).into_uuid())
     }
 
     /// The token with these 16 bytes, as a store that keeps tokens as bytes gives them back.
     pub const fn from_bytes(bytes: [u8; 16]) -> Self {
-        Self(bytes)
+        Self(Uuid::from_bytes(bytes))
     }
 
     /// The token's 16 bytes, in the order a UUID's are written.
     pub const fn as_bytes(&self) -> &[u8; 16] {
-        &self.0
-    }
-
-    /// The 36 characters of the hyphenated lowercase form, as `Display` writes them.
-    pub(crate) fn hyphenated(&self) -> [u8; 36] {
-        let mut out = [b'-'; 36];
-        let mut at = 0;
-        for (i, byte) in self.0.iter().enumerate() {
-            if matches!(i, 4 | 6 | 8 | 10) {
-                at += 1;
-            }
-            out[at..at + 2].copy_from_slice(&crate::hex::pair(*byte));
-            at += 2;
-        }
-        out
-    }
-
-    /// Reads a token from any of a UUID's written forms (see the type's docs).
-    pub fn parse_ascii(text: &[u8]) -> Result<Self, ParseTokenError> {
-        let text = match text.len() {
-            32 | 36 => text,
-            38 if text[0] == b'{' && text[37] == b'}' => &text[1..37],
-            45 if text[..9].eq_ignore_ascii_case(b"urn:uuid:") => &text[9..],
-            _ => return Err(ParseTokenError),
-        };
-        // A UUID's hyphens, when it has them, and only there: then the 32 digits.
-        let mut digits = [0; 32];
-        let mut at = 0;
-        for (i, &c) in text.iter().enumerate() {
-            if text.len() == 36 && matches!(i, 8 | 13 | 18 | 23) {
-                if c != b'-' {
-                    return Err(ParseTokenError);
-                }
-                continue;
-            }
-            *digits.get_mut(at).ok_or(ParseTokenError)? = c;
-            at += 1;
-        }
-        let mut bytes = [0; 16];
-        for (byte, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
-            *byte = crate::hex::byte(pair[0], pair[1]).ok_or(ParseTokenError)?;
-        }
-        Ok(Self(bytes))
+        self.0.as_bytes()
     }
 }
-
-/// A string that is none of a UUID's written forms.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParseTokenError;
-
-impl fmt::Display for ParseTokenError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a token is a UUID: 32 hexadecimal digits, hyphenated or not")
-    }
-}
-
-impl std::error::Error for ParseTokenError {}
 
 impl Default for Token {
     fn default() -> Self {
@@ -156,80 +99,35 @@ impl Default for Token {
     }
 }
 
-#[cfg(feature = "uuid")]
-impl From<uuid::Uuid> for Token {
-    fn from(uuid: uuid::Uuid) -> Self {
-        Self(uuid.into_bytes())
+impl From<Uuid> for Token {
+    fn from(uuid: Uuid) -> Self {
+        Self(uuid)
     }
 }
 
-#[cfg(feature = "uuid")]
-impl From<Token> for uuid::Uuid {
+impl From<Token> for Uuid {
     fn from(token: Token) -> Self {
-        uuid::Uuid::from_bytes(token.0)
+        token.0
     }
 }
 
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(std::str::from_utf8(&self.hyphenated()).map_err(|_| fmt::Error)?)
+        fmt::Display::fmt(&self.0, f)
     }
 }
 
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Token({self})")
+        write!(f, "Token({})", self.0)
     }
 }
 
 impl FromStr for Token {
-    type Err = ParseTokenError;
+    type Err = uuid::Error;
+
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::parse_ascii(s.as_bytes())
-    }
-}
-
-/// As a UUID is: its hyphenated form in a human-readable format, its 16 bytes in another.
-impl Serialize for Token {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if serializer.is_human_readable() {
-            serializer.serialize_str(
-                std::str::from_utf8(&self.hyphenated())
-                    .map_err(|_| serde::ser::Error::custom("a token's hyphenated form is ASCII"))?,
-            )
-        } else {
-            serializer.serialize_bytes(&self.0)
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Token {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct TokenVisitor;
-
-        impl Visitor<'_> for TokenVisitor {
-            type Value = Token;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a UUID, as text or 16 bytes")
-            }
-
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<Token, E> {
-                Token::parse_ascii(text.as_bytes()).map_err(E::custom)
-            }
-
-            fn visit_bytes<E: de::Error>(self, bytes: &[u8]) -> Result<Token, E> {
-                <[u8; 16]>::try_from(bytes)
-                    .map(Token)
-                    .map_err(|_| E::invalid_length(bytes.len(), &self))
-            }
-        }
-
-        if deserializer.is_human_readable() {
-            deserializer.deserialize_str(TokenVisitor)
-        } else {
-            deserializer.deserialize_bytes(TokenVisitor)
-        }
+        Uuid::parse_str(s).map(Self)
     }
 }
 
@@ -272,8 +170,7 @@ mod tests {
         assert_ne!(*token.as_bytes(), [0; 16]);
     }
 
-    /// What stored records hold: the form the `uuid` crate wrote for the releases before
-    /// this one, pinned.
+    /// What stored records hold, pinned.
     #[test]
     fn a_token_is_written_as_a_hyphenated_lowercase_uuid() {
         let token = Token::from_bytes([
@@ -301,7 +198,6 @@ mod tests {
             "6f1c3a9e024b4d7f8a10beef0001c0de",
             "{6f1c3a9e-024b-4d7f-8a10-beef0001c0de}",
             "urn:uuid:6f1c3a9e-024b-4d7f-8a10-beef0001c0de",
-            "URN:UUID:6f1c3a9e-024b-4d7f-8a10-beef0001c0de",
         ] {
             assert_eq!(form.parse::<Token>(), Ok(token), "{form}");
         }
@@ -317,7 +213,7 @@ mod tests {
             "urn:uuid:6f1c3a9e024b4d7f8a10beef0001c0de",
             "6f1c3a9e-024b-4d7f-8a10-beef0001c0dé",
         ] {
-            assert_eq!(bad.parse::<Token>(), Err(ParseTokenError), "{bad}");
+            assert!(bad.parse::<Token>().is_err(), "{bad}");
         }
         assert!(serde_json::from_str::<Token>("\"not a token\"").is_err());
         assert!(serde_json::from_str::<Token>("42").is_err());
@@ -332,7 +228,6 @@ mod tests {
         }
     }
 
-    #[cfg(feature = "uuid")]
     #[test]
     fn a_token_and_its_uuid_are_written_alike_and_convert_both_ways() {
         for _ in 0..100 {

@@ -16,7 +16,6 @@
 //!     expires_at  timestamptz NOT NULL,      -- end of the lease, or of the ttl once done
 //!     first_attempt_at timestamptz           -- when the first attempt under the key began
 //! );
-//! ALTER TABLE "idempotency_keys" ADD COLUMN IF NOT EXISTS first_attempt_at timestamptz;
 //! CREATE INDEX IF NOT EXISTS "idempotency_keys_expires_at_idx"
 //!     ON "idempotency_keys" (expires_at);
 //! CREATE INDEX IF NOT EXISTS "idempotency_keys_unknown_idx"
@@ -25,16 +24,12 @@
 //! ```
 //!
 //! The second index (a partial one: rows of unknown delivery only, so it stays small) serves
-//! the listing of [`StoreAdmin`](super::admin::StoreAdmin). A table made by an earlier
-//! release gets it from the next `migrate`; on a large table, build it first with
-//! `CREATE INDEX CONCURRENTLY` (same name and definition), since a plain `CREATE INDEX`
-//! blocks writes while it builds. Without it the listing still works, by scanning the table.
+//! the listing of [`StoreAdmin`](super::admin::StoreAdmin).
 //!
-//! `first_attempt_at` (by the server's `now()`; NULL in rows of an earlier release, whose
-//! first attempt is then unknown and never re-sent) serves re-sends inside the provider's
-//! window ([`Store::retake`]) and takeovers that check first. A table made by an earlier
-//! release gets it from the next `migrate` (adding a nullable column is instant); run it
-//! before processes of this release reserve.
+//! `first_attempt_at` (by the server's `now()`) serves re-sends inside the provider's window
+//! ([`Store::retake`]) and takeovers that check first. It is NULL where the first attempt is
+//! unknown: a claim not yet taken, or a row completed after its own pending row was gone;
+//! such a row is never re-sent.
 //!
 //! The table holds the key, state, token, fingerprint and outcome only: no message content.
 //! A `claimed` row is a key claimed in the caller's own transaction

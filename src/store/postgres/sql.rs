@@ -83,7 +83,6 @@ impl Table {
                      expires_at timestamptz NOT NULL,
                      first_attempt_at timestamptz
                  );
-                 ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS first_attempt_at timestamptz;
                  CREATE INDEX IF NOT EXISTS {index} ON {quoted} (expires_at);
                  CREATE INDEX IF NOT EXISTS {unknown_index} ON {quoted} (expires_at, key)
                      WHERE {UNKNOWN};"
@@ -324,7 +323,7 @@ impl Table {
 const UNKNOWN: &str = "state = 'done' AND (outcome -> 'failed' ->> 'category') = 'unknown'";
 
 /// How long ago a row's first attempt began, in whole milliseconds by the server's clock;
-/// NULL when unknown (a row written by an earlier release).
+/// NULL when the row does not know it (a claim, a row completed without its pending row).
 const FIRST_ATTEMPT_AGE: &str = "(extract(epoch from (now() - first_attempt_at)) * 1000)::bigint";
 
 /// [`FIRST_ATTEMPT_AGE`] of the row a reserve answers.

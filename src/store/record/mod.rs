@@ -34,7 +34,7 @@
 //! - `sent`: the provider's message `id`, the `transport`'s name, the `accepted` recipients
 //!   (empty when the layer kept them as positions), `replayed`, and `accepted_at`: the
 //!   accepted recipients as positions in the message's recipient list, so no address is
-//!   stored (left out when empty). `accepted`, `replayed` and `accepted_at` may be absent.
+//!   stored (left out when empty).
 //! - `failed`: the error's stable `code`, its `category` (`retryable`, `permanent`,
 //!   `validation` or `unknown`; `delivered` is a name of the form but contradicts a failure,
 //!   see [the rules](#the-record-rules)), `retryable`, the `message`, and, when set,
@@ -51,8 +51,9 @@
 //! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
 //! fingerprint in lowercase hex, `outcome` the outcome as above (done records only).
 //!
-//! Two optional fields follow, in this order, in milliseconds since the UNIX epoch by the
-//! store's clock (`RedisStore`: the server's `TIME`), each left out when unknown:
+//! A store that keeps the times of a record in it (`RedisStore`) adds two fields, in this
+//! order, in milliseconds since the UNIX epoch by the store's clock (`RedisStore`: the
+//! server's `TIME`):
 //!
 //! ```json
 //! {"state":"pending","token":"6f1c…","fingerprint":"9a0e…","first_attempt_at_ms":1764500000000,"lease_until_ms":1764500120000}
@@ -61,13 +62,19 @@
 //!
 //! - `first_attempt_at_ms`: when the first attempt under the key began (kept through
 //!   retakes and takeovers of the same message); a store reports its age as
-//!   [`Record::first_attempt_age`](super::Record::first_attempt_age). A record without it
-//!   (written by an earlier release) has an unknown first attempt, and is never re-sent.
-//! - `lease_until_ms`: when the lease of a pending record ends. A pending record outlives
-//!   its lease, so that a reserve after it can tell it took the key over from a holder that
-//!   never settled it ([`Reservation::TakenOver`](super::Reservation::TakenOver)). A
-//!   pending record without it (written by an earlier release) is live for as long as it
-//!   exists.
+//!   [`Record::first_attempt_age`](super::Record::first_attempt_age). Every pending record
+//!   carries it. A done record carries it when the holder of such a pending record
+//!   completed it, and not otherwise (completed after its own pending record was gone, or
+//!   resolved by an operator): its first attempt is unknown, and it is never re-sent.
+//! - `lease_until_ms`: when the lease of a pending record ends, on every pending record and
+//!   on no done one. A pending record outlives its lease, so that a reserve after it can
+//!   tell it took the key over from a holder that never settled it
+//!   ([`Reservation::TakenOver`](super::Reservation::TakenOver)).
+//!
+//! Such a store reads a pending record without both as
+//! [`Corrupt`](super::StoreErrorKind::Corrupt): it could not tell when its lease ends.
+//! [`encode_record`] has no clock and writes neither; [`decode_record`] reads a record with
+//! or without them.
 //!
 //! # The record rules
 //!
@@ -159,17 +166,17 @@ pub fn encode_record(token: Token, record: &Record) -> Result<Vec<u8>, StoreErro
 /// a done one without, a failure of category `delivered`), or are of a later version than
 /// this release reads.
 pub fn decode_record(bytes: &[u8]) -> Result<(Token, Record), StoreError> {
-    decode_record_times(bytes).map(|(token, record, _)| (token, record))
+    read_record(bytes).map(|(token, record, _)| (token, record))
 }
 
 /// The times a stored record carries, in milliseconds since the UNIX epoch by the clock of
-/// the store that wrote them (`RedisStore`: the server's `TIME`); absent in records written
-/// before they existed.
+/// the store that wrote them (`RedisStore`: the server's `TIME`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Times {
-    /// When the first attempt under the key began.
+    /// When the first attempt under the key began: on every pending record, on a done one
+    /// when it is known.
     pub(crate) first_attempt_at_ms: Option<u64>,
-    /// When the lease of a pending record ends.
+    /// When the lease of a pending record ends: on every pending record.
     pub(crate) lease_until_ms: Option<u64>,
 }
 
@@ -182,40 +189,34 @@ impl Times {
     }
 }
 
-/// [`decode_record`], with the times the record carries.
-///
-/// A record in the form this release writes is read by [`written`], its fixed fields by
-/// position; any other bytes by serde_json. Both give the same answer for the same bytes.
+/// A record with its times, as a store that keeps them in the record (`RedisStore`) reads
+/// it: a pending record without both is corrupt.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn decode_record_times(bytes: &[u8]) -> Result<(Token, Record, Times), StoreError> {
-    let stored = match written::read(bytes) {
-        Some(stored) => stored,
-        None => read_general(bytes)?,
-    };
-    checked_stored(stored)
+    let (token, record, times) = read_record(bytes)?;
+    if record.state == RecordState::Pending
+        && (times.first_attempt_at_ms.is_none() || times.lease_until_ms.is_none())
+    {
+        return Err(StoreError::corrupt(
+            "a pending record carries no first attempt's time or no lease end: every reserve \
+             writes both",
+        ));
+    }
+    Ok((token, record, times))
 }
 
-/// A record's fields by serde_json, whatever their order and spacing.
-fn read_general(bytes: &[u8]) -> Result<written::Written, StoreError> {
+/// [`decode_record`], with whatever times the record carries.
+fn read_record(bytes: &[u8]) -> Result<(Token, Record, Times), StoreError> {
     let stored: RecordIn = read(bytes, "the value under the key is not a record")?;
-    Ok(written::Written {
-        state: stored.state.into(),
-        token: stored.token,
-        fingerprint: stored.fingerprint,
-        outcome: stored.outcome,
-        times: Times {
-            first_attempt_at_ms: stored.first_attempt_at_ms,
-            lease_until_ms: stored.lease_until_ms,
-        },
-    })
-}
-
-/// The record of fields read, held to the record rules.
-fn checked_stored(stored: written::Written) -> Result<(Token, Record, Times), StoreError> {
     let outcome = stored.outcome.map(Outcome::try_from).transpose()?;
-    let record = checked_record(stored.state, stored.fingerprint, outcome).map_err(|e| {
+    let record = checked_record(stored.state.into(), stored.fingerprint, outcome).map_err(|e| {
         StoreError::corrupt("the value under the key is not a usable record").with_source(e)
     })?;
-    Ok((stored.token, record, stored.times))
+    let times = Times {
+        first_attempt_at_ms: stored.first_attempt_at_ms,
+        lease_until_ms: stored.lease_until_ms,
+    };
+    Ok((stored.token, record, times))
 }
 
 /// The record a store read, once it passes [the record rules](self#the-record-rules) on its
@@ -252,18 +253,7 @@ fn check_shape(state: RecordState, has_outcome: bool) -> Result<(), StoreError> 
 /// The outcome as version-1 JSON, for a store that keeps it as text (`PostgresStore`'s
 /// `jsonb` column).
 pub(crate) fn outcome_json(outcome: &Outcome) -> Result<String, StoreError> {
-    let mut json = Vec::with_capacity(128);
-    write_outcome(&mut json, outcome)?;
-    String::from_utf8(json).map_err(unencodable)
-}
-
-/// Writes `outcome` as [`OutcomeOut`] through serde_json: a kept receipt whose strings need
-/// no escape by position ([`written::write_receipt`]), anything else by serde_json.
-fn write_outcome(json: &mut Vec<u8>, outcome: &Outcome) -> Result<(), StoreError> {
-    if written::write_receipt(json, outcome) {
-        return Ok(());
-    }
-    serde_json::to_writer(json, &OutcomeOut::from(outcome)).map_err(unencodable)
+    serde_json::to_string(&OutcomeOut::from(outcome)).map_err(unencodable)
 }
 
 /// A pending record as version-1 JSON.
@@ -291,16 +281,9 @@ fn record_json(
     record_json_at(state, token, fingerprint, outcome, Times::default())
 }
 
-/// A record as version-1 JSON with its times, as `RedisStore`'s scripts complete it: they
-/// append the times to the JSON written without them, in this order, so the bytes are the
-/// same (pinned by the golden tests).
-///
-/// The fields whose text never needs escaping (the state's name, the token's UUID, the
-/// fingerprint's hex digits, the times) are written as they are: serde_json would scan each
-/// of their bytes for escapes, ~1.9k instructions per record, on every reserve and complete
-/// of a networked store. The outcome, which holds a provider's strings, goes through
-/// serde_json. The bytes are those of [`RecordOut`] through serde_json, field for field
-/// (a unit test holds the two together).
+/// A record as version-1 JSON with its times. `RedisStore`'s scripts append the times to
+/// the JSON written without them, in the order of [`RecordOut`], so the bytes are the same
+/// (pinned by the golden tests).
 pub(crate) fn record_json_at(
     state: RecordState,
     token: Token,
@@ -308,36 +291,15 @@ pub(crate) fn record_json_at(
     outcome: Option<&Outcome>,
     times: Times,
 ) -> Result<String, StoreError> {
-    // A pending record is ~150 bytes; a done one adds its outcome.
-    let mut json = Vec::with_capacity(if outcome.is_some() { 320 } else { 192 });
-    json.extend_from_slice(b"{\"state\":\"");
-    json.extend_from_slice(match state {
-        RecordState::Pending => b"pending".as_slice(),
-        RecordState::Done => b"done".as_slice(),
-    });
-    json.extend_from_slice(b"\",\"token\":\"");
-    json.extend_from_slice(&token.hyphenated());
-    json.extend_from_slice(b"\",\"fingerprint\":\"");
-    json.extend_from_slice(&fingerprint.hex());
-    json.push(b'"');
-    if let Some(outcome) = outcome {
-        json.extend_from_slice(b",\"outcome\":");
-        write_outcome(&mut json, outcome)?;
-    }
-    for (name, ms) in [
-        (
-            b",\"first_attempt_at_ms\":".as_slice(),
-            times.first_attempt_at_ms,
-        ),
-        (b",\"lease_until_ms\":".as_slice(), times.lease_until_ms),
-    ] {
-        if let Some(ms) = ms {
-            json.extend_from_slice(name);
-            written::write_number(&mut json, ms);
-        }
-    }
-    json.push(b'}');
-    String::from_utf8(json).map_err(unencodable)
+    serde_json::to_string(&RecordOut {
+        state: state.into(),
+        token,
+        fingerprint,
+        outcome: outcome.map(OutcomeOut::from),
+        first_attempt_at_ms: times.first_attempt_at_ms,
+        lease_until_ms: times.lease_until_ms,
+    })
+    .map_err(unencodable)
 }
 
 fn unencodable(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
@@ -381,9 +343,7 @@ fn read<'de, T: Deserialize<'de>>(bytes: &'de [u8], not_a_record: &str) -> Resul
 // Version 1. The structs below are the stored form: renaming or reordering a field changes
 // what is written, and the golden tests fail.
 
-/// A whole record as it is written: [`record_json_at`] writes these fields, in this order,
-/// as serde_json writes this struct.
-#[cfg_attr(not(test), allow(dead_code))]
+/// A whole record as it is written.
 #[derive(Serialize)]
 struct RecordOut<'a> {
     state: StateV1,
@@ -465,9 +425,7 @@ struct ReceiptOut<'a> {
 struct ReceiptIn {
     id: String,
     transport: String,
-    #[serde(default)]
     accepted: Vec<String>,
-    #[serde(default)]
     replayed: bool,
     #[serde(default)]
     accepted_at: Vec<u32>,
@@ -608,8 +566,6 @@ impl fmt::Display for KeptSource {
 }
 
 impl Error for KeptSource {}
-
-mod written;
 
 #[cfg(test)]
 mod tests;

@@ -149,8 +149,8 @@ enum Raw {
     Value {
         bytes: Vec<u8>,
         pttl: i64,
-        /// The server's time in ms, when the script answered it.
-        now: Option<u64>,
+        /// The server's time in ms when the value was read.
+        now: u64,
     },
 }
 
@@ -196,25 +196,21 @@ fn raw(reply: Value) -> Result<Raw, StoreError> {
                 .transpose()
                 .map_err(|_| garbage("a read"))?
                 .ok_or_else(|| garbage("a read"))?;
-            let now: Option<u64> = parts
+            let now: u64 = parts
                 .next()
                 .map(redis::from_redis_value)
                 .transpose()
-                .map_err(|_| garbage("a read"))?;
+                .map_err(|_| garbage("a read"))?
+                .ok_or_else(|| garbage("a read"))?;
             Ok(Raw::Value { bytes, pttl, now })
         }
         _ => Err(garbage("a read")),
     }
 }
 
-/// Whether a pending record read at the server's time `now` is within its lease: a record
-/// of an earlier release (no `lease_until_ms`) lives only as long as its lease.
-fn held_live(state: RecordState, times: record::Times, now: Option<u64>) -> bool {
-    state == RecordState::Pending
-        && match (times.lease_until_ms, now) {
-            (Some(until), Some(now)) => until > now,
-            _ => true,
-        }
+/// Whether a record read at the server's time `now` is a pending one within its lease.
+fn held_live(state: RecordState, times: record::Times, now: u64) -> bool {
+    state == RecordState::Pending && times.lease_until_ms.is_some_and(|until| until > now)
 }
 
 /// The record in `bytes`, as an operator sees it; `None` when the key expired as it was read.
@@ -223,15 +219,15 @@ fn inspected(
     key: &str,
     bytes: &[u8],
     pttl: i64,
-    now: Option<u64>,
+    now: u64,
 ) -> Result<Option<Inspected>, StoreError> {
     let (_, record, times) = record::decode_record_times(bytes)?;
-    let expires = match (pttl, record.state, times.lease_until_ms, now) {
+    let expires = match (pttl, record.state, times.lease_until_ms) {
         (-2, ..) => return Ok(None),
-        (_, RecordState::Pending, Some(until), Some(now)) if until > now => {
+        (_, RecordState::Pending, Some(until)) if until > now => {
             Expiry::In(Duration::from_millis(until - now))
         }
-        (_, RecordState::Pending, Some(_), Some(_)) => Expiry::Passed,
+        (_, RecordState::Pending, Some(_)) => Expiry::Passed,
         (ms, ..) if ms > 0 => Expiry::In(Duration::from_millis(ms.unsigned_abs())),
         (0, ..) => Expiry::Passed,
         _ => Expiry::Unknown,

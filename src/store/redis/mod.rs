@@ -64,9 +64,7 @@
 //! ([`Reservation::TakenOver`]), and the layer checks before
 //! it sends again. Records carry the first attempt's time (`first_attempt_at_ms`) as well;
 //! see [`store::record`](super::record). An extend that comes after the lease revives
-//! nothing. Records of the previous release carry no times: their pending records live for
-//! their lease (`PX`), their first attempt is unknown. A lease or ttl is sent in
-//! whole milliseconds, at least 1 ms and at most [`MAX_EXPIRY`] (about 100 years; Redis refuses
+//! nothing. A lease or ttl is sent in whole milliseconds, at least 1 ms and at most [`MAX_EXPIRY`] (about 100 years; Redis refuses
 //! expiry times that overflow its clock).
 //!
 //! # Key layout and values
@@ -76,19 +74,21 @@
 //! stored form of [`store::record`](super::record) (version 1, JSON):
 //!
 //! ```json
-//! {"state":"pending","token":"6f1c…","fingerprint":"9a0e…"}
-//! {"state":"done","token":"6f1c…","fingerprint":"9a0e…","outcome":{"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false}}}
+//! {"state":"pending","token":"6f1c…","fingerprint":"9a0e…","first_attempt_at_ms":1764500000000,"lease_until_ms":1764500120000}
+//! {"state":"done","token":"6f1c…","fingerprint":"9a0e…","outcome":{"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false}},"first_attempt_at_ms":1764500000000}
 //! ```
 //!
 //! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
 //! fingerprint in hex, `outcome` the kept [`Outcome`] (done records only), then
-//! `first_attempt_at_ms` and, for a pending record, `lease_until_ms`. No message content
-//! is stored. The scripts read `state` and `token` of that JSON. A value that is not such
-//! JSON, a record that breaks the [record rules](super::record#the-record-rules) (a pending
-//! record with an outcome, a done one without, a failure of category `delivered`: the same
-//! damage every store reports), or a key of another Redis type makes the operation fail with a
-//! [`Corrupt`](super::StoreErrorKind::Corrupt) error; the scripts never overwrite or delete a
-//! value they cannot read.
+//! `first_attempt_at_ms` (on every pending record; on a done one when its holder completed
+//! the pending record) and, for a pending record, `lease_until_ms`. No message content is
+//! stored. The scripts read `state`, `token` and the times of that JSON. A value that is not
+//! such JSON, a record that breaks the [record rules](super::record#the-record-rules) (a
+//! pending record with an outcome, a done one without, a failure of category `delivered`:
+//! the same damage every store reports), or a key of another Redis type makes the operation
+//! fail with a [`Corrupt`](super::StoreErrorKind::Corrupt) error, and so does a pending
+//! record without its times for a reserve or an extend; the scripts never overwrite or delete
+//! a value they cannot read.
 //!
 //! # Settling a key by hand
 //!

@@ -18,9 +18,9 @@ use crate::store::{Completion, Reservation, StoreError, Token, record};
 /// it takes the key over. Answers `{0}` when it reserved a free key, `{1, value, now}` when a
 /// live record holds it (`now` the server's time in ms), `{2, value, now}` when it took it
 /// over from a pending record whose lease passed (keeping its first attempt's time for the
-/// same fingerprint), `{-1}` when the key holds another Redis type. A pending record without
-/// `lease_until_ms` (written by an earlier release, with `PX` its lease) is live while it
-/// exists; a value that is not JSON is answered as held, for the store to report as corrupt.
+/// same fingerprint), `{-1}` when the key holds another Redis type. A value that is not a
+/// record this store writes (not JSON, or a pending record without its times) is answered as
+/// held, for the store to report as corrupt.
 pub const RESERVE_SCRIPT: &str = r#"
 local current = redis.pcall('GET', KEYS[1])
 if type(current) == 'table' then return {-1} end
@@ -30,10 +30,11 @@ local first = now
 if current then
   local ok, record = pcall(cjson.decode, current)
   if not ok or type(record) ~= 'table' or record.state ~= 'pending'
-      or type(record.lease_until_ms) ~= 'number' or record.lease_until_ms > now then
+      or type(record.lease_until_ms) ~= 'number' or type(record.first_attempt_at_ms) ~= 'number'
+      or record.lease_until_ms > now then
     return {1, current, now}
   end
-  if record.fingerprint == ARGV[2] and type(record.first_attempt_at_ms) == 'number' then
+  if record.fingerprint == ARGV[2] then
     first = record.first_attempt_at_ms
   end
 end
@@ -123,8 +124,8 @@ return redis.call('DEL', KEYS[1])
 /// pending record is kept past its lease in ms. Answers 1 when it moved the lease's end to
 /// `ARGV[2]` ms from now (by the server's `TIME`, in the record's `lease_until_ms`, and its
 /// `PX` with it), 0 when the token does not hold it pending within its lease (a lease that
-/// passed is never revived), -1 when the value under the key cannot be read (it is then left
-/// as it is). A pending record of an earlier release (no `lease_until_ms`) gets `PEXPIRE`.
+/// passed is never revived), -1 when the value under the key cannot be read, a pending record
+/// without `lease_until_ms` included (it is then left as it is).
 pub const EXTEND_SCRIPT: &str = r#"
 local current = redis.pcall('GET', KEYS[1])
 if not current then return 0 end
@@ -132,9 +133,7 @@ if type(current) ~= 'string' then return -1 end
 local ok, record = pcall(cjson.decode, current)
 if not ok or type(record) ~= 'table' or type(record.token) ~= 'string' then return -1 end
 if record.token ~= ARGV[1] or record.state ~= 'pending' then return 0 end
-if type(record.lease_until_ms) ~= 'number' then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
+if type(record.lease_until_ms) ~= 'number' then return -1 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if record.lease_until_ms <= now then return 0 end

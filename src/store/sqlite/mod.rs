@@ -65,17 +65,17 @@
 //! ) WITHOUT ROWID;
 //! ```
 //!
-//! `first_attempt_at` is kept by a takeover of the same message, by `complete` of the same
-//! token and by `retake`, and reported as [`Record::first_attempt_age`](super::Record::first_attempt_age);
-//! NULL (unknown, never re-sent) in rows written before it existed, to whose file `open` adds
-//! the column.
-//!
 //! with an index on `expires_at` and a partial one on the rows of unknown delivery (for
 //! [`StoreAdmin::list`](super::admin::StoreAdmin::list)). The outcome is the stored form of
 //! [`store::record`](super::record) (version 1), as `PostgresStore` keeps it; no message
 //! content is stored. Rows that do not decode or break the
 //! [record rules](super::record#the-record-rules) are reported as
 //! [`Corrupt`](super::StoreErrorKind::Corrupt) errors, never a panic.
+//!
+//! `first_attempt_at` is kept by a takeover of the same message, by `complete` of the same
+//! token and by `retake`, and reported as [`Record::first_attempt_age`](super::Record::first_attempt_age);
+//! NULL (unknown, never re-sent) in a claim not yet taken and in a row completed after its
+//! own pending row was gone.
 //!
 //! # Expired rows
 //!

@@ -65,15 +65,6 @@ pub const SCHEMA: &str = concat!(
     ";"
 );
 
-/// Whether `first_attempt_at` is a column of the table: absent from a file written before
-/// it existed, which `open` then adds it to.
-pub(super) const HAS_FIRST_ATTEMPT: &str =
-    "SELECT count(*) FROM pragma_table_info('idempotency_keys') WHERE name = 'first_attempt_at'";
-
-/// Adds `first_attempt_at` to a table made without it; its rows' first attempts are unknown.
-pub(super) const ADD_FIRST_ATTEMPT: &str =
-    "ALTER TABLE idempotency_keys ADD COLUMN first_attempt_at INTEGER";
-
 /// `?1` key: the row as it is before a reserve (state, fingerprint, outcome, whether its
 /// time passed, its first attempt's age in ms). Run in the reserve's write transaction, so
 /// nothing changes between it and the reserve: a reserve that took the key from a pending

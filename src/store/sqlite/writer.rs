@@ -102,14 +102,7 @@ pub(super) fn open(path: &Path, busy_timeout: Duration) -> Result<Connection, St
         // loss, not only a crash of the process.
         connection.pragma_update(None, "synchronous", "FULL")?;
         connection.execute_batch("BEGIN IMMEDIATE")?;
-        let schema = connection.execute_batch(sql::SCHEMA).and_then(|()| {
-            let has: i64 = connection.query_row(sql::HAS_FIRST_ATTEMPT, [], |row| row.get(0))?;
-            if has == 0 {
-                connection.execute_batch(sql::ADD_FIRST_ATTEMPT)?;
-            }
-            Ok(())
-        });
-        match schema {
+        match connection.execute_batch(sql::SCHEMA) {
             Ok(()) => connection.execute_batch("COMMIT")?,
             Err(error) => {
                 let _ = connection.execute_batch("ROLLBACK");
