@@ -21,7 +21,7 @@ use super::stats::bump;
 use super::takeover::{Takeover, after_takeover};
 use super::wait::wait_one;
 use crate::classify::into_send_error;
-use crate::outcome::{BoxError, Outcome, Receipt, SendError, codes};
+use crate::outcome::{BoxError, Receipt, SendError, codes};
 use crate::store::Reservation;
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer): it wraps a provider
@@ -198,29 +198,17 @@ where
     let mut settle = Settle::new(Arc::clone(&config), [held], Lease::new(&config, asked_at));
     bump(&counters.sent);
     let kept = request.clone();
-    let mut result = match settle.hold(inner.call(request)).await {
+    let result = match settle.hold(inner.call(request)).await {
         Some(result) => result.map_err(|e| into_send_error(&config.classifier, e.into())),
         None => Err(given_up(&config, 1)),
     };
-    let unsettled = {
-        // A receipt's accepted recipients are kept by position in the request's list: only
-        // then is that list needed.
-        let recipients = match &result {
-            Ok(receipt) if !receipt.accepted.is_empty() => kept.recipients(),
-            _ => Vec::new(),
-        };
-        // A store that keeps the receipt at once is lent its strings rather than copies.
-        let settled = match &mut result {
-            Ok(receipt) => {
-                Outcome::lend_receipt(receipt, &recipients, |outcome| settle.kept_now(outcome))
-            }
-            Err(_) => false,
-        };
-        (!settled).then(|| Finish::for_result(&result, &recipients))
+    // A receipt's accepted recipients are kept by position in the request's list: only then
+    // is that list needed.
+    let recipients = match &result {
+        Ok(receipt) if !receipt.accepted.is_empty() => kept.recipients(),
+        _ => Vec::new(),
     };
-    if let Some(finish) = unsettled {
-        settle.run([finish]).await;
-    }
+    settle.run([Finish::for_result(&result, &recipients)]).await;
     result
 }
 

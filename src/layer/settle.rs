@@ -146,23 +146,6 @@ impl<K: Keys> Settle<K> {
     }
 }
 
-impl Settle<[Held; 1]> {
-    /// Keeps a single send's `outcome` through a store that answers at once, as
-    /// [`run`](Self::run) would; answers whether the send is settled (nothing left to do).
-    /// When it is not (a store that must wait, or an error), settle it by `run`, which asks
-    /// the store once more before it settles the common way.
-    pub(crate) fn kept_now(&mut self, outcome: &Outcome) -> bool {
-        let settled = match &self.holding {
-            Some((config, [h], _)) => completed_now(config, h, outcome),
-            None => false,
-        };
-        if settled {
-            self.holding = None;
-        }
-        settled
-    }
-}
-
 /// Whether `outcome` was kept for `h`, or `h`'s key was found held by another send, by a store
 /// that answers at once ([`Store::complete_now`](crate::store::Store::complete_now)).
 fn completed_now(config: &Config, h: &Held, outcome: &Outcome) -> bool {
