@@ -211,31 +211,3 @@ where
     settle.run([Finish::for_result(&result, &recipients)]).await;
     result
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{IdempotencyLayer, Message};
-
-    /// A send's future is boxed on every call: kept within glibc's per-thread cache of small
-    /// blocks (`tcache`, chunks up to 1,032 bytes), its allocation and free skip the
-    /// allocator's slow path, about 150 instructions a send (`benches/sends.rs`). A state
-    /// kept across an `.await` that need not be grows it past that.
-    #[test]
-    fn a_send_future_fits_the_allocators_cache_of_small_blocks() {
-        let inner =
-            tower::service_fn(|_: Message| async { Ok::<_, BoxError>(Receipt::new("m", "t")) });
-        let service = tower_layer::Layer::layer(&IdempotencyLayer::in_memory(), inner);
-        let message = Message::builder()
-            .from("a@example.com")
-            .to("b@example.com")
-            .subject("s")
-            .text("t")
-            .idempotency_key("k")
-            .build()
-            .expect("a valid message");
-        let future = send(Arc::clone(&service.config), service.inner, message);
-        let size = std::mem::size_of_val(&future);
-        assert!(size <= 1024, "a send's future is {size} bytes");
-    }
-}

@@ -17,11 +17,6 @@
 //! The two talk through a thread-local set for the length of one poll: a poll runs on one
 //! thread from start to end, and it holds plain values, so nothing outlives the poll.
 //!
-//! A caller that must itself wake by some instant while it polls such calls (the layer's
-//! settle timeout, around a settlement's store calls) watches the poll ([`poll_watched`]):
-//! a timer of either kind armed in it that fires by then says so, and the watcher arms none
-//! while that holds. A networked send then arms one timer for its settlement, not two.
-//!
 //! [`RedisStore`]: super::RedisStore
 //! [`PostgresStore`]: super::PostgresStore
 
@@ -69,49 +64,6 @@ impl Bound {
 
 thread_local! {
     static LAYER: Cell<Option<Bound>> = const { Cell::new(None) };
-    static WATCH: Cell<Option<Watch>> = const { Cell::new(None) };
-}
-
-/// A watcher of the current poll: it must be woken by `by`.
-#[derive(Clone, Copy, Debug)]
-struct Watch {
-    by: Instant,
-    /// Whether a timer armed in this poll fires by `by`.
-    woken: bool,
-}
-
-/// Polls once (`poll`) for a watcher that must be woken by `by`: answers the poll, and
-/// whether a store call's timer or the layer's bound armed in it fires by `by`, so that the
-/// watcher need not arm a timer of its own for this wait. A poll that waits on anything
-/// else (a sleep, a store of another kind) answers `false`.
-pub(crate) fn poll_watched<T>(by: Instant, poll: impl FnOnce() -> Poll<T>) -> (Poll<T>, bool) {
-    let outer = WATCH.replace(Some(Watch { by, woken: false }));
-    let answer = poll();
-    let watched = WATCH.replace(outer);
-    (answer, watched.is_some_and(|watch| watch.woken))
-}
-
-/// Tells the watcher of the current poll, if any, that a timer armed in it fires at `at`.
-fn wakes_at(at: Instant) {
-    if let Some(mut watch) = WATCH.get() {
-        watch.woken |= at <= watch.by;
-        WATCH.set(Some(watch));
-    }
-}
-
-/// Held by a call that may tell a watcher of its timer: when the call ends or is dropped
-/// inside a watched poll, its timer goes with it, so what the poll was told no longer holds
-/// (a wrapping store may drop a call and wait on something else in the same poll). The
-/// watcher then arms its own timer; at worst one too many, never one missing.
-struct Reported;
-
-impl Drop for Reported {
-    fn drop(&mut self) {
-        if let Some(mut watch) = WATCH.get() {
-            watch.woken = false;
-            WATCH.set(Some(watch));
-        }
-    }
 }
 
 /// Changes the layer's bound of the current poll, if a layer is polling.
@@ -126,7 +78,7 @@ fn with_layer<R>(change: impl FnOnce(&mut Bound) -> R) -> Option<R> {
 
 /// `now + timeout`, or a far future (30 years) when that does not fit in an `Instant`, as
 /// tokio's own timeout does.
-pub(crate) fn later(now: Instant, timeout: Duration) -> Instant {
+fn later(now: Instant, timeout: Duration) -> Instant {
     now.checked_add(timeout)
         .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 3600))
 }
@@ -143,7 +95,6 @@ pub(crate) async fn within<T>(
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     let mut call = pin!(call);
-    let _reported = Reported;
     // Boxed when armed: most calls arm none (an in-process store, or a store bound covering
     // the wait), and a send's future then keeps no room for a timer.
     let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
@@ -178,11 +129,7 @@ pub(crate) async fn within<T>(
         }
         match timer.as_mut().map(|sleep| sleep.as_mut().poll(cx)) {
             Some(Poll::Ready(())) => Poll::Ready(Err(StoreError::timeout())),
-            Some(Poll::Pending) => {
-                wakes_at(bound.fix(Instant::now));
-                Poll::Pending
-            }
-            None => Poll::Pending,
+            Some(Poll::Pending) | None => Poll::Pending,
         }
     })
     .await
@@ -210,7 +157,6 @@ where
     // Made here, in the slot it is polled from, rather than moved in.
     let mut work = pin!(work());
     let mut timer = pin!(tokio::time::sleep_until(first));
-    let _reported = Reported;
     poll_fn(|cx| {
         if let Poll::Ready(answer) = work.as_mut().poll(cx) {
             return Poll::Ready(answer);
@@ -225,7 +171,6 @@ where
         }
         let at = timer.deadline();
         with_layer(|bound| bound.covered |= at <= bound.fix(Instant::now));
-        wakes_at(at);
         Poll::Pending
     })
     .await
@@ -332,54 +277,6 @@ mod tests {
                 .unwrap(),
             8
         );
-    }
-
-    /// Polls `call` once under a watch for a wake-up by `by`: whether a timer armed in it
-    /// said it fires by then.
-    fn woken_by<F: Future>(by: Duration, call: F) -> bool {
-        let mut call = pin!(call);
-        let waker = futures_util::task::noop_waker();
-        let mut cx = std::task::Context::from_waker(&waker);
-        let (polled, woken) = poll_watched(Instant::now() + by, || call.as_mut().poll(&mut cx));
-        assert!(polled.is_pending());
-        woken
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_watch_hears_of_a_timer_that_fires_by_its_deadline_and_of_no_other() {
-        let stuck = || pending::<Result<(), StoreError>>();
-        // A store's own timer, alone or under the layer's bound.
-        assert!(woken_by(3 * SECOND, store_call(2 * SECOND, stuck)));
-        assert!(!woken_by(SECOND, store_call(2 * SECOND, stuck)));
-        assert!(woken_by(
-            SECOND,
-            within(SECOND, store_call(5 * SECOND, stuck))
-        ));
-        assert!(!woken_by(
-            SECOND,
-            within(5 * SECOND, store_call(2 * SECOND, stuck))
-        ));
-        // The layer's own timer, where no store bound covers the call.
-        assert!(woken_by(2 * SECOND, within(SECOND, stuck())));
-        assert!(!woken_by(SECOND, within(2 * SECOND, stuck())));
-        // Anything else: the watcher arms its own.
-        assert!(!woken_by(5 * SECOND, tokio::time::sleep(SECOND)));
-        // A call dropped in the poll that was told of its timer takes the timer with it:
-        // a wrapper that gives up on it and waits on something else is not covered.
-        let gave_up = async {
-            let mut call = Box::pin(store_call(2 * SECOND, stuck));
-            // Polled once, by hand: `futures_util::poll!` needs a feature the library
-            // does not turn on, and this test also builds with the library's own features.
-            let first = std::future::poll_fn(|cx| {
-                std::task::Poll::Ready(futures_util::FutureExt::poll_unpin(&mut call, cx))
-            });
-            assert!(first.await.is_pending());
-            drop(call);
-            pending::<()>().await;
-        };
-        assert!(!woken_by(3 * SECOND, gave_up));
-        // And a poll outside any watch tells no one.
-        assert!(WATCH.get().is_none());
     }
 
     #[test]
