@@ -53,7 +53,6 @@ use crate::fingerprint::Fingerprint;
 use crate::outcome::{BoxError, Outcome};
 
 pub mod admin;
-pub(crate) mod deadline;
 pub mod memory;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod millis;
