@@ -70,23 +70,9 @@ impl<T, A: FnOnce(BoxFuture<'static, Result<T, StoreError>>)> Drop for Pending<T
     }
 }
 
-/// Reserves one key, freeing it in the background if the reservation is abandoned. A store
-/// that answers at once ([`Store::reserve_now`](crate::store::Store::reserve_now)) is not
-/// waited on: there is nothing to bound or abandon.
+/// Reserves one key, bounded by the reserve timeout, freeing it in the background if the
+/// reservation is abandoned.
 pub(crate) async fn reserve_one(
-    config: &Arc<Config>,
-    key: &Arc<str>,
-    fingerprint: Fingerprint,
-) -> Result<Reservation, StoreError> {
-    match config.store.reserve_now(key, fingerprint, config.lease) {
-        Some(answer) => answer,
-        None => reserve_waiting(config, key, fingerprint).await,
-    }
-}
-
-/// [`reserve_one`] from a store that did not answer at once: its call, bounded by the
-/// reserve timeout and freed in the background if abandoned.
-pub(crate) async fn reserve_waiting(
     config: &Arc<Config>,
     key: &Arc<str>,
     fingerprint: Fingerprint,

@@ -15,7 +15,7 @@ use super::renew::{Held, Lease, given_up};
 use super::repeat::answer_held;
 use super::request::IdempotentRequest;
 use super::resend::take_back;
-use super::reserve::reserve_waiting;
+use super::reserve::reserve_one;
 use super::settle::{Finish, Settle};
 use super::stats::bump;
 use super::takeover::{Takeover, after_takeover};
@@ -129,15 +129,7 @@ where
     // Waiting for a send in flight and taking back a key inside the provider's window are
     // options, off by default: without them the answer is not handed through their steps (a
     // record moved in and out of each is a copy of ~200 bytes).
-    // A store that answers at once is asked here rather than through `reserve_one`'s
-    // future: its answer (~180 bytes) is then not moved out of one more state.
-    let mut reservation = match config
-        .store
-        .reserve_now(&store_key, fingerprint, config.lease)
-    {
-        Some(answer) => answer,
-        None => reserve_waiting(&config, &store_key, fingerprint).await,
-    };
+    let mut reservation = reserve_one(&config, &store_key, fingerprint).await;
     if config.wait_for_in_flight.is_some()
         && let Ok(Reservation::Held { record }) = reservation
     {
