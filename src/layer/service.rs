@@ -126,18 +126,13 @@ where
     let fingerprint = request.fingerprint();
 
     let mut asked_at = Instant::now();
-    // Waiting for a send in flight and taking back a key inside the provider's window are
-    // options, off by default: without them the answer is not handed through their steps (a
-    // record moved in and out of each is a copy of ~200 bytes).
+    // A held key may yet be sent: after waiting for its send in flight, or taken back inside
+    // the provider's window (each an option, off by default; see `wait_one`, `take_back`).
     let mut reservation = reserve_one(&config, &store_key, fingerprint).await;
-    if config.wait_for_in_flight.is_some()
-        && let Ok(Reservation::Held { record }) = reservation
-    {
+    if let Ok(Reservation::Held { record }) = reservation {
         reservation = wait_one(&config, &store_key, fingerprint, record, &mut asked_at).await;
     }
-    if config.provider_window.is_some() {
-        reservation = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await;
-    }
+    reservation = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await;
     let token = match reservation {
         Ok(Reservation::Reserved { token }) => token,
         Ok(Reservation::TakenOver { token, previous }) => {
