@@ -143,17 +143,7 @@ where
                 token,
                 fingerprint,
             };
-            // Boxed: a takeover is the rare path, and every send's future would otherwise
-            // carry room for it.
-            let decided = Box::pin(after_takeover(
-                &config,
-                held,
-                previous,
-                raw,
-                &recipients,
-                asked_at,
-            ))
-            .await;
+            let decided = after_takeover(&config, held, previous, raw, &recipients, asked_at).await;
             match decided {
                 Takeover::Send => token,
                 Takeover::Answered(answer) => return answer,
