@@ -172,7 +172,8 @@ where
         token,
         fingerprint,
     };
-    let mut settle = Settle::new(Arc::clone(&config), [held], Lease::new(&config, asked_at));
+    let lease = Lease::new(&config, asked_at);
+    let mut settle = Settle::new(Arc::clone(&config), vec![held], lease);
     bump(&counters.sent);
     let kept = request.clone();
     let result = match settle.hold(inner.call(request)).await {
@@ -185,6 +186,7 @@ where
         Ok(receipt) if !receipt.accepted.is_empty() => kept.recipients(),
         _ => Vec::new(),
     };
-    settle.run([Finish::for_result(&result, &recipients)]).await;
+    let finish = Finish::for_result(&result, &recipients);
+    settle.run(vec![finish]).await;
     result
 }

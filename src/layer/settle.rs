@@ -50,30 +50,15 @@ impl Finish {
     }
 }
 
-/// The keys a send holds, with one [`Finish`] each in the same shape: an array of one for a
-/// single send (nothing to allocate), a `Vec` for a batch.
-pub(crate) trait Keys: AsRef<[Held]> + Send + Sync + 'static {
-    /// One finish per key, in order.
-    type Finishes: AsRef<[Finish]> + Send + Sync + 'static;
-}
-
-impl Keys for [Held; 1] {
-    type Finishes = [Finish; 1];
-}
-
-impl Keys for Vec<Held> {
-    type Finishes = Vec<Finish>;
-}
-
 /// Keeps or frees the keys a send reserved once it is over: in the caller's task for at most
 /// the settle timeout, in a task of its own for what is left past it.
-pub(crate) struct Settle<K: Keys> {
-    state: State<K>,
+pub(crate) struct Settle {
+    state: State,
 }
 
-enum State<K: Keys> {
+enum State {
     /// Reserved and not yet settled: the layer's configuration, the keys and their lease.
-    Holding(Arc<Config>, K, Lease),
+    Holding(Arc<Config>, Vec<Held>, Lease),
     /// Their settlement, under way in the caller's task; boxed, so that what is left of it
     /// can move to a task of its own.
     Settling(BoxFuture<'static, ()>),
@@ -81,8 +66,8 @@ enum State<K: Keys> {
     Done,
 }
 
-impl<K: Keys> Settle<K> {
-    pub(crate) fn new(config: Arc<Config>, held: K, lease: Lease) -> Self {
+impl Settle {
+    pub(crate) fn new(config: Arc<Config>, held: Vec<Held>, lease: Lease) -> Self {
         Self {
             state: State::Holding(config, held, lease),
         }
@@ -95,7 +80,7 @@ impl<K: Keys> Settle<K> {
     /// settlement under way is not), and a shared borrow across an await would need both.
     pub(crate) async fn hold<F: Future>(&mut self, send: F) -> Option<F::Output> {
         match &self.state {
-            State::Holding(config, held, lease) => hold(config, held.as_ref(), lease, send).await,
+            State::Holding(config, held, lease) => hold(config, held, lease, send).await,
             State::Settling(_) | State::Done => Some(send.await),
         }
     }
@@ -104,7 +89,7 @@ impl<K: Keys> Settle<K> {
     /// returns once that is over or the settle timeout passed. What is left then goes on in a
     /// task of its own, as it does when the caller drops this future (see the `Drop` below).
     /// Without a runtime there is no timer and no task: the settlement's one attempt.
-    pub(crate) async fn run(&mut self, finishes: K::Finishes) {
+    pub(crate) async fn run(&mut self, finishes: Vec<Finish>) {
         let State::Holding(config, held, lease) = mem::replace(&mut self.state, State::Done) else {
             return;
         };
@@ -136,17 +121,16 @@ impl<K: Keys> Settle<K> {
     }
 }
 
-impl<K: Keys> Drop for Settle<K> {
+impl Drop for Settle {
     /// A drop never frees a key: once a `Settle` exists its message may have gone. Keys not
     /// yet settled are kept `idempotency.aborted`; a settlement under way goes on.
     fn drop(&mut self) {
         match mem::replace(&mut self.state, State::Done) {
             State::Holding(config, held, lease) => {
-                if held.as_ref().is_empty() {
+                if held.is_empty() {
                     return;
                 }
-                let finishes: Vec<Finish> = held
-                    .as_ref()
+                let finishes = held
                     .iter()
                     .map(|_| {
                         bump(&config.counters.aborted);
@@ -170,13 +154,7 @@ fn margin(lease: Duration) -> Duration {
 /// Settles `held[i]` by `finishes[i]`, retrying the keys the store failed on transiently
 /// (with jittered backoff, renewing their lease when due) until each landed, was refused,
 /// failed for good, or the lease is about to end. Without a runtime, one attempt.
-async fn settlement(
-    config: Arc<Config>,
-    held: impl AsRef<[Held]>,
-    lease: Lease,
-    finishes: impl AsRef<[Finish]>,
-) {
-    let (held, finishes) = (held.as_ref(), finishes.as_ref());
+async fn settlement(config: Arc<Config>, held: Vec<Held>, lease: Lease, finishes: Vec<Finish>) {
     // Set at the first failure: a settlement that lands at once reads no clock. Retries
     // need a runtime to sleep on, asked only once something failed.
     let mut started = None;
@@ -193,8 +171,8 @@ async fn settlement(
         };
         attempt(
             &config,
-            held,
-            finishes,
+            &held,
+            &finishes,
             open.as_deref(),
             attempts > 1,
             answered,
@@ -222,7 +200,7 @@ async fn settlement(
         }
         tokio::time::sleep_until(resume).await;
         if lease.renewal_due(Instant::now()) {
-            renew_once(&config, held, &lease).await;
+            renew_once(&config, &held, &lease).await;
         }
         open = Some(again.into_iter().map(|(i, _)| i).collect());
         attempts += 1;
