@@ -239,7 +239,8 @@ async fn attempt(
     };
     if let Some(i) = single {
         counted(1);
-        // The single send: one plain call, no batch bookkeeping on the hot path.
+        // One key settles through the store's single-key operation, several through its
+        // batch operations.
         let h = &held[i];
         let call = match &finishes[i] {
             Finish::Complete(outcome) => {
