@@ -591,32 +591,6 @@ impl Outcome {
         }
     }
 
-    /// `receipt` as [`kept`](Self::kept) keeps it, lent to `f`: its id and transport move
-    /// into the outcome and move back when `f` returns, so a store that keeps the outcome at
-    /// once costs the receipt no copy of either.
-    pub(crate) fn lend_receipt<T>(
-        receipt: &mut Receipt,
-        recipients: &[&str],
-        f: impl FnOnce(&Self) -> T,
-    ) -> T {
-        let accepted_at = accepted_at(receipt, recipients);
-        let outcome = Self(Kept::Sent {
-            receipt: Receipt {
-                id: std::mem::take(&mut receipt.id),
-                transport: std::mem::take(&mut receipt.transport),
-                accepted: Vec::new(),
-                replayed: false,
-            },
-            accepted_at,
-        });
-        let answer = f(&outcome);
-        if let Kept::Sent { receipt: lent, .. } = outcome.0 {
-            receipt.id = lent.id;
-            receipt.transport = lent.transport;
-        }
-        answer
-    }
-
     /// Whether [`into_replay_for`](Self::into_replay_for) reads its recipients: only a kept
     /// receipt that names accepted recipients (by position in the request's list) does.
     pub(crate) fn names_recipients(&self) -> bool {
@@ -703,18 +677,6 @@ mod tests {
 
         let given = Outcome::sent(Receipt::new("m2", "fake").with_accepted(["c@x"]));
         assert_eq!(given.into_replay_for(&["a@x"]).unwrap().accepted, ["c@x"]);
-    }
-
-    #[test]
-    fn a_lent_receipt_is_kept_as_a_copy_would_be_and_comes_back_whole() {
-        let mut receipt = Receipt::new("m1", "fake").with_accepted(["B@x", "a@x"]);
-        receipt.replayed = true;
-        let before = format!("{receipt:?}");
-        let recipients = ["a@x", "b@x"];
-        let copied = Outcome::kept(&Ok(receipt.clone()), &recipients);
-        let lent = Outcome::lend_receipt(&mut receipt, &recipients, |lent| format!("{lent:?}"));
-        assert_eq!(lent, format!("{copied:?}"));
-        assert_eq!(format!("{receipt:?}"), before);
     }
 
     #[test]

@@ -2,7 +2,6 @@
 //! [`KeyForm`]), and the hash that stands for it in logs.
 
 use std::fmt;
-use std::io::Write as _;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -10,7 +9,7 @@ use sha2::{Digest, Sha256};
 use super::config::{Config, ConfigError, KeyForm, validate_namespace};
 use super::request::IdempotentRequest;
 use super::stats::bump;
-use crate::message::{KeyError, MAX_KEY_LEN, validate_key};
+use crate::message::{KeyError, validate_key};
 use crate::outcome::{SendError, codes};
 
 /// The marker of version 1 of the hashed form, after the namespace.
@@ -101,73 +100,25 @@ impl fmt::Debug for StoredKeys {
     }
 }
 
-/// The longest stored form: a namespace of 64 bytes, `:`, and a key of
-/// [`MAX_KEY_LEN`] bytes (the hashed form, 132 bytes, is shorter).
-const MAX_STORED_LEN: usize = 64 + 1 + MAX_KEY_LEN;
-
 /// The stored form of a key already checked, under a namespace already checked.
 fn stored_form(namespace: &str, form: KeyForm, key: &str) -> String {
-    let mut buf = [0; MAX_STORED_LEN];
-    match write_stored_form(&mut buf, namespace, form, key) {
-        Some(stored) => stored.to_owned(),
-        // Unreachable for checked input; spelled out rather than trusted.
-        None => format!("{namespace}:{key}"),
-    }
-}
-
-/// What most stored forms fit in: a namespace and a key of a few dozen bytes each, or the
-/// hashed form under a namespace of up to 60.
-const SHORT_STORED_LEN: usize = 128;
-
-/// The stored form as the layer keeps it: built on the stack and allocated once, for the
-/// `Arc<str>` the send holds (a send makes one key; `format!` and a copy made two). It is
-/// tried in a short buffer first: clearing the longest one (321 bytes) on every send cost
-/// about as much as the rest of building the key.
-fn stored_arc(namespace: &str, form: KeyForm, key: &str) -> Arc<str> {
-    let mut short = [0; SHORT_STORED_LEN];
-    if let Some(stored) = write_stored_form(&mut short, namespace, form, key) {
-        return Arc::from(stored);
-    }
-    let mut buf = [0; MAX_STORED_LEN];
-    match write_stored_form(&mut buf, namespace, form, key) {
-        Some(stored) => Arc::from(stored),
-        None => Arc::from(stored_form(namespace, form, key)),
-    }
-}
-
-/// Writes the stored form into `buf`; `None` when it does not fit (never for checked input).
-fn write_stored_form<'b>(
-    buf: &'b mut [u8],
-    namespace: &str,
-    form: KeyForm,
-    key: &str,
-) -> Option<&'b str> {
-    let mut rest = &mut buf[..];
     match form {
-        KeyForm::Raw => {
-            rest.write_all(namespace.as_bytes()).ok()?;
-            rest.write_all(b":").ok()?;
-            rest.write_all(key.as_bytes()).ok()?;
-        }
+        KeyForm::Raw => format!("{namespace}:{key}"),
         KeyForm::Hashed => {
             // The namespace holds no `:`, so the first `:` ends it: `namespace:key` names one
             // (namespace, key) pair only.
-            let mut digest = Sha256::new();
-            digest.update(namespace.as_bytes());
-            digest.update(b":");
-            digest.update(key.as_bytes());
-            rest.write_all(namespace.as_bytes()).ok()?;
-            rest.write_all(b":").ok()?;
-            rest.write_all(HASHED_V1.as_bytes()).ok()?;
-            rest.write_all(b":").ok()?;
-            for b in digest.finalize() {
-                rest.write_all(&crate::hex::pair(b)).ok()?;
+            let digest = Sha256::new()
+                .chain_update(namespace)
+                .chain_update(":")
+                .chain_update(key)
+                .finalize();
+            let mut stored = format!("{namespace}:{HASHED_V1}:");
+            for b in digest {
+                stored.extend(crate::hex::pair(b).map(char::from));
             }
+            stored
         }
     }
-    let unused = rest.len();
-    let len = buf.len() - unused;
-    std::str::from_utf8(&buf[..len]).ok()
 }
 
 /// What the layer makes of a request's key.
@@ -191,7 +142,7 @@ pub(crate) fn derive_key<R: IdempotentRequest>(
 ) -> Option<Result<Arc<str>, KeyError>> {
     let stored = |key: &str| -> Result<Arc<str>, KeyError> {
         validate_key(key)?;
-        Ok(stored_arc(&config.namespace, config.key_form, key))
+        Ok(stored_form(&config.namespace, config.key_form, key).into())
     };
     match config.keys.get::<R>() {
         Some(key_fn) => key_fn(request).map(|key| stored(&key)),
@@ -250,31 +201,5 @@ mod tests {
     fn a_keys_hash_in_logs_is_the_start_of_its_sha256() {
         assert_eq!(key_hash("a"), "ca978112ca1b");
         assert_eq!(key_hash(""), "e3b0c44298fc");
-    }
-
-    /// The key a send holds is the stored form an operator computes, on either side of the
-    /// short buffer's length and at the longest key under the longest namespace.
-    #[test]
-    fn a_sends_key_is_the_stored_form_at_every_length() {
-        let longest_namespace = "n".repeat(64);
-        for namespace in ["alerts", longest_namespace.as_str()] {
-            for form in [KeyForm::Raw, KeyForm::Hashed] {
-                for len in (1..=8).chain(50..=70).chain(115..=140).chain([MAX_KEY_LEN]) {
-                    let key = "k".repeat(len);
-                    let expected = stored_form(namespace, form, &key);
-                    let held = stored_arc(namespace, form, &key);
-                    assert_eq!(&*held, expected.as_str(), "{namespace}, {form:?}, {len}");
-                }
-            }
-        }
-        // The short buffer's edge itself: a raw stored form of exactly 128 bytes and of 129.
-        for len in [SHORT_STORED_LEN, SHORT_STORED_LEN + 1] {
-            let key = "k".repeat(len - "alerts:".len());
-            assert_eq!(stored_arc("alerts", KeyForm::Raw, &key).len(), len);
-        }
-        assert_eq!(
-            &*stored_arc(&longest_namespace, KeyForm::Raw, &"k".repeat(MAX_KEY_LEN)),
-            format!("{longest_namespace}:{}", "k".repeat(MAX_KEY_LEN)),
-        );
     }
 }

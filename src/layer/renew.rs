@@ -21,7 +21,7 @@ use super::key::key_hash;
 use super::stats::{bump, bump_by};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::{SendError, codes};
-use crate::store::{StoreError, StoreErrorKind, Token, deadline};
+use crate::store::{StoreError, StoreErrorKind, Token};
 
 /// A key this send reserved.
 pub(crate) struct Held {
@@ -75,14 +75,19 @@ impl Backoff {
     }
 }
 
-/// Awaits one store call, bounded by the reserve timeout when a runtime is there. An answer
-/// that is ready at once (an in-process store) is taken without arming a timer; a store that
-/// bounds its own calls arms the only one (see `store::deadline`).
+/// Awaits one store call, failing it as timed out past the reserve timeout. Without a tokio
+/// runtime there is no timer, and the call is awaited unbounded (the layer's timeouts need a
+/// runtime, as documented).
 pub(crate) async fn within<T>(
     config: &Config,
     call: BoxFuture<'_, Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    deadline::within(config.reserve_timeout, call).await
+    if !has_runtime() {
+        return call.await;
+    }
+    tokio::time::timeout(config.reserve_timeout, call)
+        .await
+        .unwrap_or_else(|_elapsed| Err(StoreError::timeout()))
 }
 
 /// The lease of the keys a send holds, as this process sees it: when it ends, and which keys

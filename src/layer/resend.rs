@@ -34,28 +34,20 @@ pub(crate) fn inside_window(record: &Record, fingerprint: Fingerprint, window: D
 /// record of unknown delivery inside the window is taken back (a reservation to send
 /// under); one another repeat took back first is asked about again. Every other answer is
 /// returned as it is. `asked_at` becomes the moment the key's new lease began.
-///
-/// Whether to take the key back is decided before the future is made: the retake is the
-/// rare path, boxed, so every other send keeps no room for it.
-pub(crate) fn take_back<'a>(
-    config: &'a Arc<Config>,
-    key: &'a Arc<str>,
+pub(crate) async fn take_back(
+    config: &Arc<Config>,
+    key: &Arc<str>,
     fingerprint: Fingerprint,
     reservation: Result<Reservation, StoreError>,
-    asked_at: &'a mut Instant,
-) -> impl Future<Output = Result<Reservation, StoreError>> + 'a {
+    asked_at: &mut Instant,
+) -> Result<Reservation, StoreError> {
     let window = config.provider_window.filter(|&window| {
         matches!(&reservation, Ok(Reservation::Held { record })
             if record.is_unknown_delivery() && inside_window(record, fingerprint, window))
     });
-    async move {
-        match window {
-            None => reservation,
-            Some(window) => {
-                let retake = retake(config, key, fingerprint, window, reservation, asked_at);
-                Box::pin(retake).await
-            }
-        }
+    match window {
+        None => reservation,
+        Some(window) => retake(config, key, fingerprint, window, reservation, asked_at).await,
     }
 }
 

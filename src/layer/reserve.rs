@@ -11,14 +11,13 @@ use futures_util::future::BoxFuture;
 
 use super::config::Config;
 use crate::fingerprint::Fingerprint;
-use crate::store::{Reservation, StoreError, StoreErrorKind, Token, deadline};
+use crate::store::{Reservation, StoreError, StoreErrorKind, Token};
 
 /// Awaits a store call under the reserve timeout. If the caller drops the send, or the
 /// timeout fires, while the store is still answering, `abandon` gets the unfinished call to
 /// finish in the background (so reservations it makes are freed at once, not after a lease).
-///
-/// One timer at most: none when the store answers at its first poll (an in-process store),
-/// and the store's own when it bounds its calls (see [`deadline`]).
+/// Without a tokio runtime there is no timer, and the call is awaited unbounded (the layer's
+/// timeouts need a runtime, as documented).
 async fn bounded<T, A>(
     config: &Config,
     future: BoxFuture<'static, Result<T, StoreError>>,
@@ -32,7 +31,13 @@ where
         future: Some(future),
         abandon: Some(abandon),
     };
-    deadline::within(config.reserve_timeout, poll_fn(|cx| pending.poll(cx))).await
+    let call = poll_fn(|cx| pending.poll(cx));
+    if tokio::runtime::Handle::try_current().is_err() {
+        return call.await;
+    }
+    tokio::time::timeout(config.reserve_timeout, call)
+        .await
+        .unwrap_or_else(|_elapsed| Err(StoreError::timeout()))
 }
 
 /// A store call and what to do with it if it is dropped unfinished. The closure is kept as
@@ -65,23 +70,9 @@ impl<T, A: FnOnce(BoxFuture<'static, Result<T, StoreError>>)> Drop for Pending<T
     }
 }
 
-/// Reserves one key, freeing it in the background if the reservation is abandoned. A store
-/// that answers at once ([`Store::reserve_now`](crate::store::Store::reserve_now)) is not
-/// waited on: there is nothing to bound or abandon.
+/// Reserves one key, bounded by the reserve timeout, freeing it in the background if the
+/// reservation is abandoned.
 pub(crate) async fn reserve_one(
-    config: &Arc<Config>,
-    key: &Arc<str>,
-    fingerprint: Fingerprint,
-) -> Result<Reservation, StoreError> {
-    match config.store.reserve_now(key, fingerprint, config.lease) {
-        Some(answer) => answer,
-        None => reserve_waiting(config, key, fingerprint).await,
-    }
-}
-
-/// [`reserve_one`] from a store that did not answer at once: its call, bounded by the
-/// reserve timeout and freed in the background if abandoned.
-pub(crate) async fn reserve_waiting(
     config: &Arc<Config>,
     key: &Arc<str>,
     fingerprint: Fingerprint,

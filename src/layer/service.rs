@@ -15,13 +15,13 @@ use super::renew::{Held, Lease, given_up};
 use super::repeat::answer_held;
 use super::request::IdempotentRequest;
 use super::resend::take_back;
-use super::reserve::reserve_waiting;
+use super::reserve::reserve_one;
 use super::settle::{Finish, Settle};
 use super::stats::bump;
 use super::takeover::{Takeover, after_takeover};
 use super::wait::wait_one;
 use crate::classify::into_send_error;
-use crate::outcome::{BoxError, Outcome, Receipt, SendError, codes};
+use crate::outcome::{BoxError, Receipt, SendError, codes};
 use crate::store::Reservation;
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer): it wraps a provider
@@ -126,26 +126,13 @@ where
     let fingerprint = request.fingerprint();
 
     let mut asked_at = Instant::now();
-    // Waiting for a send in flight and taking back a key inside the provider's window are
-    // options, off by default: without them the answer is not handed through their steps (a
-    // record moved in and out of each is a copy of ~200 bytes).
-    // A store that answers at once is asked here rather than through `reserve_one`'s
-    // future: its answer (~180 bytes) is then not moved out of one more state.
-    let mut reservation = match config
-        .store
-        .reserve_now(&store_key, fingerprint, config.lease)
-    {
-        Some(answer) => answer,
-        None => reserve_waiting(&config, &store_key, fingerprint).await,
-    };
-    if config.wait_for_in_flight.is_some()
-        && let Ok(Reservation::Held { record }) = reservation
-    {
+    // A held key may yet be sent: after waiting for its send in flight, or taken back inside
+    // the provider's window (each an option, off by default; see `wait_one`, `take_back`).
+    let mut reservation = reserve_one(&config, &store_key, fingerprint).await;
+    if let Ok(Reservation::Held { record }) = reservation {
         reservation = wait_one(&config, &store_key, fingerprint, record, &mut asked_at).await;
     }
-    if config.provider_window.is_some() {
-        reservation = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await;
-    }
+    reservation = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await;
     let token = match reservation {
         Ok(Reservation::Reserved { token }) => token,
         Ok(Reservation::TakenOver { token, previous }) => {
@@ -156,17 +143,7 @@ where
                 token,
                 fingerprint,
             };
-            // Boxed: a takeover is the rare path, and every send's future would otherwise
-            // carry room for it.
-            let decided = Box::pin(after_takeover(
-                &config,
-                held,
-                previous,
-                raw,
-                &recipients,
-                asked_at,
-            ))
-            .await;
+            let decided = after_takeover(&config, held, previous, raw, &recipients, asked_at).await;
             match decided {
                 Takeover::Send => token,
                 Takeover::Answered(answer) => return answer,
@@ -195,59 +172,21 @@ where
         token,
         fingerprint,
     };
-    let mut settle = Settle::new(Arc::clone(&config), [held], Lease::new(&config, asked_at));
+    let lease = Lease::new(&config, asked_at);
+    let mut settle = Settle::new(Arc::clone(&config), vec![held], lease);
     bump(&counters.sent);
     let kept = request.clone();
-    let mut result = match settle.hold(inner.call(request)).await {
+    let result = match settle.hold(inner.call(request)).await {
         Some(result) => result.map_err(|e| into_send_error(&config.classifier, e.into())),
         None => Err(given_up(&config, 1)),
     };
-    let unsettled = {
-        // A receipt's accepted recipients are kept by position in the request's list: only
-        // then is that list needed.
-        let recipients = match &result {
-            Ok(receipt) if !receipt.accepted.is_empty() => kept.recipients(),
-            _ => Vec::new(),
-        };
-        // A store that keeps the receipt at once is lent its strings rather than copies.
-        let settled = match &mut result {
-            Ok(receipt) => {
-                Outcome::lend_receipt(receipt, &recipients, |outcome| settle.kept_now(outcome))
-            }
-            Err(_) => false,
-        };
-        (!settled).then(|| Finish::for_result(&result, &recipients))
+    // A receipt's accepted recipients are kept by position in the request's list: only then
+    // is that list needed.
+    let recipients = match &result {
+        Ok(receipt) if !receipt.accepted.is_empty() => kept.recipients(),
+        _ => Vec::new(),
     };
-    if let Some(finish) = unsettled {
-        settle.run([finish]).await;
-    }
+    let finish = Finish::for_result(&result, &recipients);
+    settle.run(vec![finish]).await;
     result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{IdempotencyLayer, Message};
-
-    /// A send's future is boxed on every call: kept within glibc's per-thread cache of small
-    /// blocks (`tcache`, chunks up to 1,032 bytes), its allocation and free skip the
-    /// allocator's slow path, about 150 instructions a send (`benches/sends.rs`). A state
-    /// kept across an `.await` that need not be grows it past that.
-    #[test]
-    fn a_send_future_fits_the_allocators_cache_of_small_blocks() {
-        let inner =
-            tower::service_fn(|_: Message| async { Ok::<_, BoxError>(Receipt::new("m", "t")) });
-        let service = tower_layer::Layer::layer(&IdempotencyLayer::in_memory(), inner);
-        let message = Message::builder()
-            .from("a@example.com")
-            .to("b@example.com")
-            .subject("s")
-            .text("t")
-            .idempotency_key("k")
-            .build()
-            .expect("a valid message");
-        let future = send(Arc::clone(&service.config), service.inner, message);
-        let size = std::mem::size_of_val(&future);
-        assert!(size <= 1024, "a send's future is {size} bytes");
-    }
 }

@@ -7,14 +7,14 @@
 //! keeps renewing the lease, so a store that flickers does not free a key whose message went.
 
 use std::future::{Future, poll_fn};
-use std::pin::{Pin, pin};
+use std::mem;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 use super::config::Config;
 use super::key::key_hash;
@@ -22,7 +22,7 @@ use super::renew::{Backoff, Held, Lease, after, has_runtime, hold, renew_once, t
 use super::reserve::spawn_detached;
 use super::stats::{bump, bump_by};
 use crate::outcome::{Outcome, Receipt, SendError, codes};
-use crate::store::{Completion, StoreError, deadline};
+use crate::store::{Completion, StoreError};
 
 /// What to do with a reserved key once its send is over.
 pub(crate) enum Finish {
@@ -50,209 +50,98 @@ impl Finish {
     }
 }
 
-/// The keys a send holds, with one [`Finish`] each in the same shape: an array of one for a
-/// single send (nothing to allocate), a `Vec` for a batch.
-pub(crate) trait Keys: AsRef<[Held]> + Send + Sync + 'static {
-    /// One finish per key, in order.
-    type Finishes: AsRef<[Finish]> + Send + Sync + 'static;
+/// Keeps or frees the keys a send reserved once it is over: in the caller's task for at most
+/// the settle timeout, in a task of its own for what is left past it.
+pub(crate) struct Settle {
+    state: State,
 }
 
-impl Keys for [Held; 1] {
-    type Finishes = [Finish; 1];
+enum State {
+    /// Reserved and not yet settled: the layer's configuration, the keys and their lease.
+    Holding(Arc<Config>, Vec<Held>, Lease),
+    /// Their settlement, under way in the caller's task; boxed, so that what is left of it
+    /// can move to a task of its own.
+    Settling(BoxFuture<'static, ()>),
+    /// Nothing left here: settled, or handed to a task of its own.
+    Done,
 }
 
-impl Keys for Vec<Held> {
-    type Finishes = Vec<Finish>;
-}
-
-/// Keeps or frees the keys a send reserved once it is over, and, when the caller drops the
-/// send first, keeps them with an `idempotency.aborted` outcome from a background task. From
-/// the moment it exists the message may go: a drop must never free a key.
-pub(crate) struct Settle<K: Keys> {
-    /// The layer's configuration, the keys and their lease, until a settlement takes them
-    /// (the configuration with them: a clone of it is a write to a count every send shares).
-    holding: Option<(Arc<Config>, K, Lease)>,
-}
-
-impl<K: Keys> Settle<K> {
-    pub(crate) fn new(config: Arc<Config>, held: K, lease: Lease) -> Self {
+impl Settle {
+    pub(crate) fn new(config: Arc<Config>, held: Vec<Held>, lease: Lease) -> Self {
         Self {
-            holding: Some((config, held, lease)),
+            state: State::Holding(config, held, lease),
         }
     }
 
     /// Runs the send while holding its keys: their lease renewed, the send given up
     /// (`None`) past the maximum hold. See [`hold`].
-    pub(crate) async fn hold<F: Future>(&self, send: F) -> Option<F::Output> {
-        let mut send = pin!(send);
-        // A send over at its first poll needs no watch: the watch is boxed, taken only by a
-        // send that waits, so every send's future keeps no room for it.
-        if let Poll::Ready(output) = poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx))).await {
-            return Some(output);
-        }
-        match &self.holding {
-            Some((config, held, lease)) => Box::pin(hold(config, held.as_ref(), lease, send)).await,
-            None => Some(send.await),
-        }
-    }
-
-    /// Settles each held key by its finish (one per key, in order). Returns once the
-    /// settlement is over or the settle timeout passed; the settlement goes on in the
-    /// background past it, and when the caller drops this future.
     ///
-    /// The settlement is boxed before the future is made, so that future holds a pointer, not
-    /// the keys and finishes a second time. Await it at once: the keys leave `self` when it
-    /// is made, and only a polled settlement goes on after a drop.
-    pub(crate) fn run(&mut self, finishes: K::Finishes) -> impl Future<Output = ()> {
-        if self.settled_now(&finishes) {
-            self.holding = None;
-        }
-        let settlement = self.holding.take().map(|(config, held, lease)| {
-            let settle_timeout = config.settle_timeout;
-            (
-                settlement(config, held, lease, finishes).boxed(),
-                settle_timeout,
-            )
-        });
-        async move {
-            let Some((mut settlement, settle_timeout)) = settlement else {
-                return;
-            };
-            // An in-process store settles at once: no timer, no clock read.
-            if (&mut settlement).now_or_never().is_some() {
-                return;
-            }
-            if !has_runtime() {
-                return settlement.await;
-            }
-            // Boxed: only a store that did not answer at once waits here, and the send's
-            // future keeps no room for the timer.
-            Box::pin(settle_in_place(settlement, settle_timeout)).await;
+    /// Takes `&mut self` though it changes nothing: a `Settle` is `Send` but not `Sync` (a
+    /// settlement under way is not), and a shared borrow across an await would need both.
+    pub(crate) async fn hold<F: Future>(&mut self, send: F) -> Option<F::Output> {
+        match &self.state {
+            State::Holding(config, held, lease) => hold(config, held, lease, send).await,
+            State::Settling(_) | State::Done => Some(send.await),
         }
     }
 
-    /// Whether a single send's outcome was kept, or found another send's key, by a store
-    /// that answers at once ([`Store::complete_now`](crate::store::Store::complete_now)):
-    /// then there is no settlement to make, box or wait for. An error, or a store that must
-    /// wait, is left to the settlement and its retries.
-    fn settled_now(&self, finishes: &K::Finishes) -> bool {
-        let Some((config, held, _)) = &self.holding else {
-            return false;
-        };
-        let ([h], [Finish::Complete(outcome)]) = (held.as_ref(), finishes.as_ref()) else {
-            return false;
-        };
-        completed_now(config, h, outcome)
-    }
-}
-
-impl Settle<[Held; 1]> {
-    /// Keeps a single send's `outcome` through a store that answers at once, as
-    /// [`run`](Self::run) would; answers whether the send is settled (nothing left to do).
-    /// When it is not (a store that must wait, or an error), settle it by `run`, which asks
-    /// the store once more before it settles the common way.
-    pub(crate) fn kept_now(&mut self, outcome: &Outcome) -> bool {
-        let settled = match &self.holding {
-            Some((config, [h], _)) => completed_now(config, h, outcome),
-            None => false,
-        };
-        if settled {
-            self.holding = None;
-        }
-        settled
-    }
-}
-
-/// Whether `outcome` was kept for `h`, or `h`'s key was found held by another send, by a store
-/// that answers at once ([`Store::complete_now`](crate::store::Store::complete_now)).
-fn completed_now(config: &Config, h: &Held, outcome: &Outcome) -> bool {
-    let store = &config.store;
-    match store.complete_now(&h.key, h.token, h.fingerprint, outcome, config.ttl) {
-        Some(Ok(true)) => true,
-        Some(Ok(false)) => {
-            lease_lost(config, h);
-            true
-        }
-        Some(Err(_)) | None => false,
-    }
-}
-
-/// Settles in the caller's task, so a networked store's answer wakes the caller itself (no
-/// task to spawn, no hand-over). What is left when the settle timeout passes, or when the
-/// caller drops the send, goes on in a task of its own.
-///
-/// The settle timeout's timer is armed only when something else will not wake the caller by
-/// then: while the settlement waits on a store call whose own timer fires by the settle
-/// timeout (a networked store bounds each call: see [`deadline`]), that timer does, and a
-/// send arms one timer for its settlement rather than two.
-async fn settle_in_place(settlement: BoxFuture<'static, ()>, settle_timeout: Duration) {
-    let mut inline = Detachable(Some(settlement));
-    let by = deadline::later(Instant::now(), settle_timeout);
-    let mut timer: Option<Pin<Box<Sleep>>> = None;
-    let settled = poll_fn(|cx| {
-        let (polled, woken) = deadline::poll_watched(by, || inline.poll(cx));
-        if polled.is_ready() {
-            return Poll::Ready(true);
-        }
-        if woken && timer.is_none() {
-            return Poll::Pending;
-        }
-        let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(by)));
-        timer.as_mut().poll(cx).map(|()| false)
-    })
-    .await;
-    if !settled {
-        inline.detach();
-    }
-}
-
-/// A settlement polled in the caller's task until it is over, or moved to a task of its own
-/// ([`detach`](Self::detach)) to finish there: when the caller stops waiting for it, and when
-/// the caller's future is dropped with it unfinished. A settlement is never dropped half-way.
-struct Detachable(Option<BoxFuture<'static, ()>>);
-
-impl Detachable {
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(settlement) = self.0.as_mut() else {
-            return Poll::Ready(());
-        };
-        let polled = settlement.poll_unpin(cx);
-        if polled.is_ready() {
-            self.0 = None;
-        }
-        polled
-    }
-
-    fn detach(&mut self) {
-        if let Some(settlement) = self.0.take() {
-            spawn_detached(settlement);
-        }
-    }
-}
-
-impl Drop for Detachable {
-    fn drop(&mut self) {
-        self.detach();
-    }
-}
-
-impl<K: Keys> Drop for Settle<K> {
-    fn drop(&mut self) {
-        let Some((config, held, lease)) = self.holding.take() else {
+    /// Settles each held key by its finish (one per key, in order) in the caller's task, and
+    /// returns once that is over or the settle timeout passed. What is left then goes on in a
+    /// task of its own, as it does when the caller drops this future (see the `Drop` below).
+    /// Without a runtime there is no timer and no task: the settlement's one attempt.
+    pub(crate) async fn run(&mut self, finishes: Vec<Finish>) {
+        let State::Holding(config, held, lease) = mem::replace(&mut self.state, State::Done) else {
             return;
         };
-        if held.as_ref().is_empty() {
-            return;
+        let settle_timeout = config.settle_timeout;
+        let settlement = settlement(config, held, lease, finishes);
+        if !has_runtime() {
+            return settlement.await;
         }
-        let finishes: Vec<Finish> = held
-            .as_ref()
-            .iter()
-            .map(|_| {
-                bump(&config.counters.aborted);
-                Finish::Complete(Outcome::failed(SendError::aborted()))
-            })
-            .collect();
-        spawn_detached(settlement(config, held, lease, finishes));
+        self.state = State::Settling(settlement.boxed());
+        let in_place = poll_fn(|cx| self.poll_settling(cx));
+        if let Err(_elapsed) = tokio::time::timeout(settle_timeout, in_place).await {
+            self.hand_over();
+        }
+    }
+
+    fn poll_settling(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let State::Settling(settlement) = &mut self.state {
+            ready!(settlement.poll_unpin(cx));
+            self.state = State::Done;
+        }
+        Poll::Ready(())
+    }
+
+    /// Moves a settlement under way to a task of its own, to finish there.
+    fn hand_over(&mut self) {
+        if let State::Settling(rest) = mem::replace(&mut self.state, State::Done) {
+            spawn_detached(rest);
+        }
+    }
+}
+
+impl Drop for Settle {
+    /// A drop never frees a key: once a `Settle` exists its message may have gone. Keys not
+    /// yet settled are kept `idempotency.aborted`; a settlement under way goes on.
+    fn drop(&mut self) {
+        match mem::replace(&mut self.state, State::Done) {
+            State::Holding(config, held, lease) => {
+                if held.is_empty() {
+                    return;
+                }
+                let finishes = held
+                    .iter()
+                    .map(|_| {
+                        bump(&config.counters.aborted);
+                        Finish::Complete(Outcome::failed(SendError::aborted()))
+                    })
+                    .collect();
+                spawn_detached(settlement(config, held, lease, finishes));
+            }
+            State::Settling(rest) => spawn_detached(rest),
+            State::Done => {}
+        }
     }
 }
 
@@ -265,69 +154,56 @@ fn margin(lease: Duration) -> Duration {
 /// Settles `held[i]` by `finishes[i]`, retrying the keys the store failed on transiently
 /// (with jittered backoff, renewing their lease when due) until each landed, was refused,
 /// failed for good, or the lease is about to end. Without a runtime, one attempt.
-#[allow(
-    clippy::manual_async_fn,
-    reason = "an `async fn` keeps its arguments twice in its future, and this one is boxed \
-              for every send: as a block it fits glibc's fast allocation cache"
-)]
-fn settlement(
-    config: Arc<Config>,
-    held: impl AsRef<[Held]> + Send,
-    lease: Lease,
-    finishes: impl AsRef<[Finish]> + Send,
-) -> impl Future<Output = ()> + Send {
-    async move {
-        let (held, finishes) = (held.as_ref(), finishes.as_ref());
-        // Set at the first failure: a settlement that lands at once reads no clock. Retries
-        // need a runtime to sleep on, asked only once something failed.
-        let mut started = None;
-        let mut backoff = Backoff::default();
-        let mut open: Option<Vec<usize>> = None; // None: every key, on the first attempt
-        let mut attempts = 1u32;
-        loop {
-            let mut again = Vec::new();
-            let answered = |i: usize, answer: Result<bool, Arc<StoreError>>| match answer {
-                Err(error) if transient(&error) && has_runtime() => again.push((i, error)),
-                Ok(true) => {}
-                Ok(false) => not_written(&config, &held[i], &finishes[i], attempts > 1),
-                Err(error) => gave_up(&config, &held[i], &finishes[i], &error, &lease, attempts),
-            };
-            attempt(
-                &config,
-                held,
-                finishes,
-                open.as_deref(),
-                attempts > 1,
-                answered,
-            )
-            .await;
-            if again.is_empty() {
-                return;
-            }
-            // The keys settled for good: a renewal while the rest retry would find them lost.
-            for i in positions(open.as_deref(), held.len()) {
-                if !again.iter().any(|(j, _)| *j == i) {
-                    lease.stop_renewing(i);
-                }
-            }
-            let now = Instant::now();
-            let started = *started.get_or_insert(now);
-            let resume = after(now, backoff.next_delay());
-            if after(resume, margin(config.lease)) >= lease.ends()
-                || resume >= after(started, config.max_hold)
-            {
-                for (i, error) in &again {
-                    gave_up(&config, &held[*i], &finishes[*i], error, &lease, attempts);
-                }
-                return;
-            }
-            tokio::time::sleep_until(resume).await;
-            if lease.renewal_due(Instant::now()) {
-                renew_once(&config, held, &lease).await;
-            }
-            open = Some(again.into_iter().map(|(i, _)| i).collect());
-            attempts += 1;
+async fn settlement(config: Arc<Config>, held: Vec<Held>, lease: Lease, finishes: Vec<Finish>) {
+    // Set at the first failure: a settlement that lands at once reads no clock. Retries
+    // need a runtime to sleep on, asked only once something failed.
+    let mut started = None;
+    let mut backoff = Backoff::default();
+    let mut open: Option<Vec<usize>> = None; // None: every key, on the first attempt
+    let mut attempts = 1u32;
+    loop {
+        let mut again = Vec::new();
+        let answered = |i: usize, answer: Result<bool, Arc<StoreError>>| match answer {
+            Err(error) if transient(&error) && has_runtime() => again.push((i, error)),
+            Ok(true) => {}
+            Ok(false) => not_written(&config, &held[i], &finishes[i], attempts > 1),
+            Err(error) => gave_up(&config, &held[i], &finishes[i], &error, &lease, attempts),
+        };
+        attempt(
+            &config,
+            &held,
+            &finishes,
+            open.as_deref(),
+            attempts > 1,
+            answered,
+        )
+        .await;
+        if again.is_empty() {
+            return;
         }
+        // The keys settled for good: a renewal while the rest retry would find them lost.
+        for i in positions(open.as_deref(), held.len()) {
+            if !again.iter().any(|(j, _)| *j == i) {
+                lease.stop_renewing(i);
+            }
+        }
+        let now = Instant::now();
+        let started = *started.get_or_insert(now);
+        let resume = after(now, backoff.next_delay());
+        if after(resume, margin(config.lease)) >= lease.ends()
+            || resume >= after(started, config.max_hold)
+        {
+            for (i, error) in &again {
+                gave_up(&config, &held[*i], &finishes[*i], error, &lease, attempts);
+            }
+            return;
+        }
+        tokio::time::sleep_until(resume).await;
+        if lease.renewal_due(Instant::now()) {
+            renew_once(&config, &held, &lease).await;
+        }
+        open = Some(again.into_iter().map(|(i, _)| i).collect());
+        attempts += 1;
     }
 }
 
@@ -363,7 +239,8 @@ async fn attempt(
     };
     if let Some(i) = single {
         counted(1);
-        // The single send: one plain call, no batch bookkeeping on the hot path.
+        // One key settles through the store's single-key operation, several through its
+        // batch operations.
         let h = &held[i];
         let call = match &finishes[i] {
             Finish::Complete(outcome) => {

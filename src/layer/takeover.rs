@@ -109,9 +109,9 @@ pub(crate) async fn after_takeover(
             Err(SendError::unverified())
         }
     };
-    let mut settle = Settle::new(Arc::clone(config), [held], Lease::new(config, asked_at));
+    let mut settle = Settle::new(Arc::clone(config), vec![held], Lease::new(config, asked_at));
     settle
-        .run([Finish::Complete(Outcome::kept(&finish, recipients))])
+        .run(vec![Finish::Complete(Outcome::kept(&finish, recipients))])
         .await;
     // The provider's receipt answers the caller as a replay: this call sent nothing.
     Takeover::Answered(match finish {

@@ -62,24 +62,16 @@ fn bound(config: &Config) -> Option<Duration> {
 /// the bound). A store error while polling ends the wait with the last record seen.
 ///
 /// `asked_at` becomes the moment the winning reserve was asked, where the key's lease starts.
-///
-/// Whether to wait is decided before the future is made: polling is the rare path, boxed,
-/// so a send that does not wait keeps no room for it.
-pub(crate) fn wait_one<'a>(
-    config: &'a Arc<Config>,
-    key: &'a Arc<str>,
+pub(crate) async fn wait_one(
+    config: &Arc<Config>,
+    key: &Arc<str>,
     fingerprint: Fingerprint,
     record: Record,
-    asked_at: &'a mut Instant,
-) -> impl Future<Output = Result<Reservation, StoreError>> + 'a {
-    let bound = bound(config).filter(|_| in_flight(&record, fingerprint));
-    async move {
-        match bound {
-            None => Ok(Reservation::Held { record }),
-            Some(bound) => {
-                Box::pin(poll_one(config, key, fingerprint, record, asked_at, bound)).await
-            }
-        }
+    asked_at: &mut Instant,
+) -> Result<Reservation, StoreError> {
+    match bound(config).filter(|_| in_flight(&record, fingerprint)) {
+        None => Ok(Reservation::Held { record }),
+        Some(bound) => poll_one(config, key, fingerprint, record, asked_at, bound).await,
     }
 }
 

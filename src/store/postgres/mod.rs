@@ -96,8 +96,6 @@
 //! Statements are prepared once per pooled connection (deadpool's statement cache). Every
 //! operation, including the wait for a pooled connection, is bounded by a timeout
 //! ([`DEFAULT_TIMEOUT`]) and fails with a [`Timeout`](super::StoreErrorKind::Timeout) error.
-//! Under the layer, that timeout and the layer's reserve timeout are one timer, at the
-//! earlier of the two deadlines.
 //! A row that does not decode (unknown state, an outcome that is not a kept [`Outcome`], a
 //! fingerprint that is not 32 bytes) or breaks the
 //! [record rules](super::record#the-record-rules) (a pending row with an outcome, a done row
@@ -154,7 +152,7 @@ use uuid::Uuid;
 
 // `millis` is imported here so the submodules name it `super::millis`, as before it moved.
 use super::millis::millis;
-use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, deadline, record};
+use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, record};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
@@ -328,11 +326,8 @@ impl PostgresStore {
             .unwrap_or_else(|_| Err(StoreError::timeout()))
     }
 
-    /// Runs `work` within the operation timeout: one timer, shared with the layer's bound when
-    /// the layer awaits the call (see `store::deadline`).
-    ///
-    /// `work` makes the call's future where it is polled: a future passed by value would be
-    /// copied into each wrapper on its way.
+    /// Runs the call `work` makes within the operation timeout, failing it as timed out past
+    /// it: the store bounds its own calls, with the layer or without it.
     pub(crate) fn bounded<T, F>(
         &self,
         work: impl FnOnce() -> F,
@@ -340,7 +335,12 @@ impl PostgresStore {
     where
         F: Future<Output = Result<T, StoreError>>,
     {
-        deadline::store_call(self.timeout, work)
+        let timeout = self.timeout;
+        async move {
+            tokio::time::timeout(timeout, work())
+                .await
+                .unwrap_or_else(|_elapsed| Err(StoreError::timeout()))
+        }
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {

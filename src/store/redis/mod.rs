@@ -152,8 +152,7 @@
 //! Every operation is bounded by a timeout ([`DEFAULT_TIMEOUT`], 2 s, set with
 //! [`RedisStore::timeout`]); when it passes the operation fails with a
 //! [`Timeout`](super::StoreErrorKind::Timeout) error. A timed-out `reserve` may still have
-//! reserved the key on the server; the lease frees it. Under the layer, that timeout and the
-//! layer's reserve timeout are one timer, at the earlier of the two deadlines.
+//! reserved the key on the server; the lease frees it.
 
 use std::fmt;
 use std::sync::Arc;
@@ -163,7 +162,7 @@ use futures_util::future::{BoxFuture, FutureExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 
-use super::{Completion, Reservation, Store, StoreError, Token, deadline, record};
+use super::{Completion, Reservation, Store, StoreError, Token, record};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
@@ -387,11 +386,8 @@ impl RedisStore {
         k
     }
 
-    /// Runs `operation` within the timeout: one timer, shared with the layer's bound when the
-    /// layer awaits the call (see `store::deadline`).
-    ///
-    /// `operation` makes the call's future where it is polled: a future passed by value
-    /// would be copied into each wrapper on its way (a kilobyte, several times a call).
+    /// Runs the call `operation` makes within the timeout, failing it as timed out past it:
+    /// the store bounds its own calls, with the layer or without it.
     fn bounded<T, F>(
         &self,
         operation: impl FnOnce() -> F,
@@ -399,7 +395,12 @@ impl RedisStore {
     where
         F: Future<Output = Result<T, StoreError>>,
     {
-        deadline::store_call(self.timeout, operation)
+        let timeout = self.timeout;
+        async move {
+            tokio::time::timeout(timeout, operation())
+                .await
+                .unwrap_or_else(|_elapsed| Err(StoreError::timeout()))
+        }
     }
 
     async fn reserve_once(
