@@ -16,14 +16,14 @@
 //! `.ci/run` does) nothing is probed and every flag is set: every backend test runs, and fails
 //! when its server is missing.
 
-#[path = "../tests/support/probe.rs"]
+#[path = "tests/support/probe.rs"]
 mod probe;
 
 const REQUIRE_BACKENDS_VAR: &str = "TOWER_IDEMPOTENCY_REQUIRE_BACKENDS";
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
-    println!("cargo::rerun-if-changed=../tests/support/probe.rs");
+    println!("cargo::rerun-if-changed=tests/support/probe.rs");
     println!("cargo::rerun-if-env-changed={REQUIRE_BACKENDS_VAR}");
     println!("cargo::rerun-if-env-changed=TOWER_IDEMPOTENCY_PROBE");
     let required = std::env::var_os(REQUIRE_BACKENDS_VAR).is_some();
