@@ -1,6 +1,6 @@
 //! A fresh clone's first command stays fast: `cargo run -p quickstart` builds the library with
-//! `sqlite` and the quickstart's own few dependencies, never a crate that only the library's
-//! tests, benches and examples need (web servers and clients, criterion, proptest, ...).
+//! `sqlite` and the quickstart's own few dependencies, never one of the crates the library's
+//! tests, benches and examples depend on (web servers and clients, criterion, proptest, ...).
 //!
 //! The quickstart is a package of its own (examples/quickstart), so cargo resolves its build
 //! without the library's dev-dependencies; this checks that it stays so. `cargo tree -p
@@ -75,7 +75,7 @@ fn dev_dependencies() -> BTreeSet<String> {
 }
 
 #[test]
-fn the_quickstart_builds_no_crate_that_only_the_librarys_dev_dependencies_bring() {
+fn the_quickstart_builds_none_of_the_librarys_dev_dependencies() {
     let quickstart = build_set("quickstart", &[]);
     assert!(
         quickstart.contains(LIBRARY) && quickstart.contains("rusqlite"),
