@@ -59,11 +59,12 @@ fn main() {
         }
     }
 
-    let binaries: [(&str, &str, fn() -> bool, &str); 2] = [
+    // The binaries are looked for only when their feature is built: `found` is called then.
+    for (cfg, feature, found, what) in [
         (
             probe::REDIS_BINARIES_CFG,
             "redis",
-            probe::redis_binaries,
+            probe::redis_binaries as fn() -> bool,
             "redis-server and redis-cli",
         ),
         (
@@ -72,8 +73,7 @@ fn main() {
             probe::postgres_binaries,
             "PostgreSQL's initdb and pg_ctl",
         ),
-    ];
-    for (cfg, feature, found, what) in binaries {
+    ] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
         if required || (built_with(feature) && found()) {
             println!("cargo::rustc-cfg={cfg}");
