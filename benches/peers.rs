@@ -12,8 +12,8 @@
 //!   through the same client (`SET NX GET`, then a fenced write of the done record), alone and
 //!   after SHA-256 over the body, with none of our code.
 //!
-//! The peer is a dev-dependency of the `suite` member only: no user and not the quickstart
-//! builds it. `cargo bench --bench peers -- --warm-up-time 1 --measurement-time 3`.
+//! The peer is a dev-dependency only: no user and not the quickstart builds it. `cargo bench
+//! --bench peers -- --warm-up-time 1 --measurement-time 3`.
 //!
 //! On a shared, noisy machine, `PEERS_INTERLEAVED=15 cargo bench --bench peers` instead
 //! times ours against the peer with SHA-256, over the same bytes and over the body (memory,

@@ -1,5 +1,5 @@
 //! The production stack against an HTTP provider:
-//! `cargo run --example provider_stack` (built by the `suite` member, with every feature).
+//! `cargo run --example provider_stack` (the `http` feature).
 //!
 //! ```text
 //! IdempotencyLayer          one reservation for all attempts

@@ -4,7 +4,7 @@ mod support;
 
 // The example itself, so this test runs exactly what a user runs; its `main` is unused here.
 #[allow(dead_code)]
-#[path = "../examples/quickstart.rs"]
+#[path = "../examples/quickstart/src/main.rs"]
 mod quickstart;
 
 use support::stores::SqliteDir;

@@ -1,15 +1,18 @@
 //! `SqliteStore`: the conformance suite; two OS processes over one file; a process killed
 //! while it holds a key; a locked or unreadable file; the purge; claim-then-send.
 //!
-//! The multi-process tests spawn the suite's binary `sqlite-child` (tests/bin/sqlite_child.rs)
-//! with the environment variables below saying what to do. Parent
-//! and children talk over the children's stdin and stdout, so every step waits for a signal,
-//! never for a guessed time.
+//! The multi-process tests spawn this test binary again as their children, each running only
+//! the test that spawned it, which plays the child's part ([`child`]). Parent and children
+//! talk over the children's stdin and stdout, so every step waits for a signal, never for a
+//! guessed time.
 
+// Beside this file rather than `tests/child.rs`, which cargo would take for a test of its own.
+#[path = "sqlite/child.rs"]
+mod child;
 mod support;
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use support::stores::{SqliteDir, broken_records, fp};
@@ -46,13 +49,9 @@ mod sqlite_conformance {
     );
 }
 
-/// The database file a child process opens.
-const CHILD_DB: &str = "TOWER_IDEMPOTENCY_SQLITE_CHILD_DB";
-/// What a child process does: `duplicates` or `hold`.
-const CHILD_ROLE: &str = "TOWER_IDEMPOTENCY_SQLITE_CHILD_ROLE";
 /// How many duplicates each child sends at once.
 const DUPLICATES: usize = 50;
-/// The lease of the key the killed child holds (`HOLD_LEASE` in tests/bin/sqlite_child.rs).
+/// The lease of the key the killed child holds.
 const HOLD_LEASE: Duration = Duration::from_secs(1);
 /// Every wait on a child is bounded by this.
 const CHILD_BOUND: Duration = Duration::from_secs(60);
@@ -70,21 +69,20 @@ fn alert() -> Message {
     message(Some("order.created:ord_1"), "Order ord_1 paid.")
 }
 
-/// A child process in `role` on the file at `path`, with its stdout read line by line.
+/// A child process in `role` on the file at `path`, running the test `test` (the caller),
+/// with its stdout read line by line.
 ///
-/// Plain `std::process` (tokio's `process` feature would reach the quickstart's build through
-/// cargo's feature unification): a thread of its own reads the child's stdout and hands each
-/// line over a channel, so waiting for a line is an async wait bounded by a timeout.
+/// Plain `std::process`, so the tests need no tokio `process` feature: a thread of its own
+/// reads the child's stdout and hands each line over a channel, so waiting for a line is an
+/// async wait bounded by a timeout.
 struct ChildProcess {
     child: Child,
     lines: mpsc::UnboundedReceiver<String>,
 }
 
 impl ChildProcess {
-    fn spawn(path: &std::path::Path, role: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sqlite-child"))
-            .env(CHILD_DB, path)
-            .env(CHILD_ROLE, role)
+    fn spawn(test: &str, path: &std::path::Path, role: &str) -> Self {
+        let mut child = child::command(test, path, role)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -158,16 +156,22 @@ fn count(result: &str, name: &str) -> usize {
         .unwrap_or_else(|| panic!("no {name} in {result:?}"))
 }
 
+/// The next test's name: its children run it (see [`child::command`]).
+const TWO_PROCESSES: &str = "two_processes_sending_fifty_duplicates_each_reach_the_provider_once";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_sending_fifty_duplicates_each_reach_the_provider_once() {
+    if child::play_if_child().await {
+        return;
+    }
     let dir = SqliteDir::new("two-processes");
     let path = dir.file();
     // The file exists, in WAL mode with its table, before the children race on it.
     let store = SqliteStore::open(&path).await.unwrap();
 
     let mut children = [
-        ChildProcess::spawn(&path, "duplicates"),
-        ChildProcess::spawn(&path, "duplicates"),
+        ChildProcess::spawn(TWO_PROCESSES, &path, "duplicates"),
+        ChildProcess::spawn(TWO_PROCESSES, &path, "duplicates"),
     ];
     for child in &mut children {
         child.said("ready").await;
@@ -207,8 +211,14 @@ async fn two_processes_sending_fifty_duplicates_each_reach_the_provider_once() {
     assert_eq!(provider.calls(), 0);
 }
 
+/// The next test's name: its child runs it (see [`child::command`]).
+const SIGKILL: &str = "a_key_held_by_a_process_killed_with_sigkill_is_free_after_its_lease";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_held_by_a_process_killed_with_sigkill_is_free_after_its_lease() {
+    if child::play_if_child().await {
+        return;
+    }
     let dir = SqliteDir::new("sigkill");
     let path = dir.file();
     let store = SqliteStore::open(&path).await.unwrap();
@@ -217,7 +227,7 @@ async fn a_key_held_by_a_process_killed_with_sigkill_is_free_after_its_lease() {
         .layer(layer(store.clone(), HOLD_LEASE))
         .service(provider.clone());
 
-    let mut child = ChildProcess::spawn(&path, "hold");
+    let mut child = ChildProcess::spawn(SIGKILL, &path, "hold");
     child.said("holding").await;
     let error = send(&mut service, alert()).await.unwrap_err();
     assert_eq!(error.code(), codes::IN_FLIGHT, "the child holds the key");

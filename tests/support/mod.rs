@@ -1,7 +1,7 @@
 //! What the integration tests share, one module per area. Here: messages, a counting
 //! provider, a store wrapper that counts calls and fails on command, a tracing capture and a
 //! bounded wait. [`stores`]: the backend tests' servers and admin connections. [`probe`]: which
-//! servers and server binaries this machine has (read by suite/build.rs too).
+//! servers and server binaries this machine has (read by build.rs too).
 //! [`servers`]: servers of the tests' own, for the tests that kill connections.
 //! [`http`]: the one fake HTTP provider and the real clients.
 //!

@@ -1,7 +1,7 @@
 //! Which servers and server binaries the backend tests can use on this machine. Read by the
-//! suite's build script (suite/build.rs), which turns the answers into `cfg` flags that mark
-//! the tests that cannot run as ignored, and by [`super::stores`] and [`super::servers`],
-//! which find the same servers and binaries when the tests run.
+//! package's build script (build.rs), which turns the answers into `cfg` flags that mark the
+//! tests that cannot run as ignored, and by [`super::stores`] and [`super::servers`], which
+//! find the same servers and binaries when the tests run.
 //!
 //! Only `std`: a build script has no other dependency.
 
@@ -19,6 +19,9 @@ pub struct Server {
     pub default: &'static str,
     /// The `cfg` flag the build script sets when it answers.
     pub cfg: &'static str,
+    /// The library's feature that the tests using it need: the build script looks for the
+    /// server only when the library is built with it.
+    pub feature: &'static str,
 }
 
 /// The shared servers, in the order the build script reports them.
@@ -27,17 +30,20 @@ pub const SERVERS: [Server; 3] = [
         var: "REDIS_URL",
         default: "redis://127.0.0.1:6379",
         cfg: "backend_redis",
+        feature: "redis",
     },
     Server {
         var: "REDIS_CLUSTER_URLS",
         // The ports of .ci/redis-cluster.sh.
         default: "redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003",
         cfg: "backend_redis_cluster",
+        feature: "redis-cluster",
     },
     Server {
         var: "DATABASE_URL",
         default: "postgres://postgres@127.0.0.1:5432/test",
         cfg: "backend_postgres",
+        feature: "postgres",
     },
 ];
 

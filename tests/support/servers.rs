@@ -7,7 +7,7 @@
 //! PostgreSQL's from `pg_config --bindir` or `/usr/lib/postgresql/*/bin`), found by
 //! [`super::probe`]. When one is missing, the tests that need it are ignored (they carry
 //! `#[cfg_attr(not(backend_redis_binaries), ignore = "...")]` or its PostgreSQL twin; see
-//! suite/build.rs).
+//! build.rs).
 //!
 //! A per-test server is killed when dropped. The per-binary clusters live in statics, which
 //! are never dropped: a watchdog process stops them when the test binary exits, however it

@@ -2,7 +2,7 @@
 //! no other test or run shares, and admin connections that go around the store.
 //!
 //! A backend test runs only when its server answered when the suite was built, and is
-//! reported as ignored otherwise (suite/build.rs, with the trade-off of a probe as old as the
+//! reported as ignored otherwise (build.rs, with the trade-off of a probe as old as the
 //! build). It says so with an attribute, one per server:
 //!
 //! ```text
@@ -19,7 +19,7 @@ use tower_idempotency::store::Token;
 use super::probe::SERVERS;
 
 /// The environment variable that makes every backend test run, and fail when its server is
-/// missing, instead of being ignored (CI sets it; see suite/build.rs).
+/// missing, instead of being ignored (CI sets it; see build.rs).
 pub const REQUIRE_BACKENDS_VAR: &str = "TOWER_IDEMPOTENCY_REQUIRE_BACKENDS";
 
 /// The URL of the server that `var` names (`REDIS_URL`, `REDIS_CLUSTER_URLS`, `DATABASE_URL`):
@@ -34,7 +34,7 @@ pub fn backend_url(var: &str) -> Option<String> {
         .iter()
         .find(|s| s.var == var)
         .unwrap_or_else(|| panic!("{var} names no backend server of tests/support/probe.rs"));
-    // What suite/build.rs found, by flag.
+    // What build.rs found, by flag.
     let found = [
         ("backend_redis", cfg!(backend_redis)),
         ("backend_redis_cluster", cfg!(backend_redis_cluster)),

@@ -1,70 +1,64 @@
-//! The child process of the multi-process tests in `tests/sqlite.rs`: a process of its own
-//! over one SQLite file, told what to do by two environment variables and stepped by its
-//! parent over stdin and stdout (`CHILD <word>` lines), so every step waits for a signal.
-//!
-//! A binary of the `suite` package (not a test), so a normal test run never reports it.
+//! The child process of the multi-process tests: this test binary started again by the test
+//! that needs a second process, to run only that test (`--exact`), which plays the child's
+//! part before anything else when the variables below say so. The child works on one SQLite
+//! file and is stepped by its parent over stdin and stdout (`CHILD <word>` lines), so every
+//! step waits for a signal.
 
+use std::io::BufRead;
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::outcome::codes;
 use tower_idempotency::store::SqliteStore;
-use tower_idempotency::{BoxError, IdempotencyLayer, Message, Receipt};
+use tower_idempotency::{BoxError, Message, Receipt};
+
+use super::{DUPLICATES, HOLD_LEASE, alert, layer};
 
 /// The database file the child opens.
 const CHILD_DB: &str = "TOWER_IDEMPOTENCY_SQLITE_CHILD_DB";
-/// What the child does: `duplicates` or `hold`.
+/// What the child does: `duplicates` or `hold`. Set only in a child.
 const CHILD_ROLE: &str = "TOWER_IDEMPOTENCY_SQLITE_CHILD_ROLE";
-/// How many duplicates the child sends at once; `tests/sqlite.rs` expects the same number.
-const DUPLICATES: usize = 50;
-/// The lease of the key a `hold` child holds; `tests/sqlite.rs` waits it out.
-const HOLD_LEASE: Duration = Duration::from_secs(1);
 
-fn layer(store: SqliteStore, lease: Duration) -> IdempotencyLayer {
-    IdempotencyLayer::builder()
-        .store(store)
-        .namespace("multi-process")
-        .lease(lease)
-        .build()
-        .expect("a valid layer")
+/// This test binary, to run only `test` as a child in `role` on the file at `path`. `test` is
+/// the name of the test that spawns it: the child runs that test, which plays the role
+/// (see [`play_if_child`]). A name that matches no test runs none, and the child ends
+/// without a word, which fails its parent.
+pub fn command(test: &str, path: &Path, role: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().expect("the test binary's path"));
+    // `--nocapture`: the child's lines reach its stdout; `--quiet`: libtest writes no
+    // `test <name> ...` before them.
+    command
+        .args([test, "--exact", "--nocapture", "--quiet"])
+        .env(CHILD_DB, path)
+        .env(CHILD_ROLE, role);
+    command
 }
 
-/// The one message every process sends (the tests' `support::message` shape).
-fn alert() -> Message {
-    Message::builder()
-        .from("shop@example.com")
-        .to("seller@example.com")
-        .subject("New order")
-        .text("Order ord_1 paid.")
-        .idempotency_key("order.created:ord_1")
-        .build()
-        .expect("valid test message")
-}
-
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let (Ok(path), Ok(role)) = (std::env::var(CHILD_DB), std::env::var(CHILD_ROLE)) else {
-        eprintln!(
-            "sqlite-child runs under tests/sqlite.rs, which sets {CHILD_DB} and {CHILD_ROLE}"
-        );
-        std::process::exit(2);
+/// In a child, plays the role its variables name and answers `true`: the calling test then
+/// ends there. In the parent (no role set) does nothing and answers `false`.
+pub async fn play_if_child() -> bool {
+    let Ok(role) = std::env::var(CHILD_ROLE) else {
+        return false;
     };
+    let path = std::env::var_os(CHILD_DB).expect("a child is told its file");
     let store = SqliteStore::open(&path)
         .await
         .expect("the child opens the file");
     match role.as_str() {
-        "duplicates" => child_sends_duplicates(store).await,
-        "hold" => child_holds_a_key(store).await,
+        "duplicates" => sends_duplicates(store).await,
+        "hold" => holds_a_key(store).await,
         other => panic!("unknown child role {other:?}"),
     }
+    true
 }
 
 /// Says `ready`, waits for `go` on stdin, sends [`DUPLICATES`] copies of one message at
 /// once, and says how they were answered.
-async fn child_sends_duplicates(store: SqliteStore) {
+async fn sends_duplicates(store: SqliteStore) {
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&calls);
     // Slow enough that the duplicates of both processes arrive while the send runs.
@@ -80,9 +74,7 @@ async fn child_sends_duplicates(store: SqliteStore) {
         .service(provider);
     println!("CHILD ready");
     let mut line = String::new();
-    BufReader::new(tokio::io::stdin())
-        .read_line(&mut line)
-        .await
+    tokio::task::block_in_place(|| std::io::stdin().lock().read_line(&mut line))
         .expect("the parent says go");
     let tasks: Vec<_> = (0..DUPLICATES)
         .map(|_| tokio::spawn(service.clone().oneshot(alert())))
@@ -107,7 +99,7 @@ async fn child_sends_duplicates(store: SqliteStore) {
 
 /// Sends a message whose provider never answers, says `holding` once the provider has it
 /// (the key is then reserved, its lease renewed), and waits to be killed.
-async fn child_holds_a_key(store: SqliteStore) {
+async fn holds_a_key(store: SqliteStore) {
     let provider = tower::service_fn(|_: Message| async {
         println!("CHILD holding");
         std::future::pending::<Result<Receipt, BoxError>>().await

@@ -1,4 +1,4 @@
-//! The main job, on a store that survives the process: `cargo run --example quickstart`,
+//! The main job, on a store that survives the process: `cargo run -p quickstart`,
 //! then run it again.
 //!
 //! A fake provider counts and prints what it sends. Behind `IdempotencyLayer`, on a
@@ -6,7 +6,7 @@
 //! again is answered from the store, another message under the same key is refused, and 20
 //! concurrent duplicates reach the provider once. A second run is the real case, a job that
 //! ran twice: every send is answered from the file, and the provider is called zero times.
-//! `cargo run --example quickstart -- --fresh` deletes the file first.
+//! `cargo run -p quickstart -- --fresh` deletes the file first.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -38,7 +38,7 @@ pub async fn run(path: &Path) -> Result<usize, BoxError> {
         println!(
             "second run (or later): the file kept what the first run sent, so every send \
              below is answered from the store, nothing sent again\n(start over with \
-             `cargo run --example quickstart -- --fresh`)\n"
+             `cargo run -p quickstart -- --fresh`)\n"
         );
     }
 

@@ -1,0 +1,84 @@
+//! The tests' probe: finds the servers the backend tests need, so that a test that cannot run
+//! is reported as ignored, never as passed.
+//!
+//! libtest cannot ignore a test at run time, so the probe runs here, when the library is
+//! built: for each shared server (tests/support/probe.rs), its variable's URL (`REDIS_URL`,
+//! `REDIS_CLUSTER_URLS`, `DATABASE_URL`) or else its default local address is tried with a
+//! short connect timeout, and the server binaries for the tests' own servers are looked for.
+//! Each that is there sets a `cfg` flag; each backend test carries
+//! `#[cfg_attr(not(<flag>), ignore = "...")]`.
+//!
+//! Only a build with the feature a server serves looks for it (`CARGO_FEATURE_REDIS` for
+//! Redis and `redis-server`, `CARGO_FEATURE_REDIS_CLUSTER`, `CARGO_FEATURE_POSTGRES` for
+//! PostgreSQL and its binaries). The tests' builds have every feature (the package's
+//! dev-dependency on itself), so they look for every server; the quickstart's build
+//! (`sqlite` only) and a plain `cargo build` connect to nothing. The published crate leaves
+//! this file out (the `include` list in Cargo.toml), so no user runs it.
+//!
+//! The trade-off: the answer is as old as the build. Cargo runs this script again when one of
+//! the variables it names changes, not when a server starts or stops. A server started after
+//! the build leaves its tests ignored (their reason says so) until the library is built
+//! again: set `TOWER_IDEMPOTENCY_PROBE` to a new value, or touch this file. A server stopped
+//! after the build makes its tests fail, never pass. With `TOWER_IDEMPOTENCY_REQUIRE_BACKENDS`
+//! set (as `.ci/run` does) nothing is probed and every flag is set: every backend test runs,
+//! and fails when its server is missing.
+
+#[path = "tests/support/probe.rs"]
+mod probe;
+
+const REQUIRE_BACKENDS_VAR: &str = "TOWER_IDEMPOTENCY_REQUIRE_BACKENDS";
+
+/// Whether the library is being built with `feature` (cargo sets `CARGO_FEATURE_<NAME>`).
+fn built_with(feature: &str) -> bool {
+    let name = feature.to_uppercase().replace('-', "_");
+    std::env::var_os(format!("CARGO_FEATURE_{name}")).is_some()
+}
+
+fn main() {
+    println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rerun-if-changed=tests/support/probe.rs");
+    println!("cargo::rerun-if-env-changed={REQUIRE_BACKENDS_VAR}");
+    println!("cargo::rerun-if-env-changed=TOWER_IDEMPOTENCY_PROBE");
+    let required = std::env::var_os(REQUIRE_BACKENDS_VAR).is_some();
+
+    for server in &probe::SERVERS {
+        println!("cargo::rustc-check-cfg=cfg({})", server.cfg);
+        if required {
+            println!("cargo::rustc-cfg={}", server.cfg);
+        } else if built_with(server.feature) {
+            println!("cargo::rerun-if-env-changed={}", server.var);
+            if server.answers() {
+                println!("cargo::rustc-cfg={}", server.cfg);
+            } else {
+                println!(
+                    "cargo::warning=no server answers at {} ({}): its tests are ignored",
+                    server.url(),
+                    server.var
+                );
+            }
+        }
+    }
+
+    // The binaries are looked for only when their feature is built: `found` is called then.
+    for (cfg, feature, found, what) in [
+        (
+            probe::REDIS_BINARIES_CFG,
+            "redis",
+            probe::redis_binaries as fn() -> bool,
+            "redis-server and redis-cli",
+        ),
+        (
+            probe::POSTGRES_BINARIES_CFG,
+            "postgres",
+            probe::postgres_binaries,
+            "PostgreSQL's initdb and pg_ctl",
+        ),
+    ] {
+        println!("cargo::rustc-check-cfg=cfg({cfg})");
+        if required || (built_with(feature) && found()) {
+            println!("cargo::rustc-cfg={cfg}");
+        } else if built_with(feature) {
+            println!("cargo::warning={what} not found: the tests that start their own are ignored");
+        }
+    }
+}
