@@ -13,7 +13,8 @@
 //!
 //! Every answer the idempotency layer makes itself (in flight, replayed, aborted, store failed)
 //! is of category `Unknown` except `key_reused`, a validation error. Use
-//! [`counts_against_provider`] to keep those answers out of a circuit breaker's count.
+//! [`counts_against_provider`](crate::classify::counts_against_provider) to keep those answers
+//! out of a circuit breaker's count.
 
 use std::borrow::Cow;
 use std::error::Error;
@@ -21,9 +22,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::classify::{AsSendError, counts_against_provider};
 use crate::message::KeyError;
-use crate::store::StoreError;
 
 /// The error type of inner services: any error that is `Send + Sync`.
 pub type BoxError = Box<dyn Error + Send + Sync>;
@@ -339,7 +338,10 @@ impl SendError {
     }
 
     /// The layer's answer when the store could not reserve the key; the message was not sent.
-    pub fn store_failed(error: StoreError) -> Self {
+    ///
+    /// `error` is the store's error (a [`StoreError`](crate::store::StoreError) from a
+    /// [`Store`](crate::store::Store)), kept as the [source](Error::source).
+    pub fn store_failed(error: impl Into<BoxError>) -> Self {
         Self::new(
             codes::STORE_FAILED,
             Category::Unknown,
@@ -719,26 +721,16 @@ mod tests {
 
     #[test]
     fn layer_answers_are_unknown_except_key_reused() {
-        let store = SendError::store_failed(StoreError::timeout());
+        let timed_out = std::io::Error::from(std::io::ErrorKind::TimedOut);
+        let store = SendError::store_failed(timed_out);
         for e in [SendError::in_flight(), SendError::aborted(), store.clone()] {
             assert_eq!(e.category(), Category::Unknown, "{}", e.code());
             assert!(e.is_idempotency_answer());
-            assert!(!counts_against_provider(&Err::<(), _>(e)));
+            assert!(!e.counts_against_provider());
         }
         assert!(store.is_retryable());
         assert_eq!(SendError::key_reused().category(), Category::Validation);
         assert!(!SendError::key_reused().is_retryable());
-    }
-
-    #[test]
-    fn provider_failures_count_and_caller_errors_do_not() {
-        let boxed: BoxError = Box::new(SendError::permanent("provider.422", "bad"));
-        assert!(!counts_against_provider(&Err::<(), _>(boxed)));
-        let other: BoxError = "connection reset".into();
-        assert!(counts_against_provider(&Err::<(), _>(other)));
-        assert!(counts_against_provider(&Err::<(), _>(
-            SendError::unknown_delivery("provider.500", "500")
-        )));
     }
 
     #[test]
@@ -751,9 +743,9 @@ mod tests {
             "still handling an earlier request under this key",
         );
         assert!(!in_flight.is_idempotency_answer());
-        assert!(!counts_against_provider(&Err::<(), _>(in_flight)));
+        assert!(!in_flight.counts_against_provider());
         // The prefix is the whole rule: a code that only looks alike still counts.
         let lookalike = SendError::new("provider.idempotency", Category::Unknown, true, "500");
-        assert!(counts_against_provider(&Err::<(), _>(lookalike)));
+        assert!(lookalike.counts_against_provider());
     }
 }
