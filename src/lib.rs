@@ -180,6 +180,9 @@
 //!   and [`IdempotentRequest`](layer::IdempotentRequest) for your own request types.
 //! - [`batch`]: [`Batch`](batch::Batch) and its outcomes, for providers that take batches.
 //! - [`retry`]: [`RetryPolicy`], which retries only what certainly did not go.
+//! - [`verify`]: [`Verify`](verify::Verify), the question "did the provider take this
+//!   message?" a service of yours answers ([`Verified`](verify::Verified)), for the
+//!   reconciler and for takeovers.
 //! - [`reconcile`]: the [`Reconciler`](reconcile::Reconciler), which asks the provider what
 //!   became of the messages of unknown delivery and settles their keys.
 //!
@@ -211,6 +214,7 @@ pub mod outcome;
 pub mod reconcile;
 pub mod retry;
 pub mod store;
+pub mod verify;
 
 pub use classify::counts_against_provider;
 pub use fingerprint::{Fingerprint, Fingerprinted};

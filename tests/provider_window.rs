@@ -15,7 +15,7 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_idempotency::http::{HttpTransport, ResendCodec};
 use tower_idempotency::layer::IdempotencyLayerBuilder;
 use tower_idempotency::outcome::codes;
-use tower_idempotency::reconcile::{Verified, Verify};
+use tower_idempotency::verify::{Verified, Verify};
 use tower_idempotency::store::Store;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
 

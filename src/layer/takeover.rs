@@ -19,7 +19,7 @@ use super::resend::inside_window;
 use super::settle::{Finish, Settle};
 use super::stats::bump;
 use crate::outcome::{Outcome, Receipt, SendError, codes};
-use crate::reconcile::{Verified, Verify};
+use crate::verify::{Verified, Verify};
 use crate::store::Record;
 
 /// What a send does after taking its key over.

@@ -9,7 +9,7 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::report::{ReconcileCounters, ReconcileReport};
-use super::verify::{Verified, Verify};
+use crate::verify::{Verified, Verify};
 use super::{TARGET, key_hash};
 use crate::layer::{KeyForm, StoredKeys};
 use crate::outcome::BoxError;
@@ -47,7 +47,8 @@ pub const DEFAULT_DELIVERED_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// ```
 /// use std::time::Duration;
 /// use tower_idempotency::layer::{KeyForm, StoredKeys};
-/// use tower_idempotency::reconcile::{Reconciler, Verified, Verify};
+/// use tower_idempotency::reconcile::Reconciler;
+/// use tower_idempotency::verify::{Verified, Verify};
 /// use tower_idempotency::{BoxError, MemoryStore};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), BoxError> {
@@ -212,7 +213,7 @@ where
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use tower_idempotency::{MemoryStore, reconcile::{Reconciler, Verified, Verify}};
+    /// # use tower_idempotency::{MemoryStore, reconcile::Reconciler, verify::{Verified, Verify}};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let verify = tower::service_fn(|_: Verify| async { Ok::<_, std::convert::Infallible>(Verified::Unknown) });
     /// let reconciler = Reconciler::new(MemoryStore::new(), verify);
