@@ -324,7 +324,7 @@ impl SqliteStore {
 
     /// The store error for a failed statement.
     fn failure(&self, error: &rusqlite::Error) -> StoreError {
-        writer::failure(error, &self.inner.path)
+        session::failure(error, &self.inner.path)
     }
 
     /// Writes `claim` through `connection`, a connection of your own to the same file, inside
@@ -397,7 +397,7 @@ impl SqliteStore {
                     .query_map([i64::from(limit)], |row| row.get::<_, String>(0))?
                     .collect::<Result<Vec<_>, _>>()
             });
-            keys.map_err(|e| writer::failure(&e, &path))
+            keys.map_err(|e| session::failure(&e, &path))
         })
         .await
     }
@@ -432,7 +432,7 @@ fn reserve(
     let before = session
         .statement(sql::BEFORE_RESERVE)
         .and_then(|statement| statement.query_row([key], row::Before::read).optional())
-        .map_err(|e| writer::failure(&e, path))?;
+        .map_err(|e| session::failure(&e, path))?;
     let found = session
         .statement(sql::RESERVE)
         .and_then(|statement| {
@@ -446,7 +446,7 @@ fn reserve(
                 row::Found::read,
             )
         })
-        .map_err(|e| writer::failure(&e, path))?;
+        .map_err(|e| session::failure(&e, path))?;
     found.reservation(token, before, path)
 }
 
@@ -471,7 +471,7 @@ fn complete(
                 ttl
             ])
         })
-        .map_err(|e| writer::failure(&e, path))
+        .map_err(|e| session::failure(&e, path))
 }
 
 /// One release, on the store's thread: whether it deleted.
@@ -485,7 +485,7 @@ fn release(
         .statement(sql::RELEASE)
         .and_then(|statement| statement.execute(rusqlite::params![key, &token.as_bytes()[..]]))
         .map(|deleted| deleted > 0)
-        .map_err(|e| writer::failure(&e, path))
+        .map_err(|e| session::failure(&e, path))
 }
 
 impl Store for SqliteStore {
@@ -540,7 +540,7 @@ impl Store for SqliteStore {
                     statement.execute(rusqlite::params![key, &token.as_bytes()[..], lease])
                 })
                 .map(|moved| moved > 0)
-                .map_err(|e| writer::failure(&e, &path))
+                .map_err(|e| session::failure(&e, &path))
         }))
     }
 
@@ -567,7 +567,7 @@ impl Store for SqliteStore {
                     ])
                 })
                 .map(|taken| taken.then_some(token))
-                .map_err(|e| writer::failure(&e, &path))
+                .map_err(|e| session::failure(&e, &path))
         }))
     }
 
