@@ -15,8 +15,8 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_idempotency::http::{HttpTransport, ResendCodec};
 use tower_idempotency::layer::IdempotencyLayerBuilder;
 use tower_idempotency::outcome::codes;
-use tower_idempotency::verify::{Verified, Verify};
 use tower_idempotency::store::Store;
+use tower_idempotency::verify::{Verified, Verify};
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
 
 /// The lease every test holds keys for: short, so that a crashed owner's passes quickly.

@@ -18,8 +18,8 @@ use super::stats::Counters;
 use crate::classify::Classifier;
 use crate::message::{Message, RawMessage};
 use crate::outcome::{BoxError, Category};
-use crate::verify::{Verified, Verify};
 use crate::store::Store;
+use crate::verify::{Verified, Verify};
 
 /// The default lease: how long a reservation holds a key before it must be renewed, and so
 /// how long a crashed process holds its keys.

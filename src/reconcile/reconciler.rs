@@ -9,11 +9,11 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::report::{ReconcileCounters, ReconcileReport};
-use crate::verify::{Verified, Verify};
 use super::{TARGET, key_hash};
 use crate::layer::{KeyForm, StoredKeys};
 use crate::outcome::BoxError;
 use crate::store::admin::{AdminOutcome, Cursor, Force, Inspected, Resolution, StoreAdmin};
+use crate::verify::{Verified, Verify};
 
 /// How many keys one pass checks unless told otherwise.
 pub const DEFAULT_MAX_KEYS_PER_PASS: usize = 100;

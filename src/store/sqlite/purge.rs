@@ -16,9 +16,7 @@ impl SqliteStore {
         loop {
             let path = self.inner.path.clone();
             let deleted = self
-                .call(move |session| {
-                    purge(session, batch).map_err(|e| failure(&e, &path))
-                })
+                .call(move |session| purge(session, batch).map_err(|e| failure(&e, &path)))
                 .await?;
             purged += deleted;
             if deleted < u64::from(batch) {
