@@ -27,64 +27,7 @@ use crate::message::KeyError;
 /// The error type of inner services: any error that is `Send + Sync`.
 pub type BoxError = Box<dyn Error + Send + Sync>;
 
-pub mod codes {
-    //! The stable codes of the errors this crate makes itself, whichever the provider.
-    //!
-    //! By who makes them:
-    //! - the idempotency layer's own answers, `idempotency.*`: [`IN_FLIGHT`], [`KEY_REUSED`],
-    //!   [`ABORTED`], [`MAX_HOLD`], [`STORE_FAILED`], [`INVALID_KEY`], and the code of its warning,
-    //!   [`STORE_FAILED_WARNING`];
-    //! - provider failures the crate classified without reading a provider's answer,
-    //!   `provider.*`: [`TIMEOUT`] (a timeout inside the stack), [`UNKNOWN`] and [`NOT_SENT`]
-    //!   (what the classifier judged any other inner error), and [`BATCH_MISMATCH`] (a batch
-    //!   provider answered the wrong number of outcomes);
-    //! - [`CIRCUIT_OPEN`], the code of [`SendError::circuit_open`](super::SendError::circuit_open).
-    //!
-    //! Codes made from an HTTP provider's answer are with the transport, in `http::codes`
-    //! (feature `http`); the codes only one provider's codec makes are in that codec's module,
-    //! such as `http::codec::resend::codes`. A code that starts with
-    //! [`PROVIDER_IDEMPOTENCY_PREFIX`] (`provider.idempotency_`) is the provider's answer about
-    //! an earlier request under the same idempotency key (still in flight, or another message):
-    //! it says nothing of the provider's health, so
-    //! [`counts_against_provider`](super::SendError::counts_against_provider) never counts it.
-
-    /// How the codes of a provider's answers about an earlier request under the same
-    /// idempotency key begin, such as Resend's `provider.idempotency_in_flight`: answers a
-    /// circuit breaker does not count.
-    pub const PROVIDER_IDEMPOTENCY_PREFIX: &str = "provider.idempotency_";
-
-    /// A send under the key is still in flight; this one was not sent. Category unknown.
-    pub const IN_FLIGHT: &str = "idempotency.in_flight";
-    /// The key was used before for a different message. Category validation.
-    pub const KEY_REUSED: &str = "idempotency.key_reused";
-    /// The caller dropped the send after the provider was called. Category unknown.
-    pub const ABORTED: &str = "idempotency.aborted";
-    /// The send ran longer than the layer's maximum hold and was given up; the provider may
-    /// have taken it. Category unknown.
-    pub const MAX_HOLD: &str = "idempotency.max_hold";
-    /// A send took over a key whose previous holder never settled it (a crashed process),
-    /// and the layer's verification service could not tell whether the provider took that
-    /// message: the key is kept, this one was not sent. Category unknown.
-    pub const UNVERIFIED: &str = "idempotency.unverified";
-    /// The store could not reserve the key; the message was not sent. Category unknown,
-    /// retryable.
-    pub const STORE_FAILED: &str = "idempotency.store_failed";
-    /// The key given by the key function breaks the key rules. Category validation.
-    pub const INVALID_KEY: &str = "idempotency.invalid_key";
-    /// The code of the `tracing` warning emitted when the store fails after a send went.
-    pub const STORE_FAILED_WARNING: &str = "IDEMPOTENCY_STORE_FAILED";
-    /// An inner service timed out (`tower::timeout`); the message may have gone.
-    pub const TIMEOUT: &str = "provider.timeout";
-    /// An inner error the classifier judged of unknown delivery.
-    pub const UNKNOWN: &str = "provider.unknown";
-    /// An inner error the classifier judged not sent, retryable.
-    pub const NOT_SENT: &str = "provider.not_sent";
-    /// A batch provider answered a different number of outcomes than messages; any of them
-    /// may have gone. Category unknown.
-    pub const BATCH_MISMATCH: &str = "provider.batch_mismatch";
-    /// A circuit breaker refused the call: not sent, retryable.
-    pub const CIRCUIT_OPEN: &str = "breaker.open";
-}
+pub mod codes;
 
 /// What an outcome says about delivery; see the [module docs](self).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
