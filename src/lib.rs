@@ -224,13 +224,14 @@ pub use layer::{Idempotency, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use message::{Attachment, Envelope, IdempotencyKey, Message, MessageBuilder, RawMessage};
 pub use outcome::{BoxError, Category, Outcome, Receipt, SendError};
 pub use retry::RetryPolicy;
+pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use store::PostgresStore;
+pub use store::postgres::PostgresStore;
 #[cfg(feature = "redis")]
-pub use store::RedisStore;
+pub use store::redis::RedisStore;
 #[cfg(feature = "sqlite")]
-pub use store::SqliteStore;
-pub use store::{MemoryStore, Store, StoreError};
+pub use store::sqlite::SqliteStore;
+pub use store::{Store, StoreError};
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -39,7 +39,7 @@ impl Backend {
     /// `let Some(..) else` of its callers; see `backend_url`).
     async fn store(self) -> Option<Arc<dyn Store>> {
         use support::stores::{unique, unique_prefix};
-        use tower_idempotency::store::{PostgresStore, RedisStore};
+        use tower_idempotency::{PostgresStore, RedisStore};
         Some(match self {
             Self::Memory => Arc::new(MemoryStore::new()),
             Self::Redis => {

@@ -7,12 +7,13 @@ use criterion::Criterion;
 use redis::Script;
 use redis::aio::ConnectionManager;
 use tower::Layer;
+use tower_idempotency::RedisStore;
 use tower_idempotency::outcome::Receipt;
-use tower_idempotency::store::redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT};
-use tower_idempotency::store::{RedisStore, Token};
+use tower_idempotency::store::Token;
 use tower_idempotency::{Fingerprint, IdempotencyLayer, Message};
 
-use crate::raw_redis::RawRedis;
+// TODO(baseline): the raw scripts are placeholders until raw has scripts of its own.
+use crate::raw_redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT, RawRedis};
 
 use super::{Hashing, NAMESPACE, Ours, Peer, Sender, TTL, compare, interleaved, provider, runtime};
 

@@ -18,11 +18,12 @@ use futures_util::future::join_all;
 use redis::Script;
 use redis::aio::ConnectionManager;
 
-use crate::raw_redis::RawRedis;
+// TODO(baseline): the raw scripts are placeholders until raw has scripts of its own.
+use crate::raw_redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT, RawRedis};
+use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
-use tower_idempotency::store::redis::{COMPLETE_SCRIPT, RESERVE_SCRIPT};
-use tower_idempotency::store::{Completion, RedisStore, Reservation, Store, Token};
+use tower_idempotency::store::{Completion, Reservation, Store, Token};
 
 /// Short, so the keys a run makes leave the server soon after.
 const LEASE: Duration = Duration::from_secs(10);

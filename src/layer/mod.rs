@@ -45,7 +45,6 @@ mod stats;
 mod takeover;
 mod wait;
 
-pub use crate::classify::default_classifier;
 pub use config::{
     ConfigError, DEFAULT_LEASE, DEFAULT_MAX_HOLD, DEFAULT_NAMESPACE, DEFAULT_RESERVE_TIMEOUT,
     DEFAULT_SETTLE_TIMEOUT, DEFAULT_TTL, DEFAULT_VERIFY_TIMEOUT, IdempotencyLayerBuilder, KeyForm,

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_idempotency::SqliteStore;
 use tower_idempotency::outcome::codes;
-use tower_idempotency::store::SqliteStore;
 use tower_idempotency::{BoxError, IdempotencyLayer, Message, Receipt};
 
 /// The database file the child opens.

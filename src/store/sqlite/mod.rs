@@ -92,6 +92,10 @@
 //! your own, inside the transaction that writes your rows in the same file; the layer's
 //! send of the same message then takes the claim. [`SqliteStore::claims`] lists the claims
 //! still waiting for their send.
+//!
+//! The store runs on rusqlite 0.40 (with SQLite bundled), and `claim_in` takes a
+//! `rusqlite::Connection` of that version: add `rusqlite = "0.40"` to your dependencies to
+//! hand one in. Nothing else needs it.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -115,15 +119,6 @@ mod session;
 mod sql;
 mod writer;
 
-pub use rusqlite;
-
-/// The statements the store runs, for `benches/sqlite.rs` to run the same ones through
-/// rusqlite directly. Not part of the API: they change with the schema.
-#[doc(hidden)]
-pub mod statements {
-    pub use super::sql::{BEFORE_RESERVE, COMPLETE, RESERVE, SCHEMA};
-}
-
 use session::Session;
 use writer::{Call, Job};
 
@@ -143,8 +138,8 @@ pub const DEFAULT_PURGE_BATCH: u32 = 1_000;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::store::{Reservation, SqliteStore, Store};
-/// use tower_idempotency::Fingerprint;
+/// use tower_idempotency::store::{Reservation, Store};
+/// use tower_idempotency::{Fingerprint, SqliteStore};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -339,8 +334,8 @@ impl SqliteStore {
     /// `TransactionBehavior::Immediate`, as other processes write the file too.
     ///
     /// ```
-    /// use tower_idempotency::store::sqlite::rusqlite::{Connection, TransactionBehavior};
-    /// use tower_idempotency::store::SqliteStore;
+    /// use rusqlite::{Connection, TransactionBehavior};
+    /// use tower_idempotency::SqliteStore;
     /// use tower_idempotency::{IdempotencyLayer, Message};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
