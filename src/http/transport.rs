@@ -17,7 +17,7 @@ use super::future::{BatchResponseFuture, Exchange, ResponseFuture};
 use crate::batch::{Batch, BatchOutcomes};
 use crate::classify::Classifier;
 use crate::message::Message;
-use crate::outcome::{self, BoxError, Receipt, SendError};
+use crate::outcome::{self, BoxError, Category, Receipt, SendError};
 
 /// The default bound on a provider's response body: 1 MiB.
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
@@ -120,9 +120,9 @@ impl<S, C> HttpTransport<S, C> {
     {
         self.classifier(Classifier::new(move |error| {
             if not_sent(error) {
-                crate::Category::Retryable
+                Category::Retryable
             } else {
-                crate::Category::Unknown
+                Category::Unknown
             }
         }))
     }
