@@ -163,7 +163,7 @@ async fn workers64(replay: bool, sends: usize) {
 /// Fresh keys, or one key sent again, over Redis at `REDIS_URL`: through the layer, or as
 /// the minimal commands.
 async fn redis(raw: bool, replay: bool, sends: usize) {
-    use tower_idempotency::store::RedisStore;
+    use tower_idempotency::RedisStore;
 
     let url = std::env::var("REDIS_URL").expect("REDIS_URL for the redis kinds");
     let client = redis::Client::open(url).expect("a valid REDIS_URL");

@@ -23,11 +23,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use tower_idempotency::layer::{DEFAULT_TTL, KeyForm, StoredKeys};
+use tower_idempotency::store::StoreError;
 use tower_idempotency::store::admin::{
     AdminOutcome, Cursor, Expiry, Force, Inspected, Resolution, StoreAdmin,
 };
-use tower_idempotency::store::{PostgresStore, RedisStore, StoreError};
 use tower_idempotency::{Category, Receipt};
+use tower_idempotency::{PostgresStore, RedisStore};
 
 const USAGE: &str = "\
 usage: idempotency_admin [OPTIONS] COMMAND

@@ -15,7 +15,8 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::batch::Batch;
-use tower_idempotency::http::{HttpTransport, PostmarkCodec};
+use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::postmark::PostmarkCodec;
 use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message};
 
 #[tokio::main]

@@ -27,7 +27,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::retry::RetryLayer;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::http::{HttpTransport, ResendCodec};
+use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::resend::ResendCodec;
 use tower_idempotency::{
     BoxError, IdempotencyLayer, MemoryStore, Message, Receipt, RetryPolicy, SendError,
     counts_against_provider,

@@ -21,7 +21,8 @@ use axum::http::HeaderMap;
 use axum::routing::post;
 use axum::{Json, Router};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::reconcile::{Reconciler, Verified, Verify};
+use tower_idempotency::reconcile::Reconciler;
+use tower_idempotency::verify::{Verified, Verify};
 use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message, Receipt};
 
 /// What the fake provider accepted: idempotency key → message id.

@@ -15,7 +15,8 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::http::{HttpTransport, TwilioCodec};
+use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::twilio::TwilioCodec;
 use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message};
 
 const ACCOUNT_SID: &str = "AC0123456789abcdef0123456789abcdef";

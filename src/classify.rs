@@ -374,6 +374,17 @@ mod tests {
     }
 
     #[test]
+    fn provider_failures_count_and_caller_errors_do_not() {
+        let boxed: BoxError = Box::new(SendError::permanent("provider.422", "bad"));
+        assert!(!counts_against_provider(&Err::<(), _>(boxed)));
+        let other: BoxError = "connection reset".into();
+        assert!(counts_against_provider(&Err::<(), _>(other)));
+        assert!(counts_against_provider(&Err::<(), _>(
+            SendError::unknown_delivery("provider.500", "500")
+        )));
+    }
+
+    #[test]
     fn the_judge_reads_a_send_error_before_a_timeout_and_the_classifier() {
         let never = Classifier::new(|_| Category::Permanent);
         let error = wrapped(SendError::in_flight());

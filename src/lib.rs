@@ -169,19 +169,45 @@
 //! - [`message`]: [`Message`], [`RawMessage`], [`Envelope`], [`IdempotencyKey`].
 //! - [`fingerprint`]: the versioned canonical encoding, its SHA-256 [`Fingerprint`], and the
 //!   [`Encoder`](fingerprint::Encoder) for your own request types.
-//! - [`outcome`]: [`Receipt`], [`SendError`], [`Category`], the codes.
+//! - [`outcome`]: [`Receipt`], [`SendError`], [`Category`], and every error code of the crate
+//!   in one list, [`outcome::codes`].
 //! - [`classify`]: the one judge of whether an error sent the message, and
 //!   [`counts_against_provider`].
-//! - [`store`]: the [`Store`] trait, [`MemoryStore`], the Redis, PostgreSQL and SQLite stores
-//!   behind the `redis`, `postgres` and `sqlite` features (also at the crate root, as
-//!   `RedisStore`, `PostgresStore` and `SqliteStore`), and the conformance suite behind
-//!   `test-util`.
+//! - [`store`]: the [`Store`] trait and its records, [`admin`](store::admin) for settling
+//!   keys by hand, one module per store ([`store::memory`], and `store::redis`,
+//!   `store::postgres`, `store::sqlite` behind their features), and the conformance suite
+//!   behind `test-util`. Every store is at the crate root too: [`MemoryStore`], `RedisStore`,
+//!   `PostgresStore`, `SqliteStore`.
 //! - [`layer`]: [`IdempotencyLayer`], its builder, the [`Idempotency`] service and its stats,
 //!   and [`IdempotentRequest`](layer::IdempotentRequest) for your own request types.
 //! - [`batch`]: [`Batch`](batch::Batch) and its outcomes, for providers that take batches.
 //! - [`retry`]: [`RetryPolicy`], which retries only what certainly did not go.
+//! - [`verify`]: [`Verify`](verify::Verify), the question "did the provider take this
+//!   message?" a service of yours answers ([`Verified`](verify::Verified)), for the
+//!   reconciler and for takeovers.
 //! - [`reconcile`]: the [`Reconciler`](reconcile::Reconciler), which asks the provider what
 //!   became of the messages of unknown delivery and settles their keys.
+//! - `http` (feature `http`): `HttpTransport`, a provider client over any HTTP client, and
+//!   one module per provider with its codec (`http::resend`, `http::postmark`,
+//!   `http::twilio`).
+//! - `outbox` (feature `postgres`): the transactional outbox, messages committed with your
+//!   business rows and sent by a worker.
+//!
+//! # Features
+//!
+//! | feature | adds | to hand in your own driver's types, add |
+//! |---|---|---|
+//! | `redis` | `RedisStore` | `redis = "1"` (`RedisStore::new`) |
+//! | `redis-cluster` | `RedisStore` over Redis Cluster | `redis = "1"` with `cluster-async` (`RedisStore::from_cluster`) |
+//! | `postgres` | `PostgresStore`, the `outbox` | `deadpool-postgres = "0.14"`, `tokio-postgres = "0.7"` (`PostgresStore::new`, `claim_in`, `Outbox::new`, `enqueue`) |
+//! | `sqlite` | `SqliteStore` | `rusqlite = "0.40"` (`SqliteStore::claim_in`) |
+//! | `http` | `HttpTransport` and the provider codecs | `http = "1"`, `bytes = "1"` (your client is a `Service<http::Request<Bytes>>`) |
+//! | `reqwest` | the default classifier reads `reqwest::Error` | `reqwest = "0.13"` |
+//! | `uuid` | `store::Token` to and from `uuid::Uuid` | `uuid = "1"` |
+//! | `test-util` | the store conformance suite, `store::conformance` | |
+//!
+//! The crate re-exports no dependency. Every store and the outbox also open from a URL or a
+//! path (`connect`, `open`), which needs none of the drivers in your dependencies.
 //!
 //! [tower]: https://docs.rs/tower
 //! [fingerprint]: crate::fingerprint
@@ -211,6 +237,7 @@ pub mod outcome;
 pub mod reconcile;
 pub mod retry;
 pub mod store;
+pub mod verify;
 
 pub use classify::counts_against_provider;
 pub use fingerprint::{Fingerprint, Fingerprinted};
@@ -220,13 +247,14 @@ pub use layer::{Idempotency, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use message::{Attachment, Envelope, IdempotencyKey, Message, MessageBuilder, RawMessage};
 pub use outcome::{BoxError, Category, Outcome, Receipt, SendError};
 pub use retry::RetryPolicy;
+pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use store::PostgresStore;
+pub use store::postgres::PostgresStore;
 #[cfg(feature = "redis")]
-pub use store::RedisStore;
+pub use store::redis::RedisStore;
 #[cfg(feature = "sqlite")]
-pub use store::SqliteStore;
-pub use store::{MemoryStore, Store, StoreError};
+pub use store::sqlite::SqliteStore;
+pub use store::{Store, StoreError};
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

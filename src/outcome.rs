@@ -13,7 +13,8 @@
 //!
 //! Every answer the idempotency layer makes itself (in flight, replayed, aborted, store failed)
 //! is of category `Unknown` except `key_reused`, a validation error. Use
-//! [`counts_against_provider`] to keep those answers out of a circuit breaker's count.
+//! [`counts_against_provider`](crate::classify::counts_against_provider) to keep those answers
+//! out of a circuit breaker's count.
 
 use std::borrow::Cow;
 use std::error::Error;
@@ -21,71 +22,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::classify::{AsSendError, counts_against_provider};
 use crate::message::KeyError;
-use crate::store::StoreError;
 
 /// The error type of inner services: any error that is `Send + Sync`.
 pub type BoxError = Box<dyn Error + Send + Sync>;
 
-pub mod codes {
-    //! The stable codes of the errors this crate makes itself, whichever the provider.
-    //!
-    //! By who makes them:
-    //! - the idempotency layer's own answers, `idempotency.*`: [`IN_FLIGHT`], [`KEY_REUSED`],
-    //!   [`ABORTED`], [`MAX_HOLD`], [`STORE_FAILED`], [`INVALID_KEY`], and the code of its warning,
-    //!   [`STORE_FAILED_WARNING`];
-    //! - provider failures the crate classified without reading a provider's answer,
-    //!   `provider.*`: [`TIMEOUT`] (a timeout inside the stack), [`UNKNOWN`] and [`NOT_SENT`]
-    //!   (what the classifier judged any other inner error), and [`BATCH_MISMATCH`] (a batch
-    //!   provider answered the wrong number of outcomes);
-    //! - [`CIRCUIT_OPEN`], the code of [`SendError::circuit_open`](super::SendError::circuit_open).
-    //!
-    //! Codes made from an HTTP provider's answer are with the transport, in `http::codes`
-    //! (feature `http`); the codes only one provider's codec makes are in that codec's module,
-    //! such as `http::codec::resend::codes`. A code that starts with
-    //! [`PROVIDER_IDEMPOTENCY_PREFIX`] (`provider.idempotency_`) is the provider's answer about
-    //! an earlier request under the same idempotency key (still in flight, or another message):
-    //! it says nothing of the provider's health, so
-    //! [`counts_against_provider`](super::SendError::counts_against_provider) never counts it.
-
-    /// How the codes of a provider's answers about an earlier request under the same
-    /// idempotency key begin, such as Resend's `provider.idempotency_in_flight`: answers a
-    /// circuit breaker does not count.
-    pub const PROVIDER_IDEMPOTENCY_PREFIX: &str = "provider.idempotency_";
-
-    /// A send under the key is still in flight; this one was not sent. Category unknown.
-    pub const IN_FLIGHT: &str = "idempotency.in_flight";
-    /// The key was used before for a different message. Category validation.
-    pub const KEY_REUSED: &str = "idempotency.key_reused";
-    /// The caller dropped the send after the provider was called. Category unknown.
-    pub const ABORTED: &str = "idempotency.aborted";
-    /// The send ran longer than the layer's maximum hold and was given up; the provider may
-    /// have taken it. Category unknown.
-    pub const MAX_HOLD: &str = "idempotency.max_hold";
-    /// A send took over a key whose previous holder never settled it (a crashed process),
-    /// and the layer's verification service could not tell whether the provider took that
-    /// message: the key is kept, this one was not sent. Category unknown.
-    pub const UNVERIFIED: &str = "idempotency.unverified";
-    /// The store could not reserve the key; the message was not sent. Category unknown,
-    /// retryable.
-    pub const STORE_FAILED: &str = "idempotency.store_failed";
-    /// The key given by the key function breaks the key rules. Category validation.
-    pub const INVALID_KEY: &str = "idempotency.invalid_key";
-    /// The code of the `tracing` warning emitted when the store fails after a send went.
-    pub const STORE_FAILED_WARNING: &str = "IDEMPOTENCY_STORE_FAILED";
-    /// An inner service timed out (`tower::timeout`); the message may have gone.
-    pub const TIMEOUT: &str = "provider.timeout";
-    /// An inner error the classifier judged of unknown delivery.
-    pub const UNKNOWN: &str = "provider.unknown";
-    /// An inner error the classifier judged not sent, retryable.
-    pub const NOT_SENT: &str = "provider.not_sent";
-    /// A batch provider answered a different number of outcomes than messages; any of them
-    /// may have gone. Category unknown.
-    pub const BATCH_MISMATCH: &str = "provider.batch_mismatch";
-    /// A circuit breaker refused the call: not sent, retryable.
-    pub const CIRCUIT_OPEN: &str = "breaker.open";
-}
+pub mod codes;
 
 /// What an outcome says about delivery; see the [module docs](self).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -339,7 +281,10 @@ impl SendError {
     }
 
     /// The layer's answer when the store could not reserve the key; the message was not sent.
-    pub fn store_failed(error: StoreError) -> Self {
+    ///
+    /// `error` is the store's error (a [`StoreError`](crate::store::StoreError) from a
+    /// [`Store`](crate::store::Store)), kept as the [source](Error::source).
+    pub fn store_failed(error: impl Into<BoxError>) -> Self {
         Self::new(
             codes::STORE_FAILED,
             Category::Unknown,
@@ -681,26 +626,16 @@ mod tests {
 
     #[test]
     fn layer_answers_are_unknown_except_key_reused() {
-        let store = SendError::store_failed(StoreError::timeout());
+        let timed_out = std::io::Error::from(std::io::ErrorKind::TimedOut);
+        let store = SendError::store_failed(timed_out);
         for e in [SendError::in_flight(), SendError::aborted(), store.clone()] {
             assert_eq!(e.category(), Category::Unknown, "{}", e.code());
             assert!(e.is_idempotency_answer());
-            assert!(!counts_against_provider(&Err::<(), _>(e)));
+            assert!(!e.counts_against_provider());
         }
         assert!(store.is_retryable());
         assert_eq!(SendError::key_reused().category(), Category::Validation);
         assert!(!SendError::key_reused().is_retryable());
-    }
-
-    #[test]
-    fn provider_failures_count_and_caller_errors_do_not() {
-        let boxed: BoxError = Box::new(SendError::permanent("provider.422", "bad"));
-        assert!(!counts_against_provider(&Err::<(), _>(boxed)));
-        let other: BoxError = "connection reset".into();
-        assert!(counts_against_provider(&Err::<(), _>(other)));
-        assert!(counts_against_provider(&Err::<(), _>(
-            SendError::unknown_delivery("provider.500", "500")
-        )));
     }
 
     #[test]
@@ -713,9 +648,9 @@ mod tests {
             "still handling an earlier request under this key",
         );
         assert!(!in_flight.is_idempotency_answer());
-        assert!(!counts_against_provider(&Err::<(), _>(in_flight)));
+        assert!(!in_flight.counts_against_provider());
         // The prefix is the whole rule: a code that only looks alike still counts.
         let lookalike = SendError::new("provider.idempotency", Category::Unknown, true, "500");
-        assert!(counts_against_provider(&Err::<(), _>(lookalike)));
+        assert!(lookalike.counts_against_provider());
     }
 }

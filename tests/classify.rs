@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::classify::{Classifier, default_classifier};
-use tower_idempotency::http::{HttpTransport, ResendCodec};
+use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::resend::ResendCodec;
 use tower_idempotency::outcome::{Category, codes};
 use tower_idempotency::{
     BoxError, IdempotencyLayer, MemoryStore, Message, Receipt, RetryPolicy, SendError,
@@ -149,6 +150,6 @@ async fn the_transport_takes_a_send_error_from_under_it_and_judges_the_rest_by_i
         .oneshot(message())
         .await
         .unwrap_err();
-    assert_eq!(not_sent.code(), tower_idempotency::http::codes::CONNECT);
+    assert_eq!(not_sent.code(), codes::CONNECT);
     assert!(not_sent.is_retryable());
 }

@@ -31,10 +31,10 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::Outcome;
 use tower_idempotency::outcome::codes;
-use tower_idempotency::store::{
-    Completion, PostgresStore, RedisStore, Reservation, StoreError, Token,
+use tower_idempotency::store::{Completion, Reservation, StoreError, Token};
+use tower_idempotency::{
+    IdempotencyLayer, Message, PostgresStore, Receipt, RedisStore, RetryPolicy, SendError, Store,
 };
-use tower_idempotency::{IdempotencyLayer, Message, Receipt, RetryPolicy, SendError, Store};
 
 /// The lease of the tests where a repeat comes after it.
 const LEASE: Duration = Duration::from_secs(1);

@@ -17,7 +17,8 @@ use support::http::{FakeProvider, Reply, hyper_client, resend, script};
 use tokio::task::JoinSet;
 use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_idempotency::http::{HttpTransport, ResendCodec, codes as http_codes};
+use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::resend::ResendCodec;
 use tower_idempotency::outcome::codes;
 use tower_idempotency::{
     BoxError, IdempotencyLayer, Message, Receipt, RetryPolicy, SendError, counts_against_provider,
@@ -153,7 +154,7 @@ async fn unavailable_three_times_fails_retryable_and_frees_the_key() {
         .await
         .unwrap_err();
 
-    assert_eq!(error.code(), http_codes::UNAVAILABLE);
+    assert_eq!(error.code(), codes::UNAVAILABLE);
     assert!(error.is_retryable());
     assert!(!error.delivery_unknown());
     assert_eq!(provider.requests().len(), 3, "max_attempts(3)");

@@ -523,7 +523,7 @@ async fn send_through(layer: &IdempotencyLayer) {
 async fn no_raw_key_reaches_redis() {
     use support::stores::redis_admin::admin;
     use support::stores::{backend_url, unique_prefix};
-    use tower_idempotency::store::RedisStore;
+    use tower_idempotency::RedisStore;
 
     let Some(url) = backend_url("REDIS_URL") else {
         return;

@@ -13,9 +13,9 @@ use tower::timeout::TimeoutLayer;
 use tower::timeout::error::Elapsed;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::batch::{Batch, BatchOutcomes};
-use tower_idempotency::http::codec::resend::{RESEND_MAX_BATCH, codes as resend_codes};
-use tower_idempotency::http::{HttpTransport, ResendCodec, batch_idempotency_key, codes};
-use tower_idempotency::outcome::{Category, codes as layer_codes};
+use tower_idempotency::http::resend::{RESEND_MAX_BATCH, ResendCodec};
+use tower_idempotency::http::{HttpTransport, batch_idempotency_key};
+use tower_idempotency::outcome::{Category, codes};
 use tower_idempotency::{Attachment, IdempotencyLayer, MemoryStore, Message, SendError};
 
 const API_KEY: &str = "re_test_123";
@@ -250,7 +250,7 @@ async fn conflict_409_concurrent_idempotent_requests_is_unknown_but_retryable(ki
         "Same idempotency key used while original request is still in progress.",
     );
     let err = error_for(kind, reply).await;
-    assert_eq!(err.code(), resend_codes::IDEMPOTENCY_IN_FLIGHT);
+    assert_eq!(err.code(), codes::IDEMPOTENCY_IN_FLIGHT);
     // An earlier request under the key may send; a retry under the same key is answered its
     // outcome by Resend, so it is safe and the retry policy takes it.
     assert_eq!(err.category(), Category::Unknown);
@@ -264,7 +264,7 @@ async fn conflict_409_invalid_idempotent_request_is_a_validation_error(kind: Cli
         "Same idempotency key used with a different request payload.",
     );
     let err = error_for(kind, reply).await;
-    assert_eq!(err.code(), resend_codes::IDEMPOTENCY_KEY_REUSED);
+    assert_eq!(err.code(), codes::IDEMPOTENCY_KEY_REUSED);
     assert_eq!(err.category(), Category::Validation);
 }
 
@@ -279,7 +279,7 @@ async fn unprocessable_422_is_a_validation_error_with_the_providers_text_and_no_
 ) {
     let reply = resend_error(422, "validation_error", "Invalid `from` field.");
     let err = error_for(kind, reply).await;
-    assert_eq!(err.code(), resend_codes::VALIDATION_ERROR);
+    assert_eq!(err.code(), codes::VALIDATION_ERROR);
     assert_eq!(err.category(), Category::Validation);
     let text = format!("{err} {err:?}");
     assert!(text.contains("422"), "{text}");
@@ -357,7 +357,7 @@ async fn stalled_provider_with_a_timeout_around_the_client_leaves_delivery_unkno
         .await
         .unwrap_err();
 
-    assert_eq!(err.code(), layer_codes::TIMEOUT);
+    assert_eq!(err.code(), codes::TIMEOUT);
     assert_eq!(err.category(), Category::Unknown);
     provider.received(1).await;
 }
@@ -816,7 +816,7 @@ async fn timeout_through_the_stack_keeps_the_key_and_the_provider_sees_one_reque
         .call(order_email())
         .await
         .unwrap_err();
-    assert_eq!(first.code(), layer_codes::TIMEOUT);
+    assert_eq!(first.code(), codes::TIMEOUT);
     assert!(first.delivery_unknown());
     let again = ServiceExt::<Message>::ready(&mut service)
         .await
@@ -824,7 +824,7 @@ async fn timeout_through_the_stack_keeps_the_key_and_the_provider_sees_one_reque
         .call(order_email())
         .await
         .unwrap_err();
-    assert_eq!(again.code(), layer_codes::TIMEOUT);
+    assert_eq!(again.code(), codes::TIMEOUT);
     assert!(again.is_replayed());
     provider.received(1).await;
     assert_eq!(provider.requests().len(), 1);

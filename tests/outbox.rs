@@ -434,10 +434,9 @@ async fn notify_wakes_an_idle_worker_that_polls_once_an_hour() {
     drop_table(&url, outbox.table_name()).await;
 }
 
-fn outbox_pool(url: &str) -> tower_idempotency::store::postgres::deadpool_postgres::Pool {
-    use tower_idempotency::store::postgres::deadpool_postgres::{
-        Manager, ManagerConfig, Pool, RecyclingMethod, tokio_postgres::NoTls,
-    };
+fn outbox_pool(url: &str) -> deadpool_postgres::Pool {
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+    use tokio_postgres::NoTls;
     let manager = Manager::from_config(
         url.parse().expect("valid URL"),
         NoTls,

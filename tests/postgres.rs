@@ -11,21 +11,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_postgres::NoTls;
 
 use support::stores::postgres_admin::admin;
 use support::stores::{backend_url, broken_records, fp, unique};
+use tower_idempotency::PostgresStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt, SendError};
 use tower_idempotency::store::admin::{AdminOutcome, Force, KeyState, Resolution, StoreAdmin};
 use tower_idempotency::store::conformance::Conformance;
-use tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::{self, NoTls};
-use tower_idempotency::store::postgres::deadpool_postgres::{
-    Manager, ManagerConfig, Pool, RecyclingMethod,
-};
 use tower_idempotency::store::{
-    Claim, Completion, PostgresStore, RecordState, Reservation, Store, StoreErrorKind, Token,
+    Claim, Completion, RecordState, Reservation, Store, StoreErrorKind, Token,
 };
 use uuid::Uuid;
 

@@ -11,10 +11,10 @@ use support::http::postmark::{self, batch, error, result, sent};
 use support::http::{FakeProvider, hyper_client, send_with};
 use support::send_batch;
 use tower::ServiceBuilder;
-use tower_idempotency::http::codec::postmark::{POSTMARK_MAX_BATCH, codes as postmark_codes};
-use tower_idempotency::http::{HttpTransport, PostmarkCodec, codes};
+use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::postmark::{POSTMARK_MAX_BATCH, PostmarkCodec};
 use tower_idempotency::message::Tracking;
-use tower_idempotency::outcome::Category;
+use tower_idempotency::outcome::{Category, codes};
 use tower_idempotency::{IdempotencyLayer, Message, MessageBuilder};
 
 const TOKEN: &str = "server-token-123";
@@ -111,7 +111,7 @@ async fn a_batch_with_one_inactive_recipient_keeps_the_other_keys_done_and_frees
     let first = send_batch(&mut service, messages()).await;
     assert_eq!(first[0].as_ref().unwrap().id, "pm-1");
     let inactive = first[1].as_ref().unwrap_err();
-    assert_eq!(inactive.code(), postmark_codes::INACTIVE_RECIPIENT);
+    assert_eq!(inactive.code(), codes::INACTIVE_RECIPIENT);
     assert_eq!(inactive.category(), Category::Permanent);
     assert_eq!(first[2].as_ref().unwrap().id, "pm-3");
     assert_eq!(provider.requests().len(), 1);
@@ -220,17 +220,17 @@ async fn postmark_answers_map_to_outcomes() {
     let cases = [
         (
             error(422, 406),
-            postmark_codes::INACTIVE_RECIPIENT,
+            codes::INACTIVE_RECIPIENT,
             Category::Permanent,
         ),
         (
             error(422, 300),
-            postmark_codes::VALIDATION_ERROR,
+            codes::VALIDATION_ERROR,
             Category::Validation,
         ),
         (
             error(422, 411),
-            postmark_codes::VALIDATION_ERROR,
+            codes::VALIDATION_ERROR,
             Category::Validation,
         ),
         (error(422, 401), codes::REJECTED, Category::Permanent),

@@ -12,11 +12,12 @@ use std::time::Duration;
 use support::http::{ClientKind, DEADLINE, FakeProvider, Fault, Ledger};
 use support::stores::backend_url;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
-use tower_idempotency::http::{HttpTransport, ResendCodec};
+use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::resend::ResendCodec;
 use tower_idempotency::layer::IdempotencyLayerBuilder;
 use tower_idempotency::outcome::codes;
-use tower_idempotency::reconcile::{Verified, Verify};
 use tower_idempotency::store::Store;
+use tower_idempotency::verify::{Verified, Verify};
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
 
 /// The lease every test holds keys for: short, so that a crashed owner's passes quickly.
@@ -38,7 +39,7 @@ impl Backend {
     /// `let Some(..) else` of its callers; see `backend_url`).
     async fn store(self) -> Option<Arc<dyn Store>> {
         use support::stores::{unique, unique_prefix};
-        use tower_idempotency::store::{PostgresStore, RedisStore};
+        use tower_idempotency::{PostgresStore, RedisStore};
         Some(match self {
             Self::Memory => Arc::new(MemoryStore::new()),
             Self::Redis => {

@@ -16,9 +16,10 @@ use support::{message, send};
 use tower::{BoxError, Service, ServiceBuilder};
 use tower_idempotency::layer::StoredKeys;
 use tower_idempotency::outcome::codes;
-use tower_idempotency::reconcile::{Reconciler, Verified, Verify};
+use tower_idempotency::reconcile::Reconciler;
 use tower_idempotency::store::admin::{KeyState, StoreAdmin};
 use tower_idempotency::store::{Reservation, Store};
+use tower_idempotency::verify::{Verified, Verify};
 use tower_idempotency::{
     Fingerprint, IdempotencyLayer, MemoryStore, Message, Outcome, Receipt, SendError,
 };

@@ -12,12 +12,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnecti
 use support::servers::RedisServer;
 use support::stores::redis_admin::admin;
 use support::stores::{backend_url, broken_records, fp, unique_prefix};
+use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt, SendError};
 use tower_idempotency::store::admin::{AdminOutcome, Cursor, Force, Resolution, StoreAdmin};
 use tower_idempotency::store::conformance::Conformance;
 use tower_idempotency::store::{
-    Completion, RecordState, RedisStore, Reservation, Store, StoreError, StoreErrorKind, Token,
+    Completion, RecordState, Reservation, Store, StoreError, StoreErrorKind, Token,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -1110,13 +1111,8 @@ async fn a_batch_of_100_keys_costs_one_round_trip_per_call() {
     let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
     let requests: Vec<(&str, Fingerprint)> = keys.iter().map(|k| (k.as_str(), fp(1))).collect();
 
-    // The server knows the reserve script (as after any earlier reserve): one pipeline.
-    let _: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(tower_idempotency::store::redis::RESERVE_SCRIPT)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    // The server knows the reserve script, as after any earlier reserve: one pipeline.
+    store.reserve("warm-reserve", fp(1), LEASE).await.unwrap();
     reset_stats(&mut admin).await;
     let before = trips.so_far();
     let tokens: Vec<Token> = store
@@ -1136,14 +1132,14 @@ async fn a_batch_of_100_keys_costs_one_round_trip_per_call() {
         calls(&[("evalsha", 100), ("get", 100), ("time", 100), ("set", 100)])
     );
 
-    // The server knows the script (as after any earlier complete): one pipeline.
-    let _: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(tower_idempotency::store::redis::COMPLETE_SCRIPT)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    // The server knows the complete script, as after any earlier complete: one pipeline.
     let outcome = Outcome::sent(Receipt::new("m", "test"));
+    let warm = match store.reserve("warm-complete", fp(1), LEASE).await.unwrap() {
+        Reservation::Reserved { token } => token,
+        other => panic!("fresh key: {other:?}"),
+    };
+    let kept = store.complete("warm-complete", warm, fp(1), &outcome, TTL);
+    assert!(kept.await.unwrap());
     let completions: Vec<Completion<'_>> = keys
         .iter()
         .zip(&tokens)
@@ -1202,13 +1198,8 @@ async fn a_batch_of_100_keys_costs_one_round_trip_per_call() {
     );
 
     // The yardstick: 100 single reserves wait for each answer (the script flushed above is
-    // loaded again first, as any earlier reserve would have).
-    let _: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(tower_idempotency::store::redis::RESERVE_SCRIPT)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    // loaded again first, by an earlier reserve).
+    store.reserve("warm-again", fp(1), LEASE).await.unwrap();
     let before = trips.so_far();
     for i in 0..100 {
         store

@@ -12,9 +12,9 @@ use support::http::{FakeProvider, Reply, hyper_client, resend};
 use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::batch::BatchOutcomes;
-use tower_idempotency::http::codec::resend::codes as resend_codes;
-use tower_idempotency::http::{HttpTransport, ResendCodec, codes};
-use tower_idempotency::outcome::Category;
+use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::resend::ResendCodec;
+use tower_idempotency::outcome::{Category, codes};
 use tower_idempotency::{
     IdempotencyLayer, MemoryStore, Message, Receipt, RetryPolicy, SendError,
     counts_against_provider,
@@ -189,13 +189,13 @@ async fn every_documented_error_name_maps_to_its_class() {
         (
             400,
             "validation_error",
-            resend_codes::VALIDATION_ERROR,
+            codes::VALIDATION_ERROR,
             Category::Validation,
         ),
         (
             400,
             "invalid_idempotency_key",
-            resend_codes::VALIDATION_ERROR,
+            codes::VALIDATION_ERROR,
             Category::Validation,
         ),
         (401, "missing_api_key", codes::REJECTED, Category::Permanent),
@@ -222,37 +222,37 @@ async fn every_documented_error_name_maps_to_its_class() {
         (
             409,
             "invalid_idempotent_request",
-            resend_codes::IDEMPOTENCY_KEY_REUSED,
+            codes::IDEMPOTENCY_KEY_REUSED,
             Category::Validation,
         ),
         (
             409,
             "concurrent_idempotent_requests",
-            resend_codes::IDEMPOTENCY_IN_FLIGHT,
+            codes::IDEMPOTENCY_IN_FLIGHT,
             Category::Unknown,
         ),
         (
             422,
             "missing_required_field",
-            resend_codes::VALIDATION_ERROR,
+            codes::VALIDATION_ERROR,
             Category::Validation,
         ),
         (
             422,
             "invalid_from_address",
-            resend_codes::VALIDATION_ERROR,
+            codes::VALIDATION_ERROR,
             Category::Validation,
         ),
         (
             422,
             "invalid_attachment",
-            resend_codes::VALIDATION_ERROR,
+            codes::VALIDATION_ERROR,
             Category::Validation,
         ),
         (
             422,
             "invalid_parameter",
-            resend_codes::VALIDATION_ERROR,
+            codes::VALIDATION_ERROR,
             Category::Validation,
         ),
         (
@@ -264,13 +264,13 @@ async fn every_documented_error_name_maps_to_its_class() {
         (
             429,
             "daily_quota_exceeded",
-            resend_codes::QUOTA_EXCEEDED,
+            codes::QUOTA_EXCEEDED,
             Category::Permanent,
         ),
         (
             429,
             "monthly_quota_exceeded",
-            resend_codes::QUOTA_EXCEEDED,
+            codes::QUOTA_EXCEEDED,
             Category::Permanent,
         ),
         (451, "security_error", codes::REJECTED, Category::Permanent),
@@ -307,7 +307,7 @@ async fn quota_exceeded_is_not_retried_and_does_not_count_against_the_provider()
             .await;
     let err = fail_through_layer(&provider, RetryPolicy::new().max_attempts(5), "quota:1").await;
 
-    assert_eq!(err.code(), resend_codes::QUOTA_EXCEEDED);
+    assert_eq!(err.code(), codes::QUOTA_EXCEEDED);
     assert!(!err.is_retryable());
     assert!(!counts_against_provider(&Err::<(), _>(err.clone())));
     assert_eq!(err.retry_after(), Some(Duration::from_secs(3600)));
@@ -370,7 +370,7 @@ async fn a_request_still_in_flight_at_resend_does_not_count_against_the_provider
         .base_delay(Duration::from_millis(1));
     let err = fail_through_layer(&provider, policy, "in-flight:1").await;
 
-    assert_eq!(err.code(), resend_codes::IDEMPOTENCY_IN_FLIGHT);
+    assert_eq!(err.code(), codes::IDEMPOTENCY_IN_FLIGHT);
     assert!(err.delivery_unknown(), "the earlier request may send");
     assert!(!err.counts_against_provider());
     assert!(!counts_against_provider(&Err::<(), _>(err)));

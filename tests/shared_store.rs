@@ -75,7 +75,7 @@ async fn fifty_duplicates_across_two_processes(a: impl Store, b: impl Store) -> 
     ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
 )]
 async fn redis_two_processes_fifty_duplicates_one_send() {
-    use tower_idempotency::store::RedisStore;
+    use tower_idempotency::RedisStore;
     let Some(url) = backend_url("REDIS_URL") else {
         return;
     };
@@ -91,7 +91,7 @@ async fn redis_two_processes_fifty_duplicates_one_send() {
     ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
 )]
 async fn postgres_two_processes_fifty_duplicates_one_send() {
-    use tower_idempotency::store::PostgresStore;
+    use tower_idempotency::PostgresStore;
     let Some(url) = backend_url("DATABASE_URL") else {
         return;
     };

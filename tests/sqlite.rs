@@ -15,15 +15,16 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use rusqlite::{Connection, TransactionBehavior};
 use support::stores::{SqliteDir, broken_records, fp};
 use support::{Provider, message, send};
 use tokio::sync::mpsc;
 use tower::ServiceBuilder;
+use tower_idempotency::SqliteStore;
 use tower_idempotency::outcome::codes;
+use tower_idempotency::store::StoreErrorKind;
 use tower_idempotency::store::admin::{Expiry, KeyState, StoreAdmin};
 use tower_idempotency::store::conformance::Conformance;
-use tower_idempotency::store::sqlite::rusqlite::{Connection, TransactionBehavior};
-use tower_idempotency::store::{SqliteStore, StoreErrorKind};
 use tower_idempotency::{IdempotencyLayer, Message};
 
 mod sqlite_conformance {
@@ -593,7 +594,7 @@ async fn rows_that_do_not_decode_or_break_the_record_rules_are_corrupt_never_a_p
 
 const LEASE: Duration = Duration::from_secs(60);
 
-use tower_idempotency::store::sqlite::rusqlite::types::Value::{self, Integer, Null};
+use rusqlite::types::Value::{self, Integer, Null};
 
 fn rusqlite_value(value: impl Into<Value>) -> Value {
     value.into()

@@ -11,9 +11,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use support::http::twilio::{self, created, decode_form, error};
 use support::http::{FakeProvider, Reply, hyper_client, send_with};
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_idempotency::http::codec::twilio::codes as twilio_codes;
-use tower_idempotency::http::{HttpTransport, TwilioCodec, codes};
-use tower_idempotency::outcome::Category;
+use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::twilio::TwilioCodec;
+use tower_idempotency::outcome::{Category, codes};
 use tower_idempotency::{IdempotencyLayer, Message};
 
 const ACCOUNT: &str = "AC0123456789abcdef0123456789abcdef";
@@ -152,7 +152,7 @@ async fn twilio_error_codes_map_to_outcomes() {
         ),
         (
             error(400, 21610, "Attempt to send to unsubscribed recipient"),
-            twilio_codes::RECIPIENT_UNSUBSCRIBED,
+            codes::RECIPIENT_UNSUBSCRIBED,
             Category::Permanent,
         ),
         (
@@ -171,7 +171,7 @@ async fn twilio_error_codes_map_to_outcomes() {
         ),
         (
             error(400, 21211, "Invalid 'To' Phone Number"),
-            twilio_codes::VALIDATION_ERROR,
+            codes::VALIDATION_ERROR,
             Category::Validation,
         ),
         (

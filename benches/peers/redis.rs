@@ -9,8 +9,9 @@ use criterion::Criterion;
 use redis::aio::ConnectionManager;
 use sha2::{Digest, Sha256};
 use tower::Layer;
+use tower_idempotency::RedisStore;
 use tower_idempotency::outcome::Receipt;
-use tower_idempotency::store::{RedisStore, Token};
+use tower_idempotency::store::Token;
 use tower_idempotency::{IdempotencyLayer, Message};
 
 use crate::raw_redis::MinimalRedis;

@@ -13,12 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio::sync::Notify;
+use tokio_postgres::NoTls;
 use tower_idempotency::outbox::Outbox;
-use tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::NoTls;
-use tower_idempotency::store::postgres::deadpool_postgres::{
-    Manager, ManagerConfig, Pool, RecyclingMethod,
-};
 use tower_idempotency::{BoxError, Message, Receipt};
 use uuid::Uuid;
 

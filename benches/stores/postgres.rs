@@ -17,13 +17,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+use tower_idempotency::PostgresStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
-use tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::{self, NoTls};
-use tower_idempotency::store::postgres::deadpool_postgres::{
-    Manager, ManagerConfig, Pool, RecyclingMethod,
-};
-use tower_idempotency::store::{Completion, PostgresStore, Reservation, Store, Token};
+use tower_idempotency::store::{Completion, Reservation, Store, Token};
 use uuid::Uuid;
 
 use crate::interleave::{Compared, alternate};

@@ -17,9 +17,10 @@ use futures_util::future::join_all;
 use redis::aio::ConnectionManager;
 
 use crate::raw_redis::MinimalRedis;
+use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
-use tower_idempotency::store::{Completion, RedisStore, Reservation, Store, Token};
+use tower_idempotency::store::{Completion, Reservation, Store, Token};
 
 /// Short, so the keys a run makes leave the server soon after.
 const LEASE: Duration = Duration::from_secs(10);

@@ -1,7 +1,10 @@
 //! The HTTP provider transport: [`HttpTransport`] sends a [`Message`](crate::Message) through
 //! any HTTP client that is a `tower::Service<http::Request<Bytes>>`, in the API a [`Codec`]
-//! describes. The codecs, one module per provider, are in [`codec`]: [`ResendCodec`] and
-//! [`PostmarkCodec`] (email), [`TwilioCodec`] (SMS).
+//! describes. Each provider's codec is in a module of its own, with its limits and what its
+//! errors become: [`ResendCodec`](resend::ResendCodec) and
+//! [`PostmarkCodec`](postmark::PostmarkCodec) (email), [`TwilioCodec`](twilio::TwilioCodec)
+//! (SMS). The codes of the errors the transport and the codecs make are in
+//! [`outcome::codes`](crate::outcome::codes), with every other code of the crate.
 //!
 //! Enabled by the `http` feature.
 //!
@@ -13,7 +16,8 @@
 //! use hyper_util::client::legacy::Client;
 //! use hyper_util::rt::TokioExecutor;
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_idempotency::http::{HttpTransport, ResendCodec};
+//! use tower_idempotency::http::HttpTransport;
+//! use tower_idempotency::http::resend::ResendCodec;
 //! use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message};
 //!
 //! # #[tokio::main] async fn main() -> Result<(), BoxError> {
@@ -77,8 +81,8 @@
 //! | the client's `poll_ready` fails | error | retryable | `provider.not_sent` |
 //!
 //! Each codec documents how it reads its provider's error names, next to the limits it
-//! checks: [`codec::resend`](codec::resend#limits), [`codec::postmark`](codec::postmark#limits),
-//! [`codec::twilio`](codec::twilio#limits).
+//! checks: [`resend`](resend#limits), [`postmark`](postmark#limits),
+//! [`twilio`](twilio#limits).
 //!
 //! Decisions:
 //! - **408** is retryable under its own code, `provider.request_timeout`, not the
@@ -98,7 +102,8 @@
 //! - **`Retry-After`** is read as delta-seconds or an HTTP-date ([`parse_retry_after`]); a
 //!   date in the past is zero, anything else is ignored.
 //! - **Connect errors.** Only errors the [`not_sent_if`](HttpTransport::not_sent_if) judge
-//!   recognises are retryable; by default that is [`connection_refused`]. Give it
+//!   recognises are retryable; by default that is
+//!   [`connection_refused`](crate::classify::connection_refused). Give it
 //!   hyper-util's `is_connect()` to cover DNS failures and connect timeouts too.
 //! - **Logs and errors** never hold message content: the transport logs nothing, error texts
 //!   hold the status and the provider's own explanation (at most 300 characters), never the
@@ -106,21 +111,22 @@
 //!
 //! # Batches
 //!
-//! With a [`BatchCodec`] ([`ResendCodec`]: `POST /emails/batch`), the transport is also a
-//! `Service<Batch<Message>>` whose answer holds one outcome per message, in the batch's order
-//! ([`BatchOutcomes`](crate::batch::BatchOutcomes)). Under [`IdempotencyLayer`](crate::IdempotencyLayer)
-//! the batch it receives holds only the messages the store let through. On every call:
+//! With a [`BatchCodec`] ([`ResendCodec`](resend::ResendCodec): `POST /emails/batch`), the
+//! transport is also a `Service<Batch<Message>>` whose answer holds one outcome per message,
+//! in the batch's order ([`BatchOutcomes`](crate::batch::BatchOutcomes)). Under
+//! [`IdempotencyLayer`](crate::IdempotencyLayer) the batch it receives holds only the messages
+//! the store let through. On every call:
 //!
 //! 1. A batch larger than [`BatchCodec::max_batch`] (Resend:
-//!    [`RESEND_MAX_BATCH`](codec::resend::RESEND_MAX_BATCH), 100) is a validation error for
-//!    every message, [`provider.batch_too_large`](codes::BATCH_TOO_LARGE), and nothing is
-//!    sent: split it before, so no half of it goes by surprise.
+//!    [`RESEND_MAX_BATCH`](resend::RESEND_MAX_BATCH), 100) is a validation error for every
+//!    message, [`provider.batch_too_large`](crate::outcome::codes::BATCH_TOO_LARGE), and
+//!    nothing is sent: split it before, so no half of it goes by surprise.
 //! 2. A message the codec cannot put in a batch ([`BatchCodec::batchable`]; Resend: one that
 //!    breaks a documented limit, or has attachments or a `send_at`) is answered a validation
-//!    error ([`provider.invalid_request`](codes::INVALID_REQUEST),
-//!    [`provider.not_batchable`](codes::NOT_BATCHABLE)), and left out; the rest go. The error
-//!    lands on the message at fault and says what to do (send it alone); failing its
-//!    neighbours too would only make the caller find which one was at fault.
+//!    error ([`provider.invalid_request`](crate::outcome::codes::INVALID_REQUEST),
+//!    [`provider.not_batchable`](crate::outcome::codes::NOT_BATCHABLE)), and left out; the
+//!    rest go. The error lands on the message at fault and says what to do (send it alone);
+//!    failing its neighbours too would only make the caller find which one was at fault.
 //! 3. The rest go as **one** request ([`BatchCodec::encode_batch`]), with one
 //!    `Idempotency-Key` derived from their provider keys in order ([`batch_idempotency_key`]): the
 //!    same on every attempt of the same batch, different for any other. A batch holding a
@@ -142,7 +148,9 @@
 //! ```
 //! use tower::{Service, ServiceExt};
 //! use tower_idempotency::batch::Batch;
-//! use tower_idempotency::http::{HttpTransport, ResendCodec, codes};
+//! use tower_idempotency::http::HttpTransport;
+//! use tower_idempotency::http::resend::ResendCodec;
+//! use tower_idempotency::outcome::codes;
 //! use tower_idempotency::{Attachment, BoxError, Message};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), BoxError> {
@@ -179,67 +187,15 @@
 //!   the stack chose, and its redirects (`redirect::Policy::none()`), which turn a POST into a
 //!   GET.
 
-pub mod codec;
+mod codec;
 mod future;
 mod status;
 mod transport;
 
-// The codec traits and each provider's codec type are re-exported here, where the transport
-// that takes them is; a provider's constants and codes stay in its module under `codec`.
-pub use codec::postmark::PostmarkCodec;
-pub use codec::resend::ResendCodec;
-pub use codec::twilio::TwilioCodec;
-pub use codec::{BatchCodec, Codec};
+pub use codec::{BatchCodec, Codec, postmark, resend, twilio};
 pub use future::{BatchResponseFuture, ResponseFuture};
-pub use status::{connection_refused, parse_retry_after};
+pub use status::parse_retry_after;
 pub use transport::{
     DEFAULT_MAX_RESPONSE_BODY, HttpTransport, IDEMPOTENCY_KEY, batch_idempotency_key,
     fit_idempotency_key,
 };
-
-/// The stable codes of the errors [`HttpTransport`] makes from the provider's answer (see the
-/// mapping table in the [module docs](self)), and the codes the [`Codec`] contract asks every
-/// codec to use.
-///
-/// Where the other codes live, by who makes them:
-/// - a codec's own readings of its provider's answers: in that codec's module, e.g.
-///   [`codec::resend::codes`];
-/// - failures the crate classified without reading an answer (a client timeout, any other
-///   client error, a client that could not become ready) and the idempotency layer's own
-///   answers: [`outcome::codes`](crate::outcome::codes), e.g.
-///   [`TIMEOUT`](crate::outcome::codes::TIMEOUT), [`UNKNOWN`](crate::outcome::codes::UNKNOWN)
-///   and [`NOT_SENT`](crate::outcome::codes::NOT_SENT).
-pub mod codes {
-    /// 429: the provider is rate limiting. Retryable, with the `Retry-After` wait.
-    pub const RATE_LIMITED: &str = "provider.rate_limited";
-    /// 502, 503, 504: the provider is unavailable. Retryable.
-    pub const UNAVAILABLE: &str = "provider.unavailable";
-    /// The client could not connect (connection refused by default). Retryable.
-    pub const CONNECT: &str = "provider.connect";
-    /// 408: the provider timed out waiting for the request. Retryable.
-    pub const REQUEST_TIMEOUT: &str = "provider.request_timeout";
-    /// 500 and 5xx other than 502/503/504. Unknown delivery.
-    pub const SERVER_ERROR: &str = "provider.server_error";
-    /// A 2xx whose body does not decode, is cut off or is too long. Unknown delivery.
-    pub const BAD_RESPONSE: &str = "provider.bad_response";
-    /// 409 that the codec does not know. Permanent.
-    pub const CONFLICT: &str = "provider.conflict";
-    /// 4xx other than 408, 409 and 429. Permanent.
-    pub const REJECTED: &str = "provider.rejected";
-    /// A status the transport cannot place: 1xx as the final answer, 3xx, or 600 to 999.
-    /// Unknown delivery: the key is kept, since the provider may have taken the message.
-    pub const UNEXPECTED_STATUS: &str = "provider.unexpected_status";
-    /// The message cannot be expressed as the provider's request
-    /// ([`Codec::encode`](super::Codec::encode)): it breaks one of the provider's documented
-    /// limits (the text says which), or its key cannot go in the `Idempotency-Key` header.
-    /// Validation; nothing is sent.
-    pub const INVALID_REQUEST: &str = "provider.invalid_request";
-    /// The batch holds more messages than the provider takes in one request
-    /// ([`BatchCodec::max_batch`](super::BatchCodec::max_batch)). Validation, for every
-    /// message; nothing is sent.
-    pub const BATCH_TOO_LARGE: &str = "provider.batch_too_large";
-    /// The message cannot go in a batch request
-    /// ([`BatchCodec::batchable`](super::BatchCodec::batchable); with Resend: it has
-    /// attachments or a schedule). Validation, for that message; the rest of the batch goes.
-    pub const NOT_BATCHABLE: &str = "provider.not_batchable";
-}

@@ -6,16 +6,13 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode, header::RETRY_AFTER};
 
 use super::codec::{BatchCodec, Codec};
-use super::codes;
 use crate::batch::BatchOutcomes;
 use crate::classify::{Classifier, Verdict, judge};
 use crate::message::Message;
-use crate::outcome::{self, BoxError, Category, Receipt, SendError};
+use crate::outcome::{self, BoxError, Category, Receipt, SendError, codes};
 
 /// The most characters of a provider's error text kept in a [`SendError`].
 const MAX_DETAIL_CHARS: usize = 300;
-
-pub use crate::classify::connection_refused;
 
 /// Parses a `Retry-After` value: delta-seconds (`"120"`) or an HTTP-date
 /// (`"Wed, 21 Oct 2015 07:28:00 GMT"`), as of `now`.

@@ -17,7 +17,7 @@ use super::future::{BatchResponseFuture, Exchange, ResponseFuture};
 use crate::batch::{Batch, BatchOutcomes};
 use crate::classify::Classifier;
 use crate::message::Message;
-use crate::outcome::{self, BoxError, Receipt, SendError};
+use crate::outcome::{self, BoxError, Category, Receipt, SendError};
 
 /// The default bound on a provider's response body: 1 MiB.
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
@@ -38,7 +38,7 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// to [`DEFAULT_MAX_RESPONSE_BODY`] bytes, and maps the status as the
 /// [module docs](super) describe.
 ///
-/// With a [`BatchCodec`] (such as [`ResendCodec`](super::ResendCodec)) it is also a
+/// With a [`BatchCodec`] (such as [`ResendCodec`](super::resend::ResendCodec)) it is also a
 /// `Service<Batch<Message>>` that sends a batch as one request and answers one outcome per
 /// message, in order ([`BatchOutcomes`]); see [Batches](super#batches).
 ///
@@ -64,7 +64,7 @@ impl<S, C> HttpTransport<S, C> {
 
     /// Sets the longest response body read, in bytes (default
     /// [`DEFAULT_MAX_RESPONSE_BODY`]). A 2xx answer with a longer body is of unknown
-    /// delivery, code [`provider.bad_response`](super::codes::BAD_RESPONSE); a failure status
+    /// delivery, code [`provider.bad_response`](crate::outcome::codes::BAD_RESPONSE); a failure status
     /// with a longer body is mapped by its status alone.
     #[must_use]
     pub fn max_response_body(mut self, bytes: usize) -> Self {
@@ -74,7 +74,7 @@ impl<S, C> HttpTransport<S, C> {
 
     /// Sets the judge of inner-client errors that are neither a
     /// [`SendError`] nor a timeout; see [`crate::classify`]. A not-sent category makes the
-    /// error retryable ([`provider.connect`](super::codes::CONNECT)), anything else is of
+    /// error retryable ([`provider.connect`](crate::outcome::codes::CONNECT)), anything else is of
     /// unknown delivery. The default is
     /// [`default_classifier`](crate::classify::default_classifier): a connection refused did
     /// not send.
@@ -83,7 +83,7 @@ impl<S, C> HttpTransport<S, C> {
     /// timeouts, none of which wrote the request:
     ///
     /// ```
-    /// # use tower_idempotency::http::{HttpTransport, ResendCodec};
+    /// # use tower_idempotency::http::{HttpTransport, resend::ResendCodec};
     /// use tower_idempotency::classify::{Classifier, default_classifier};
     /// use tower_idempotency::outcome::Category;
     ///
@@ -112,7 +112,7 @@ impl<S, C> HttpTransport<S, C> {
     /// Shorthand for a [`classifier`](Self::classifier) that answers
     /// [`Retryable`](crate::Category::Retryable) when `not_sent` says the error certainly did
     /// not send, and [`Unknown`](crate::Category::Unknown) otherwise. It replaces the default
-    /// judge: include [`connection_refused`](super::connection_refused) if you want it too.
+    /// judge: include [`connection_refused`](crate::classify::connection_refused) if you want it too.
     #[must_use]
     pub fn not_sent_if<F>(self, not_sent: F) -> Self
     where
@@ -120,9 +120,9 @@ impl<S, C> HttpTransport<S, C> {
     {
         self.classifier(Classifier::new(move |error| {
             if not_sent(error) {
-                crate::Category::Retryable
+                Category::Retryable
             } else {
-                crate::Category::Unknown
+                Category::Unknown
             }
         }))
     }
@@ -239,7 +239,7 @@ fn set_key(
         // own way; report it rather than send without the provider's dedup.
         let value = HeaderValue::from_str(key).map_err(|e| {
             SendError::validation(
-                super::codes::INVALID_REQUEST,
+                outcome::codes::INVALID_REQUEST,
                 "the idempotency key cannot be sent as an HTTP header",
             )
             .with_source(e)
@@ -308,7 +308,7 @@ where
         let max = codec.max_batch();
         if messages.len() > max {
             let error = SendError::validation(
-                super::codes::BATCH_TOO_LARGE,
+                outcome::codes::BATCH_TOO_LARGE,
                 format!(
                     "the batch holds {} messages and the provider takes at most {max}; \
                      none was sent",

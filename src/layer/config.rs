@@ -18,8 +18,8 @@ use super::stats::Counters;
 use crate::classify::Classifier;
 use crate::message::{Message, RawMessage};
 use crate::outcome::{BoxError, Category};
-use crate::reconcile::{Verified, Verify};
 use crate::store::Store;
+use crate::verify::{Verified, Verify};
 
 /// The default lease: how long a reservation holds a key before it must be renewed, and so
 /// how long a crashed process holds its keys.
@@ -517,7 +517,7 @@ impl IdempotencyLayerBuilder {
     /// The same service can serve a [`Reconciler`](crate::reconcile::Reconciler).
     ///
     /// ```
-    /// use tower_idempotency::reconcile::{Verified, Verify};
+    /// use tower_idempotency::verify::{Verified, Verify};
     /// use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore};
     ///
     /// // A real service would look the key up at the provider.

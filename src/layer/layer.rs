@@ -13,7 +13,8 @@ use super::stats::Stats;
 use crate::classify::Classifier;
 use crate::message::KeyError;
 use crate::outcome::SendError;
-use crate::store::{Claim, MemoryStore, Store};
+use crate::store::memory::MemoryStore;
+use crate::store::{Claim, Store};
 
 /// A tower [`Layer`] that sends each keyed message once: it reserves the message's
 /// idempotency key in a [`Store`] before the inner service is called, answers repeats from the

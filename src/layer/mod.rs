@@ -23,10 +23,10 @@
 //! | `layer.rs` | [`IdempotencyLayer`] (and the builder's `build`, which makes it; its claims) | config, key, request, service, stats |
 //!
 //! The crate-level modules it uses import nothing from it: [`crate::classify`] judges
-//! errors, [`crate::batch`] holds the public batch types, [`crate::store`] keeps the keys.
-//! The exception is [`crate::reconcile`]: the layer asks its [`Verify`](crate::reconcile::Verify)
-//! questions (plain types in `reconcile/verify.rs`, which import nothing from the layer),
-//! while the reconciler logs keys with the layer's `key_hash`.
+//! errors, [`crate::batch`] holds the public batch types, [`crate::store`] keeps the keys,
+//! [`crate::verify`] holds the question the layer asks before sending a key taken over.
+//! [`crate::reconcile`] sits above the layer: it reads stored keys through [`StoredKeys`] and
+//! logs them with the layer's `key_hash`.
 
 mod batch;
 mod config;
@@ -45,7 +45,6 @@ mod stats;
 mod takeover;
 mod wait;
 
-pub use crate::classify::default_classifier;
 pub use config::{
     ConfigError, DEFAULT_LEASE, DEFAULT_MAX_HOLD, DEFAULT_NAMESPACE, DEFAULT_RESERVE_TIMEOUT,
     DEFAULT_SETTLE_TIMEOUT, DEFAULT_TTL, DEFAULT_VERIFY_TIMEOUT, IdempotencyLayerBuilder, KeyForm,

@@ -19,8 +19,8 @@ use super::resend::inside_window;
 use super::settle::{Finish, Settle};
 use super::stats::bump;
 use crate::outcome::{Outcome, Receipt, SendError, codes};
-use crate::reconcile::{Verified, Verify};
 use crate::store::Record;
+use crate::verify::{Verified, Verify};
 
 /// What a send does after taking its key over.
 pub(crate) enum Takeover {

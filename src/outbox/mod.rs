@@ -62,6 +62,15 @@
 //! The message's stored form is JSON with a version (`"v":1`), every field of a
 //! [`Message`], attachment content in base64, pinned by a golden test.
 //!
+//! # Your driver
+//!
+//! As [`PostgresStore`](crate::PostgresStore), the outbox runs on tokio-postgres 0.7 through
+//! a deadpool-postgres 0.14 pool: [`Outbox::new`] takes a `deadpool_postgres::Pool`,
+//! [`Outbox::listen`] a `tokio_postgres::Config` and [`Outbox::enqueue`] a
+//! `tokio_postgres::GenericClient`. Add those crates at the same versions to your
+//! dependencies (`deadpool-postgres = "0.14"`, `tokio-postgres = "0.7"`) to hand them in;
+//! [`Outbox::connect`] needs neither.
+//!
 //! # Example
 //!
 //! ```no_run

@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use super::{Outbox, stored};
 use crate::classify::{Classifier, into_send_error};
+use crate::message::Message;
 use crate::outcome::{BoxError, Receipt, SendError};
 use crate::retry::unit_random;
 use crate::store::StoreError;
@@ -223,7 +224,7 @@ impl<S> Worker<S> {
 
 impl<S> Worker<S>
 where
-    S: Service<crate::Message, Response = Receipt> + Send,
+    S: Service<Message, Response = Receipt> + Send,
     S::Error: Into<BoxError>,
     S::Future: Send,
 {

@@ -11,9 +11,9 @@
 //!
 //! | the provider says | the key | the next send of the message |
 //! |---|---|---|
-//! | [`Delivered`](Verified::Delivered) with its receipt | kept done with that receipt | replayed with the provider's id, never sent |
-//! | [`NotSent`](Verified::NotSent) | freed | sent, once |
-//! | [`Unknown`](Verified::Unknown), or the service fails | left as it is | the stored error, replayed |
+//! | [`Delivered`](crate::verify::Verified::Delivered) with its receipt | kept done with that receipt | replayed with the provider's id, never sent |
+//! | [`NotSent`](crate::verify::Verified::NotSent) | freed | sent, once |
+//! | [`Unknown`](crate::verify::Verified::Unknown), or the service fails | left as it is | the stored error, replayed |
 //!
 //! So a message the provider already took never goes out twice, and one it never took is no
 //! longer blocked for the whole ttl. A key a live send holds is never touched.
@@ -23,9 +23,10 @@
 //! it is asked about a key a send takes over from a crashed holder, before that send.
 //!
 //! The verification service is a tower [`Service<Verify>`](tower_service::Service)
-//! answering [`Verified`]; see [`Verify`] for what it is told, and for what a service must do
-//! when the layer stores hashed keys. Its `poll_ready` is respected, so a rate limit or a
-//! concurrency limit from tower bounds the questions a pass asks.
+//! answering [`Verified`](crate::verify::Verified), both in [`verify`](crate::verify) as the
+//! layer asks them too; see [`Verify`](crate::verify::Verify) for what it is told, and for
+//! what a service must do when the layer stores hashed keys. Its `poll_ready` is respected,
+//! so a rate limit or a concurrency limit from tower bounds the questions a pass asks.
 //!
 //! Each pass does bounded work ([`Reconciler::max_keys_per_pass`]) and resumes where the last
 //! one stopped. Call [`Reconciler::run_once`] on a timer of your own, or spawn
@@ -39,7 +40,8 @@
 //! use std::sync::{Arc, Mutex};
 //! use std::time::Duration;
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_idempotency::reconcile::{Reconciler, Verified, Verify};
+//! use tower_idempotency::reconcile::Reconciler;
+//! use tower_idempotency::verify::{Verified, Verify};
 //! use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message, Receipt};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
@@ -95,11 +97,9 @@
 
 mod reconciler;
 mod report;
-mod verify;
 
 pub use reconciler::{DEFAULT_DELIVERED_TTL, DEFAULT_MAX_KEYS_PER_PASS, Reconciler};
 pub use report::{ReconcileCounters, ReconcileReport};
-pub use verify::{Verified, Verify};
 
 /// The `tracing` target of the reconciler's events.
 const TARGET: &str = "tower_idempotency::reconcile";

@@ -9,11 +9,11 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::report::{ReconcileCounters, ReconcileReport};
-use super::verify::{Verified, Verify};
 use super::{TARGET, key_hash};
 use crate::layer::{KeyForm, StoredKeys};
 use crate::outcome::BoxError;
 use crate::store::admin::{AdminOutcome, Cursor, Force, Inspected, Resolution, StoreAdmin};
+use crate::verify::{Verified, Verify};
 
 /// How many keys one pass checks unless told otherwise.
 pub const DEFAULT_MAX_KEYS_PER_PASS: usize = 100;
@@ -47,7 +47,8 @@ pub const DEFAULT_DELIVERED_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// ```
 /// use std::time::Duration;
 /// use tower_idempotency::layer::{KeyForm, StoredKeys};
-/// use tower_idempotency::reconcile::{Reconciler, Verified, Verify};
+/// use tower_idempotency::reconcile::Reconciler;
+/// use tower_idempotency::verify::{Verified, Verify};
 /// use tower_idempotency::{BoxError, MemoryStore};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), BoxError> {
@@ -212,7 +213,7 @@ where
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use tower_idempotency::{MemoryStore, reconcile::{Reconciler, Verified, Verify}};
+    /// # use tower_idempotency::{MemoryStore, reconcile::Reconciler, verify::{Verified, Verify}};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let verify = tower::service_fn(|_: Verify| async { Ok::<_, std::convert::Infallible>(Verified::Unknown) });
     /// let reconciler = Reconciler::new(MemoryStore::new(), verify);

@@ -26,9 +26,12 @@
 //! | store | feature | for |
 //! |---|---|---|
 //! | [`MemoryStore`] | default | one process: bounded, sharded, forgets on restart |
-//! | `RedisStore` | `redis` (`redis-cluster` for Redis Cluster) | several processes; `SET NX GET PX` reserves, Lua scripts fence complete and release |
-//! | `PostgresStore` | `postgres` | several processes; one statement per operation, expiry by the server's `now()` |
-//! | `SqliteStore` | `sqlite` | the processes of one host, no server: one database file, one statement per operation, expiry by SQLite's clock |
+//! | `redis::RedisStore` | `redis` (`redis-cluster` for Redis Cluster) | several processes; `SET NX GET PX` reserves, Lua scripts fence complete and release |
+//! | `postgres::PostgresStore` | `postgres` | several processes; one statement per operation, expiry by the server's `now()` |
+//! | `sqlite::SqliteStore` | `sqlite` | the processes of one host, no server: one database file, one statement per operation, expiry by SQLite's clock |
+//!
+//! Each store is in its backend's module, and at the crate root (`tower_idempotency::MemoryStore`,
+//! `tower_idempotency::RedisStore`, …).
 //!
 //! Operators settle keys by hand (read a record, forget a key, resolve it as delivered or as
 //! not sent, list the keys of unknown delivery) through [`admin::StoreAdmin`], a trait of its
@@ -37,6 +40,8 @@
 //! Every store passes the conformance suite in `store::conformance` (feature `test-util`),
 //! which third-party stores can run as well. Networked stores write records and outcomes in
 //! the versioned stored form of [`record`], open to third-party stores too.
+//!
+//! [`MemoryStore`]: memory::MemoryStore
 
 use std::fmt;
 use std::time::Duration;
@@ -62,13 +67,6 @@ mod token;
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 
-pub use memory::MemoryStore;
-#[cfg(feature = "postgres")]
-pub use postgres::PostgresStore;
-#[cfg(feature = "redis")]
-pub use redis::RedisStore;
-#[cfg(feature = "sqlite")]
-pub use sqlite::SqliteStore;
 pub use token::Token;
 
 /// The state of a live record.

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_idempotency::SqliteStore;
 use tower_idempotency::outcome::codes;
-use tower_idempotency::store::SqliteStore;
 use tower_idempotency::{BoxError, Message, Receipt};
 
 use super::{DUPLICATES, HOLD_LEASE, alert, layer};

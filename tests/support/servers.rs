@@ -161,8 +161,8 @@ impl RedisServer {
         &self,
         prefix: impl Into<String>,
         timeout: Duration,
-    ) -> tower_idempotency::store::RedisStore {
-        tower_idempotency::store::RedisStore::connect(&self.url)
+    ) -> tower_idempotency::RedisStore {
+        tower_idempotency::RedisStore::connect(&self.url)
             .await
             .expect("connect to the private redis-server")
             .key_prefix(prefix)
@@ -513,8 +513,8 @@ impl PostgresCluster {
 /// were. Only on a cluster of the test's own.
 #[cfg(feature = "postgres")]
 pub async fn terminate_postgres_sessions(
-    admin: &tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::Client,
-) -> Result<usize, tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::Error> {
+    admin: &tokio_postgres::Client,
+) -> Result<usize, tokio_postgres::Error> {
     let rows = admin
         .query(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \

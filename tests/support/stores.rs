@@ -85,7 +85,7 @@ pub mod redis_admin {
 /// A session that goes around the store, to plant rows, hold locks and kill the store's sessions.
 #[cfg(feature = "postgres")]
 pub mod postgres_admin {
-    use tower_idempotency::store::postgres::deadpool_postgres::tokio_postgres::{self, NoTls};
+    use tokio_postgres::NoTls;
 
     /// A session of the test's own on the server at `url`.
     pub async fn admin(url: &str) -> tokio_postgres::Client {

@@ -1,6 +1,6 @@
 //! What a provider's HTTP API looks like: the [`Codec`] and [`BatchCodec`] traits, and one
-//! module per provider with its codec, its constants and the codes of the errors only it
-//! makes ([`resend`], [`twilio`], [`postmark`]).
+//! module per provider with its codec, its constants and what its provider's errors become
+//! ([`resend`], [`twilio`], [`postmark`]). `http` re-exports them all.
 
 pub mod postmark;
 pub mod resend;
@@ -71,7 +71,7 @@ pub trait Codec {
     /// # Errors
     /// Any error when the body is not what the provider documents. The transport turns it
     /// into an unknown-delivery [`SendError`] with code
-    /// [`provider.bad_response`](super::codes::BAD_RESPONSE): the provider said 2xx, so the
+    /// [`provider.bad_response`](crate::outcome::codes::BAD_RESPONSE): the provider said 2xx, so the
     /// message was probably accepted, and the key must not be freed.
     fn decode(
         &self,
@@ -91,7 +91,7 @@ pub trait Codec {
     }
 
     /// What a 409 Conflict means, or `None` when the codec does not know; the transport then
-    /// answers a permanent [`provider.conflict`](super::codes::CONFLICT).
+    /// answers a permanent [`provider.conflict`](crate::outcome::codes::CONFLICT).
     fn conflict(&self, response: &http::Response<Bytes>) -> Option<SendError> {
         let _ = response;
         None
@@ -155,7 +155,7 @@ impl<C: Codec + ?Sized> Codec for std::sync::Arc<C> {
 /// [module docs](super#batches)).
 pub trait BatchCodec: Codec {
     /// The most messages one batch request may hold. A larger batch is a validation error,
-    /// [`provider.batch_too_large`](super::codes::BATCH_TOO_LARGE), for every message, and
+    /// [`provider.batch_too_large`](crate::outcome::codes::BATCH_TOO_LARGE), for every message, and
     /// nothing is sent.
     fn max_batch(&self) -> usize;
 
@@ -163,7 +163,7 @@ pub trait BatchCodec: Codec {
     ///
     /// # Errors
     /// A [`SendError`] (usually [`validation`](SendError::validation), code
-    /// [`provider.not_batchable`](super::codes::NOT_BATCHABLE)) that becomes this message's
+    /// [`provider.not_batchable`](crate::outcome::codes::NOT_BATCHABLE)) that becomes this message's
     /// outcome; it is left out of the request and the rest of the batch goes.
     fn batchable(&self, message: &Message) -> Result<(), SendError> {
         let _ = message;
@@ -183,7 +183,7 @@ pub trait BatchCodec: Codec {
     /// # Errors
     /// Any error when the body is not what the provider documents. The transport turns it
     /// into an unknown-delivery [`SendError`] with code
-    /// [`provider.bad_response`](super::codes::BAD_RESPONSE) for every message, as it does
+    /// [`provider.bad_response`](crate::outcome::codes::BAD_RESPONSE) for every message, as it does
     /// when the answer holds a different number of outcomes than messages.
     fn decode_batch(
         &self,

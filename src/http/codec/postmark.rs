@@ -1,5 +1,5 @@
 //! [`PostmarkCodec`]: Postmark's email API (`POST /email` and `POST /email/batch`), with its
-//! documented [limits](self#limits) and the [`codes`] of the errors only it makes.
+//! documented [limits](self#limits) and the [codes](self#limits) its errors become.
 //!
 //! # No idempotency key at Postmark
 //!
@@ -10,7 +10,7 @@
 //! # Limits
 //!
 //! What Postmark documents, and the codec checks before it sends: a message that breaks one is
-//! a validation error, code [`provider.invalid_request`](http_codes::INVALID_REQUEST), and is
+//! a validation error, code [`provider.invalid_request`](codes::INVALID_REQUEST), and is
 //! not sent (in a batch, it alone is left out). Sources: the
 //! [email API reference](https://postmarkapp.com/developer/api/email-api), the
 //! [batch guide](https://postmarkapp.com/developer/user-guide/send-email-with-api/batch-emails)
@@ -32,8 +32,8 @@
 //! | 0 | the receipt | |
 //! | 406 (inactive recipient: hard bounce, spam complaint, suppression) | permanent | [`provider.inactive_recipient`](codes::INACTIVE_RECIPIENT) |
 //! | 300, 402, 403, 409, 410, 411 (invalid email request, JSON, too many batch messages, forbidden attachment type) | validation | [`provider.validation_error`](codes::VALIDATION_ERROR) |
-//! | 429 (rate limit), 100 (maintenance) | retryable | [`provider.rate_limited`](http_codes::RATE_LIMITED), [`provider.unavailable`](http_codes::UNAVAILABLE) |
-//! | any other (400, 401 sender signature; 405, 412, 413 account) | permanent | [`provider.rejected`](http_codes::REJECTED) |
+//! | 429 (rate limit), 100 (maintenance) | retryable | [`provider.rate_limited`](codes::RATE_LIMITED), [`provider.unavailable`](codes::UNAVAILABLE) |
+//! | any other (400, 401 sender signature; 405, 412, 413 account) | permanent | [`provider.rejected`](codes::REJECTED) |
 //!
 //! Other statuses (401 bad token, 429, 500, …) map as the transport maps them. In a batch, one
 //! message's error is its own: the other messages keep their receipts, and the layer frees
@@ -49,21 +49,8 @@ use serde::{Deserialize, Serialize};
 use super::wire::{self, refused, truncate};
 use super::{BatchCodec, Codec};
 use crate::base64::encode as base64;
-use crate::http::codes as http_codes;
 use crate::message::{Channel, Message};
-use crate::outcome::{BoxError, Receipt, SendError};
-
-/// The stable codes of the errors only [`PostmarkCodec`] makes (see the
-/// [table](self#limits)). Its other answers get the transport's codes
-/// ([`http::codes`](crate::http::codes)).
-pub mod codes {
-    /// A recipient is inactive at Postmark (`ErrorCode` 406: a hard bounce, a spam complaint
-    /// or a manual suppression). Permanent, for that message alone.
-    pub const INACTIVE_RECIPIENT: &str = "provider.inactive_recipient";
-    /// Postmark found the message invalid (`ErrorCode` 300, 402, 403, 409, 410, 411).
-    /// Validation.
-    pub const VALIDATION_ERROR: &str = "provider.validation_error";
-}
+use crate::outcome::{BoxError, Receipt, SendError, codes};
 
 /// Postmark's API, where [`PostmarkCodec::new`] points.
 pub const POSTMARK_API: &str = "https://api.postmarkapp.com";
@@ -107,7 +94,7 @@ const SERVER_TOKEN: &str = "x-postmark-server-token";
 /// that message's outcome ([table](self#limits)).
 ///
 /// ```
-/// use tower_idempotency::http::PostmarkCodec;
+/// use tower_idempotency::http::postmark::PostmarkCodec;
 ///
 /// let codec = PostmarkCodec::new("server-token").message_stream("broadcast");
 /// assert!(!format!("{codec:?}").contains("server-token"));
@@ -315,7 +302,7 @@ impl PostmarkCodec {
     ) -> Result<http::Request<Bytes>, SendError> {
         let body = serde_json::to_vec(body).map_err(|e| {
             SendError::validation(
-                http_codes::INVALID_REQUEST,
+                codes::INVALID_REQUEST,
                 "the message cannot be encoded as JSON",
             )
             .with_source(e)
@@ -352,7 +339,7 @@ fn outcome(sent: Sent, message: &Message) -> Result<Receipt, SendError> {
         }
         // Postmark said OK: accepted, but without an id to point at.
         _ => Err(SendError::unknown_delivery(
-            http_codes::BAD_RESPONSE,
+            codes::BAD_RESPONSE,
             "Postmark accepted the message but answered no MessageID; it was probably sent",
         )),
     }
@@ -376,15 +363,15 @@ fn error_of(sent: &Sent) -> Option<SendError> {
             text("Postmark found the message invalid; not sent"),
         ),
         429 => SendError::retryable(
-            http_codes::RATE_LIMITED,
+            codes::RATE_LIMITED,
             text("Postmark is rate limiting; not sent"),
         ),
         100 => SendError::retryable(
-            http_codes::UNAVAILABLE,
+            codes::UNAVAILABLE,
             text("Postmark is in maintenance; not sent"),
         ),
         _ => SendError::permanent(
-            http_codes::REJECTED,
+            codes::REJECTED,
             text("Postmark rejected the message; not sent"),
         ),
     })

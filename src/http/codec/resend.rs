@@ -1,10 +1,10 @@
 //! [`ResendCodec`]: Resend's email API (`POST /emails` and `POST /emails/batch`), with its
-//! documented [limits](self#limits) and the [`codes`] of the errors only it makes.
+//! documented [limits](self#limits) and the [codes](self#limits) its errors become.
 //!
 //! # Limits
 //!
 //! What Resend documents, and the codec checks before it sends: a message that breaks one is
-//! a validation error, code [`provider.invalid_request`](http_codes::INVALID_REQUEST), and is
+//! a validation error, code [`provider.invalid_request`](codes::INVALID_REQUEST), and is
 //! not sent (in a batch, it alone is left out). Sources: the
 //! [OpenAPI description](https://github.com/resend/resend-openapi/blob/main/resend.yaml)
 //! (`info.version` 1.5.0: `SendEmailRequest`, `Tag`, the `Idempotency-Key` parameter), the
@@ -30,9 +30,9 @@
 //! | 409 | `concurrent_idempotent_requests` | unknown delivery, **retryable** | [`provider.idempotency_in_flight`](codes::IDEMPOTENCY_IN_FLIGHT) |
 //! | 409 | `invalid_idempotent_request` | validation | [`provider.idempotency_key_reused`](codes::IDEMPOTENCY_KEY_REUSED) |
 //! | 429 | `daily_quota_exceeded`, `monthly_quota_exceeded` | permanent | [`provider.quota_exceeded`](codes::QUOTA_EXCEEDED) |
-//! | 429 | `rate_limit_exceeded` (or none) | retryable, with `Retry-After` | [`provider.rate_limited`](http_codes::RATE_LIMITED) |
-//! | 401, 403, 404, 405, 451 | `missing_api_key`, `invalid_api_key`, `restricted_api_key`, `validation_error`, `not_found`, `method_not_allowed`, `security_error` | permanent | [`provider.rejected`](http_codes::REJECTED) |
-//! | 500 | `application_error`, `internal_server_error` | unknown delivery | [`provider.server_error`](http_codes::SERVER_ERROR) |
+//! | 429 | `rate_limit_exceeded` (or none) | retryable, with `Retry-After` | [`provider.rate_limited`](codes::RATE_LIMITED) |
+//! | 401, 403, 404, 405, 451 | `missing_api_key`, `invalid_api_key`, `restricted_api_key`, `validation_error`, `not_found`, `method_not_allowed`, `security_error` | permanent | [`provider.rejected`](codes::REJECTED) |
+//! | 500 | `application_error`, `internal_server_error` | unknown delivery | [`provider.server_error`](codes::SERVER_ERROR) |
 //!
 //! Why:
 //! - **409 `concurrent_idempotent_requests`**: Resend is still handling an earlier request
@@ -65,28 +65,8 @@ use serde::{Deserialize, Serialize};
 use super::wire::{self, refused, rfc3339, truncate};
 use super::{BatchCodec, Codec};
 use crate::base64::encode as base64;
-use crate::http::codes as http_codes;
 use crate::message::{Channel, Message};
-use crate::outcome::{BoxError, Category, Receipt, SendError};
-
-/// The stable codes of the errors only [`ResendCodec`] makes: what Resend's own error names
-/// mean (see the [table](self#limits)). Its other answers get the transport's codes
-/// ([`http::codes`](crate::http::codes)).
-pub mod codes {
-    /// Resend is still handling a request under this idempotency key (its 409
-    /// `concurrent_idempotent_requests`). Unknown delivery, retryable under the same key; not
-    /// counted against the provider.
-    pub const IDEMPOTENCY_IN_FLIGHT: &str = "provider.idempotency_in_flight";
-    /// Resend holds this idempotency key for a different request (its 409
-    /// `invalid_idempotent_request`). Validation.
-    pub const IDEMPOTENCY_KEY_REUSED: &str = "provider.idempotency_key_reused";
-    /// The account's daily or monthly sending quota is used up (its 429
-    /// `daily_quota_exceeded` / `monthly_quota_exceeded`). Permanent: not sent, not retried,
-    /// not a provider failure.
-    pub const QUOTA_EXCEEDED: &str = "provider.quota_exceeded";
-    /// Resend found the message invalid (its 422, or 400 `validation_error`). Validation.
-    pub const VALIDATION_ERROR: &str = "provider.validation_error";
-}
+use crate::outcome::{BoxError, Category, Receipt, SendError, codes};
 
 /// Resend's API, where [`ResendCodec::new`] points.
 pub const RESEND_API: &str = "https://api.resend.com";
@@ -138,14 +118,14 @@ pub const RESEND_MAX_IDEMPOTENCY_KEY: usize = 256;
 /// `{"data": [{"id": "…"}, …]}` in the order sent. Resend validates a batch strictly: one
 /// invalid email fails the whole request. So every message is checked alone first
 /// ([`batchable`](BatchCodec::batchable)): one that breaks a [limit](self#limits) is answered
-/// its validation error, [`provider.invalid_request`](http_codes::INVALID_REQUEST), and one
+/// its validation error, [`provider.invalid_request`](codes::INVALID_REQUEST), and one
 /// with attachments or a `send_at` (which the batch endpoint does not take)
-/// [`provider.not_batchable`](http_codes::NOT_BATCHABLE); the rest of the batch goes without
+/// [`provider.not_batchable`](codes::NOT_BATCHABLE); the rest of the batch goes without
 /// it. The error lands on the message at fault, never on its neighbours, and says what to do
 /// (fix it, or send it on its own; its key was not used, so the layer has freed it).
 ///
 /// ```
-/// use tower_idempotency::http::ResendCodec;
+/// use tower_idempotency::http::resend::ResendCodec;
 ///
 /// let codec = ResendCodec::new("re_123").base_url("http://127.0.0.1:8080".parse()?);
 /// // The key never shows in Debug output.
@@ -466,7 +446,7 @@ impl BatchCodec for ResendCodec {
             (true, None) => return Ok(()),
         };
         Err(SendError::validation(
-            http_codes::NOT_BATCHABLE,
+            codes::NOT_BATCHABLE,
             format!(
                 "Resend's batch endpoint does not take {refused}; this message was left out \
                  of the batch and not sent: send it on its own"

@@ -1,6 +1,6 @@
 //! [`TwilioCodec`]: Twilio's Programmable Messaging API (`POST
 //! /2010-04-01/Accounts/{AccountSid}/Messages.json`), with its documented [limits](self#limits)
-//! and the [`codes`] of the errors only it makes.
+//! and the [codes](self#limits) its errors become.
 //!
 //! # No idempotency key at Twilio
 //!
@@ -15,7 +15,7 @@
 //! # Limits
 //!
 //! What Twilio documents, and the codec checks before it sends: a message that breaks one is a
-//! validation error, code [`provider.invalid_request`](http_codes::INVALID_REQUEST), and is
+//! validation error, code [`provider.invalid_request`](codes::INVALID_REQUEST), and is
 //! not sent. Source: Twilio's
 //! [OpenAPI description](https://github.com/twilio/twilio-oai/blob/main/spec/yaml/twilio_api_v2010.yaml)
 //! (`CreateMessage`, `CreateMessageRequest`).
@@ -34,11 +34,11 @@
 //!
 //! | status | `code` | outcome | code |
 //! |---|---|---|---|
-//! | 429 | 20429 (or none) | retryable, with `Retry-After` | [`provider.rate_limited`](http_codes::RATE_LIMITED) |
+//! | 429 | 20429 (or none) | retryable, with `Retry-After` | [`provider.rate_limited`](codes::RATE_LIMITED) |
 //! | 400 | 21610 (the recipient replied STOP) | permanent | [`provider.recipient_unsubscribed`](codes::RECIPIENT_UNSUBSCRIBED) |
-//! | 400 | 21408, 21612, 21614 (region not enabled, unroutable, not a mobile number) | permanent | [`provider.rejected`](http_codes::REJECTED) |
+//! | 400 | 21408, 21612, 21614 (region not enabled, unroutable, not a mobile number) | permanent | [`provider.rejected`](codes::REJECTED) |
 //! | 400 | any other (21211 invalid `To`, 21602 `Body` required, 21617 body too long, …) | validation | [`provider.validation_error`](codes::VALIDATION_ERROR) |
-//! | 401, 403, 404 | 20003, 20404, … | permanent | [`provider.rejected`](http_codes::REJECTED) |
+//! | 401, 403, 404 | 20003, 20404, … | permanent | [`provider.rejected`](codes::REJECTED) |
 //! | 5xx | | as the transport maps it | |
 
 use std::fmt;
@@ -50,19 +50,8 @@ use serde::Deserialize;
 
 use super::Codec;
 use super::wire::{self, refused, rfc3339, truncate};
-use crate::http::codes as http_codes;
 use crate::message::{Channel, Message, SmsSender};
-use crate::outcome::{BoxError, Receipt, SendError};
-
-/// The stable codes of the errors only [`TwilioCodec`] makes (see the
-/// [table](self#limits)). Its other answers get the transport's codes
-/// ([`http::codes`](crate::http::codes)).
-pub mod codes {
-    /// Twilio refused the parameters (a 400 other than the policy refusals). Validation.
-    pub const VALIDATION_ERROR: &str = "provider.validation_error";
-    /// The recipient opted out (replied STOP; Twilio error 21610). Permanent.
-    pub const RECIPIENT_UNSUBSCRIBED: &str = "provider.recipient_unsubscribed";
-}
+use crate::outcome::{BoxError, Receipt, SendError, codes};
 
 /// Twilio's API, where [`TwilioCodec::new`] points.
 pub const TWILIO_API: &str = "https://api.twilio.com";
@@ -90,7 +79,7 @@ pub const TWILIO_MAX_BODY_CHARS: usize = 1600;
 /// with the recipient. Twilio takes no idempotency key: see [the module docs](self).
 ///
 /// ```
-/// use tower_idempotency::http::TwilioCodec;
+/// use tower_idempotency::http::twilio::TwilioCodec;
 ///
 /// let codec = TwilioCodec::new("AC0123456789abcdef0123456789abcdef", "auth-token");
 /// assert!(!format!("{codec:?}").contains("auth-token"));
@@ -276,7 +265,7 @@ impl Codec for TwilioCodec {
                 ),
             ),
             Some(21408 | 21612 | 21614) => SendError::permanent(
-                http_codes::REJECTED,
+                codes::REJECTED,
                 format!("Twilio cannot deliver to this number; not sent (HTTP 400 {detail})"),
             ),
             _ => SendError::validation(

@@ -9,8 +9,8 @@ use http::header::{AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderValue, Method};
 
-use crate::http::codes;
 use crate::outcome::SendError;
+use crate::outcome::codes;
 
 /// The `User-Agent` of every codec's requests.
 const AGENT: &str = concat!("tower-idempotency/", env!("CARGO_PKG_VERSION"));

@@ -15,7 +15,7 @@
 //! # fn main() {}
 //! ```
 //!
-//! Time: a store whose clock is tokio's (like [`MemoryStore`](super::MemoryStore)) runs with
+//! Time: a store whose clock is tokio's (like [`MemoryStore`](super::memory::MemoryStore)) runs with
 //! [`paused_clock`](Conformance::paused_clock) and time is advanced instantly; a store on a
 //! server runs with the default real clock, short leases, and waits for them to pass.
 //!

@@ -9,7 +9,8 @@ use super::{PostgresStore, millis};
 use crate::store::{Claim, StoreError};
 
 impl PostgresStore {
-    /// Writes `claim` through `client`, inside the transaction that writes your business
+    /// Writes `claim` through `client` (tokio-postgres 0.7, see
+    /// [Your driver](super#your-driver)), inside the transaction that writes your business
     /// rows (`&tx` for a `tokio_postgres::Transaction`, `&*tx` for a `deadpool_postgres`
     /// one), so the key is held exactly when those rows commit, and not at all if they roll
     /// back. Answers whether it wrote the claim: `false` when a live record already holds the

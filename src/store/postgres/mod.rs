@@ -1,6 +1,14 @@
 //! [`PostgresStore`] (feature `postgres`): keys in a PostgreSQL table, shared by every process
 //! that uses the table.
 //!
+//! # Your driver
+//!
+//! The store runs on tokio-postgres 0.7 through a deadpool-postgres 0.14 pool. Where you hand
+//! it your own, [`PostgresStore::new`] takes a `deadpool_postgres::Pool` and
+//! [`PostgresStore::claim_in`] a `tokio_postgres::GenericClient`: add those crates at the same
+//! versions to your dependencies (`deadpool-postgres = "0.14"`, `tokio-postgres = "0.7"`), so
+//! your types are the store's. [`PostgresStore::connect`] needs neither.
+//!
 //! # Schema
 //!
 //! [`PostgresStore::migrate`] creates the table (default name [`DEFAULT_TABLE`]) and its
@@ -162,7 +170,6 @@ mod purge;
 mod row;
 pub(crate) mod sql;
 
-pub use deadpool_postgres;
 pub use purge::PurgeTask;
 pub use sql::InvalidTableName;
 
@@ -197,7 +204,8 @@ const MIN_MIGRATE_TIMEOUT: Duration = Duration::from_secs(30);
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use tower_idempotency::{Fingerprint, store::{PostgresStore, Reservation, Store}};
+/// use tower_idempotency::store::{Reservation, Store};
+/// use tower_idempotency::{Fingerprint, PostgresStore};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = PostgresStore::connect("postgres://app@db.internal/app")
@@ -237,7 +245,8 @@ impl fmt::Debug for PostgresStore {
 }
 
 impl PostgresStore {
-    /// A store on `pool`, using the table [`DEFAULT_TABLE`].
+    /// A store on `pool` (deadpool-postgres 0.14, see [Your driver](self#your-driver)),
+    /// using the table [`DEFAULT_TABLE`].
     ///
     /// The pool decides connections, TLS and size. Prefer a manager with
     /// [`RecyclingMethod::Fast`] (deadpool's default): every statement here fails cleanly on

@@ -26,7 +26,7 @@ pub const UNKNOWN_INDEX_SUFFIX: &str = "unknown-index";
 /// `KEYS[1]` the key. Answers `{0}` when there is no key, `{2}` when it holds another Redis
 /// type, `{1, value, pttl, now}` otherwise, `now` the server's `TIME` in ms (against which a
 /// pending record's `lease_until_ms` is read).
-pub const INSPECT_SCRIPT: &str = r"
+const INSPECT_SCRIPT: &str = r"
 local current = redis.pcall('GET', KEYS[1])
 if not current then return {0} end
 if type(current) ~= 'string' then return {2} end
@@ -42,7 +42,7 @@ return {1, current, redis.call('PTTL', KEYS[1]), now}
 /// `KEYS[1]` the key, `ARGV[1]` the value read, `ARGV[2]` the new value (empty: delete the
 /// key), `ARGV[3]` its ttl in ms. Answers 1 when it changed the key, 0 when the value is no
 /// longer the one read (nothing changed).
-pub const SETTLE_SCRIPT: &str = r"
+const SETTLE_SCRIPT: &str = r"
 local current = redis.pcall('GET', KEYS[1])
 if type(current) ~= 'string' or current ~= ARGV[1] then return 0 end
 if ARGV[2] == '' then
@@ -59,7 +59,7 @@ return 1
 /// ms. The score is when the record expires, by the index's server clock; entries whose
 /// record has surely expired are trimmed on the way, so the index never outgrows the live
 /// records of unknown delivery.
-pub const INDEX_ADD_SCRIPT: &str = r"
+const INDEX_ADD_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now))
@@ -76,7 +76,7 @@ return 1
 /// a lower score, then those of its score with a key not above its own, compared byte by
 /// byte as Redis orders them). `O(log N + page)` unless many entries share the cursor's
 /// score.
-pub const INDEX_PAGE_SCRIPT: &str = r"
+const INDEX_PAGE_SCRIPT: &str = r"
 local function le(a, b)
   local n = math.min(#a, #b)
   for i = 1, n do
@@ -106,7 +106,7 @@ return redis.call('ZRANGE', KEYS[1], start, start + tonumber(ARGV[3]) - 1, 'WITH
 /// was read with (a key kept unknown again meanwhile has a new score and stays).
 ///
 /// `KEYS[1]` the index, `ARGV` pairs of key and score. Answers how many went.
-pub const INDEX_DROP_SCRIPT: &str = r"
+const INDEX_DROP_SCRIPT: &str = r"
 local dropped = 0
 for i = 1, #ARGV, 2 do
   local current = redis.call('ZSCORE', KEYS[1], ARGV[i])
@@ -513,7 +513,7 @@ pub(super) fn is_indexed(outcome: &Outcome) -> bool {
 }
 
 /// Each operation is bounded by the store's timeout. `forget` and `resolve` read the record,
-/// decide, and write it with a compare-and-set script ([`SETTLE_SCRIPT`]), reading again if
+/// decide, and write it with a compare-and-set script, reading again if
 /// it changed meanwhile, so the decision holds for the record they replace.
 impl StoreAdmin for RedisStore {
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Inspected>, StoreError>> {

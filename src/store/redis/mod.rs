@@ -7,11 +7,11 @@
 //!
 //! | operation | command |
 //! |---|---|
-//! | [`reserve`](Store::reserve) | the Lua script [`RESERVE_SCRIPT`] (`EVALSHA`, one round trip): sets the pending record when no live record holds the key (none, or a pending one whose lease passed: a takeover), and answers the value that holds it otherwise |
-//! | [`complete`](Store::complete) | the Lua script [`COMPLETE_SCRIPT`] (`EVALSHA`): writes the done record with `PX ttl` when the token holds the key or nothing does |
-//! | [`release`](Store::release) | the Lua script [`RELEASE_SCRIPT`] (`EVALSHA`): deletes the key when the token holds it pending |
-//! | [`extend`](Store::extend) | the Lua script [`EXTEND_SCRIPT`] (`EVALSHA`): moves the lease's end in the record when the token holds it pending within its lease |
-//! | [`retake`](Store::retake) | the Lua script [`RETAKE_SCRIPT`] (`EVALSHA`): holds a done record of unknown delivery pending again when its first attempt is younger than the window |
+//! | [`reserve`](Store::reserve) | a Lua script (`EVALSHA`, one round trip): sets the pending record when no live record holds the key (none, or a pending one whose lease passed: a takeover), and answers the value that holds it otherwise |
+//! | [`complete`](Store::complete) | a Lua script (`EVALSHA`): writes the done record with `PX ttl` when the token holds the key or nothing does |
+//! | [`release`](Store::release) | a Lua script (`EVALSHA`): deletes the key when the token holds it pending |
+//! | [`extend`](Store::extend) | a Lua script (`EVALSHA`): moves the lease's end in the record when the token holds it pending within its lease |
+//! | [`retake`](Store::retake) | a Lua script (`EVALSHA`): holds a done record of unknown delivery pending again when its first attempt is younger than the window |
 //!
 //! Scripts run with `EVALSHA` and are loaded again by themselves when the server answers
 //! `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
@@ -95,9 +95,9 @@
 //! [`StoreAdmin`](super::admin::StoreAdmin) reads, forgets and resolves keys, and lists the
 //! keys of unknown delivery:
 //!
-//! - `inspect` is the script [`INSPECT_SCRIPT`]: the value and its `PTTL`, read at once.
+//! - `inspect` is one script: the value and its `PTTL`, read at once.
 //! - `forget` and `resolve` read the record, decide (a pending record is a live send: it
-//!   expires with its lease), and write with the compare-and-set script [`SETTLE_SCRIPT`],
+//!   expires with its lease), and write with a compare-and-set script,
 //!   which changes the key only if it still holds the value read, and reads again if not. A
 //!   resolved record is written in the stored form above, under a new token, with the
 //!   record's fingerprint.
@@ -109,12 +109,12 @@
 //! milliseconds of the index's server clock:
 //!
 //! - `complete` (single or batch) adds a key, after writing its record, when the outcome is
-//!   of unknown delivery ([`INDEX_ADD_SCRIPT`], which also trims entries whose record has
+//!   of unknown delivery (a script that also trims entries whose record has
 //!   surely expired, so the index stays as small as the live records of unknown delivery);
 //! - `forget` and `resolve` remove the key once they changed its record;
-//! - `list` reads a page by rank after its cursor ([`INDEX_PAGE_SCRIPT`], `O(log N + page)`),
+//! - `list` reads a page by rank after its cursor (one script, `O(log N + page)`),
 //!   reads each record where it lives, lists those still of unknown delivery, and drops the
-//!   others from the index ([`INDEX_DROP_SCRIPT`], each only while it has the score read).
+//!   others from the index (one script, each only while it has the score read).
 //!
 //! The index is best effort and heals itself: records and index are separate keys (in
 //! different slots on a cluster, since record keys carry no common hash tag), so they are
@@ -170,13 +170,12 @@ mod admin;
 mod pipeline;
 mod scripts;
 
-pub use admin::{
-    INDEX_ADD_SCRIPT, INDEX_DROP_SCRIPT, INDEX_PAGE_SCRIPT, INSPECT_SCRIPT, SETTLE_SCRIPT,
-    UNKNOWN_INDEX_SUFFIX,
-};
-pub use scripts::{COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT};
+pub use admin::UNKNOWN_INDEX_SUFFIX;
 
-use scripts::{millis, millis_or_zero, reservation, script_answer};
+use scripts::{
+    COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT, millis,
+    millis_or_zero, reservation, script_answer,
+};
 
 /// The prefix put before every key unless [`RedisStore::key_prefix`] sets another.
 pub const DEFAULT_KEY_PREFIX: &str = "idem:";
@@ -198,8 +197,8 @@ pub const DEFAULT_PENDING_KEPT: Duration = Duration::from_secs(24 * 60 * 60);
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use tower_idempotency::store::{RedisStore, Reservation, Store};
-/// use tower_idempotency::Fingerprint;
+/// use tower_idempotency::store::{Reservation, Store};
+/// use tower_idempotency::{Fingerprint, RedisStore};
 ///
 /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = RedisStore::connect("redis://127.0.0.1:6379")
@@ -270,6 +269,10 @@ impl ConnectionLike for Connection {
 
 impl RedisStore {
     /// A store on the connection manager, with the default prefix and timeout.
+    ///
+    /// `manager` is the `redis` crate's, version 1: add `redis = "1"` (with its
+    /// `tokio-comp` and `connection-manager` features) to your dependencies to hand one in.
+    /// [`connect`](Self::connect) needs none.
     pub fn new(manager: ConnectionManager) -> Self {
         Self::with_connection(Connection::Single(manager))
     }
@@ -297,7 +300,8 @@ impl RedisStore {
         Ok(Self::new(manager))
     }
 
-    /// A store on a Redis Cluster connection, with the default prefix and timeout.
+    /// A store on a Redis Cluster connection (the `redis` crate's, version 1, with its
+    /// `cluster-async` feature), with the default prefix and timeout.
     #[cfg(feature = "redis-cluster")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
     pub fn from_cluster(connection: redis::cluster_async::ClusterConnection) -> Self {

@@ -21,7 +21,7 @@ use crate::store::{Completion, Reservation, StoreError, Token, record};
 /// same fingerprint), `{-1}` when the key holds another Redis type. A value that is not a
 /// record this store writes (not JSON, or a pending record without its times) is answered as
 /// held, for the store to report as corrupt.
-pub const RESERVE_SCRIPT: &str = r#"
+pub(super) const RESERVE_SCRIPT: &str = r#"
 local current = redis.pcall('GET', KEYS[1])
 if type(current) == 'table' then return {-1} end
 local t = redis.call('TIME')
@@ -54,7 +54,7 @@ return {0}
 /// (a done record of that fingerprint, a failure of category `unknown`, its first attempt
 /// younger than the window by the server's `TIME`; the first attempt's time is kept), 0
 /// when it changed nothing, -1 when the value under the key cannot be read.
-pub const RETAKE_SCRIPT: &str = r#"
+pub(super) const RETAKE_SCRIPT: &str = r#"
 local current = redis.pcall('GET', KEYS[1])
 if not current then return 0 end
 if type(current) ~= 'string' then return -1 end
@@ -82,7 +82,7 @@ return 1
 /// record has passed its lease (by the server's `TIME`); the record keeps the first attempt's
 /// time of the token's own record. Answers 1 when it wrote, 0 when another token holds the
 /// key, -1 when the value under the key cannot be read (it is then left as it is).
-pub const COMPLETE_SCRIPT: &str = r#"
+pub(super) const COMPLETE_SCRIPT: &str = r#"
 local current = redis.pcall('GET', KEYS[1])
 local value = ARGV[2]
 if current then
@@ -108,7 +108,7 @@ return 1
 /// `KEYS[1]` the key, `ARGV[1]` the token. Answers 1 when it deleted the key, 0 when the token
 /// does not hold it pending, -1 when the value under the key cannot be read (it is then left
 /// as it is).
-pub const RELEASE_SCRIPT: &str = r"
+pub(super) const RELEASE_SCRIPT: &str = r"
 local current = redis.pcall('GET', KEYS[1])
 if not current then return 0 end
 if type(current) ~= 'string' then return -1 end
@@ -126,7 +126,7 @@ return redis.call('DEL', KEYS[1])
 /// `PX` with it), 0 when the token does not hold it pending within its lease (a lease that
 /// passed is never revived), -1 when the value under the key cannot be read, a pending record
 /// without `lease_until_ms` included (it is then left as it is).
-pub const EXTEND_SCRIPT: &str = r#"
+pub(super) const EXTEND_SCRIPT: &str = r#"
 local current = redis.pcall('GET', KEYS[1])
 if not current then return 0 end
 if type(current) ~= 'string' then return -1 end

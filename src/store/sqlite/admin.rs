@@ -10,8 +10,8 @@ use futures_util::future::BoxFuture;
 use rusqlite::{OptionalExtension, Row, Statement};
 
 use super::row::{bytes, key_state, record, text};
-use super::session::Session;
-use super::{SqliteStore, millis, sql, writer};
+use super::session::{Session, failure};
+use super::{SqliteStore, millis, sql};
 use crate::outcome::Outcome;
 use crate::store::admin::{
     AdminOutcome, Cursor, Expiry, Force, Inspected, Page, Resolution, StoreAdmin, parse_cursor,
@@ -105,7 +105,7 @@ impl SqliteStore {
                 |forget| forget.execute([&key]),
                 sql::FORGET,
             )
-            .map_err(|e| writer::failure(&e, &path))
+            .map_err(|e| failure(&e, &path))
         })
         .await
     }
@@ -141,7 +141,7 @@ impl SqliteStore {
                 },
                 sql::RESOLVE,
             )
-            .map_err(|e| writer::failure(&e, &path))
+            .map_err(|e| failure(&e, &path))
         })
         .await
     }
@@ -152,7 +152,7 @@ impl SqliteStore {
             let row = session
                 .statement(sql::INSPECT)
                 .and_then(|statement| statement.query_row([&key], AdminRow::read).optional())
-                .map_err(|e| writer::failure(&e, &path))?;
+                .map_err(|e| failure(&e, &path))?;
             row.map(|row| row.inspected(&path).map(|(record, _)| record))
                 .transpose()
         })
@@ -187,7 +187,7 @@ impl SqliteStore {
                             )?
                             .collect::<Result<Vec<_>, _>>()
                     })
-                    .map_err(|e| writer::failure(&e, &path))
+                    .map_err(|e| failure(&e, &path))
             })
             .await?;
         let full = rows.len() == limit;

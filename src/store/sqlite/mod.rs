@@ -92,6 +92,10 @@
 //! your own, inside the transaction that writes your rows in the same file; the layer's
 //! send of the same message then takes the claim. [`SqliteStore::claims`] lists the claims
 //! still waiting for their send.
+//!
+//! The store runs on rusqlite 0.40 (with SQLite bundled), and `claim_in` takes a
+//! `rusqlite::Connection` of that version: add `rusqlite = "0.40"` to your dependencies to
+//! hand one in. Nothing else needs it.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -115,15 +119,6 @@ mod session;
 mod sql;
 mod writer;
 
-pub use rusqlite;
-
-/// The statements the store runs, for `benches/sqlite.rs` to run the same ones through
-/// rusqlite directly. Not part of the API: they change with the schema.
-#[doc(hidden)]
-pub mod statements {
-    pub use super::sql::{BEFORE_RESERVE, COMPLETE, RESERVE, SCHEMA};
-}
-
 use session::Session;
 use writer::{Call, Job};
 
@@ -143,8 +138,8 @@ pub const DEFAULT_PURGE_BATCH: u32 = 1_000;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::store::{Reservation, SqliteStore, Store};
-/// use tower_idempotency::Fingerprint;
+/// use tower_idempotency::store::{Reservation, Store};
+/// use tower_idempotency::{Fingerprint, SqliteStore};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -324,7 +319,7 @@ impl SqliteStore {
 
     /// The store error for a failed statement.
     fn failure(&self, error: &rusqlite::Error) -> StoreError {
-        writer::failure(error, &self.inner.path)
+        session::failure(error, &self.inner.path)
     }
 
     /// Writes `claim` through `connection`, a connection of your own to the same file, inside
@@ -339,8 +334,8 @@ impl SqliteStore {
     /// `TransactionBehavior::Immediate`, as other processes write the file too.
     ///
     /// ```
-    /// use tower_idempotency::store::sqlite::rusqlite::{Connection, TransactionBehavior};
-    /// use tower_idempotency::store::SqliteStore;
+    /// use rusqlite::{Connection, TransactionBehavior};
+    /// use tower_idempotency::SqliteStore;
     /// use tower_idempotency::{IdempotencyLayer, Message};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
@@ -397,7 +392,7 @@ impl SqliteStore {
                     .query_map([i64::from(limit)], |row| row.get::<_, String>(0))?
                     .collect::<Result<Vec<_>, _>>()
             });
-            keys.map_err(|e| writer::failure(&e, &path))
+            keys.map_err(|e| session::failure(&e, &path))
         })
         .await
     }
@@ -432,7 +427,7 @@ fn reserve(
     let before = session
         .statement(sql::BEFORE_RESERVE)
         .and_then(|statement| statement.query_row([key], row::Before::read).optional())
-        .map_err(|e| writer::failure(&e, path))?;
+        .map_err(|e| session::failure(&e, path))?;
     let found = session
         .statement(sql::RESERVE)
         .and_then(|statement| {
@@ -446,7 +441,7 @@ fn reserve(
                 row::Found::read,
             )
         })
-        .map_err(|e| writer::failure(&e, path))?;
+        .map_err(|e| session::failure(&e, path))?;
     found.reservation(token, before, path)
 }
 
@@ -471,7 +466,7 @@ fn complete(
                 ttl
             ])
         })
-        .map_err(|e| writer::failure(&e, path))
+        .map_err(|e| session::failure(&e, path))
 }
 
 /// One release, on the store's thread: whether it deleted.
@@ -485,7 +480,7 @@ fn release(
         .statement(sql::RELEASE)
         .and_then(|statement| statement.execute(rusqlite::params![key, &token.as_bytes()[..]]))
         .map(|deleted| deleted > 0)
-        .map_err(|e| writer::failure(&e, path))
+        .map_err(|e| session::failure(&e, path))
 }
 
 impl Store for SqliteStore {
@@ -540,7 +535,7 @@ impl Store for SqliteStore {
                     statement.execute(rusqlite::params![key, &token.as_bytes()[..], lease])
                 })
                 .map(|moved| moved > 0)
-                .map_err(|e| writer::failure(&e, &path))
+                .map_err(|e| session::failure(&e, &path))
         }))
     }
 
@@ -567,7 +562,7 @@ impl Store for SqliteStore {
                     ])
                 })
                 .map(|taken| taken.then_some(token))
-                .map_err(|e| writer::failure(&e, &path))
+                .map_err(|e| session::failure(&e, &path))
         }))
     }
 

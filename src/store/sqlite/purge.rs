@@ -1,7 +1,7 @@
 //! Deleting expired rows: [`SqliteStore::purge_expired`], which the store's thread also runs
 //! on its own while idle (see [`SqliteStoreBuilder::purge_every`](super::SqliteStoreBuilder::purge_every)).
 
-use super::session::Session;
+use super::session::{Session, failure};
 use super::{SqliteStore, sql};
 use crate::store::StoreError;
 
@@ -16,9 +16,7 @@ impl SqliteStore {
         loop {
             let path = self.inner.path.clone();
             let deleted = self
-                .call(move |session| {
-                    purge(session, batch).map_err(|e| super::writer::failure(&e, &path))
-                })
+                .call(move |session| purge(session, batch).map_err(|e| failure(&e, &path)))
                 .await?;
             purged += deleted;
             if deleted < u64::from(batch) {

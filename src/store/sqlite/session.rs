@@ -1,7 +1,12 @@
 //! The store thread's connection with its statements, each prepared once: SQLite compiles a
 //! statement's text into a program, and the thread runs the same dozen programs all its life.
+//! And what a failed call on a connection means to the store's caller ([`failure`]).
 
-use rusqlite::{Connection, Statement};
+use std::path::Path;
+
+use rusqlite::{Connection, ErrorCode, Statement};
+
+use crate::store::{StoreError, StoreErrorKind};
 
 /// The connection the store's thread owns, and the statements it prepared on it so far.
 ///
@@ -42,6 +47,27 @@ impl<'c> Session<'c> {
         };
         Ok(&mut self.prepared[at].1)
     }
+}
+
+/// The store error for a failed SQLite call on the database at `path`.
+pub(super) fn failure(error: &rusqlite::Error, path: &Path) -> StoreError {
+    let (kind, detail) = match error.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => (
+            StoreErrorKind::Timeout,
+            "stayed locked by another connection for longer than the timeout",
+        ),
+        Some(ErrorCode::NotADatabase) => (StoreErrorKind::Unavailable, "is not a database"),
+        Some(ErrorCode::DatabaseCorrupt) => (StoreErrorKind::Corrupt, "is damaged"),
+        Some(ErrorCode::CannotOpen | ErrorCode::PermissionDenied | ErrorCode::ReadOnly) => {
+            (StoreErrorKind::Unavailable, "cannot be written")
+        }
+        _ => (StoreErrorKind::Unavailable, "failed"),
+    };
+    StoreError::new(
+        kind,
+        format!("the SQLite database {} {detail}", path.display()),
+    )
+    .with_source(error.to_string())
 }
 
 #[cfg(test)]

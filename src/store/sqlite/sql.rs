@@ -47,7 +47,7 @@ macro_rules! admin_columns {
 
 /// Creates the table and its indexes when they are absent; run by every `open` inside a
 /// write transaction, so processes opening the file at once do not race.
-pub const SCHEMA: &str = concat!(
+pub(super) const SCHEMA: &str = concat!(
     "CREATE TABLE IF NOT EXISTS idempotency_keys (
         key         TEXT    PRIMARY KEY NOT NULL,
         state       TEXT    NOT NULL,
@@ -69,7 +69,7 @@ pub const SCHEMA: &str = concat!(
 /// time passed, its first attempt's age in ms). Run in the reserve's write transaction, so
 /// nothing changes between it and the reserve: a reserve that took the key from a pending
 /// row whose lease passed reports the takeover with it.
-pub const BEFORE_RESERVE: &str = concat!(
+pub(super) const BEFORE_RESERVE: &str = concat!(
     "SELECT state, fingerprint, outcome, expires_at <= ",
     now!(),
     ", ",
@@ -82,7 +82,7 @@ pub const BEFORE_RESERVE: &str = concat!(
 /// row as it was), an expired one replaced by the new reservation. Whose token comes back
 /// says who holds the key. The first attempt's time is kept by a takeover of the same
 /// message's pending row, and starts again otherwise.
-pub const RESERVE: &str = concat!(
+pub(super) const RESERVE: &str = concat!(
     "INSERT INTO idempotency_keys AS r
          (key, state, token, fingerprint, outcome, expires_at, first_attempt_at)
      VALUES (?1, 'pending', ?2, ?3, NULL, ",
@@ -134,7 +134,7 @@ pub(super) const RETAKE: &str = concat!(
 
 /// `?1` key, `?2` token, `?3` fingerprint, `?4` outcome, `?5` ttl in ms: writes done when
 /// the token holds the key or nothing live does; a row comes back when it wrote.
-pub const COMPLETE: &str = concat!(
+pub(super) const COMPLETE: &str = concat!(
     "INSERT INTO idempotency_keys AS r (key, state, token, fingerprint, outcome, expires_at)
      VALUES (?1, 'done', ?2, ?3, ?4, ",
     now!(),

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, ErrorCode, OpenFlags};
+use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
-use super::session::Session;
+use super::session::{Session, failure};
 use super::sql;
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -150,27 +150,6 @@ fn wait_for_the_lock(attempt: i32) -> bool {
     std::thread::sleep(step);
     BUSY_SLEPT.with(|total| total.set(slept + step));
     true
-}
-
-/// The store error for a failed SQLite call on the database at `path`.
-pub(super) fn failure(error: &rusqlite::Error, path: &Path) -> StoreError {
-    let (kind, detail) = match error.sqlite_error_code() {
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => (
-            StoreErrorKind::Timeout,
-            "stayed locked by another connection for longer than the timeout",
-        ),
-        Some(ErrorCode::NotADatabase) => (StoreErrorKind::Unavailable, "is not a database"),
-        Some(ErrorCode::DatabaseCorrupt) => (StoreErrorKind::Corrupt, "is damaged"),
-        Some(ErrorCode::CannotOpen | ErrorCode::PermissionDenied | ErrorCode::ReadOnly) => {
-            (StoreErrorKind::Unavailable, "cannot be written")
-        }
-        _ => (StoreErrorKind::Unavailable, "failed"),
-    };
-    StoreError::new(
-        kind,
-        format!("the SQLite database {} {detail}", path.display()),
-    )
-    .with_source(error.to_string())
 }
 
 /// The thread's loop: runs queued jobs in transactions until every store handle is dropped,

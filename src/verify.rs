@@ -1,4 +1,12 @@
-//! The question a reconciler asks the provider ([`Verify`]) and its answer ([`Verified`]).
+//! Verification: the question a service of yours answers about one key, "did the provider
+//! take this message?" ([`Verify`]), and its answer ([`Verified`]).
+//!
+//! Two parts of the crate ask it, with the same service: the
+//! [`Reconciler`](crate::reconcile::Reconciler), about the keys kept with an outcome of
+//! unknown delivery, and the layer, about a key a send takes over from a crashed holder,
+//! before that send
+//! ([`verify_takeovers`](crate::IdempotencyLayerBuilder::verify_takeovers)). The types are
+//! plain data, so both can name them without importing each other.
 
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Receipt;
@@ -29,7 +37,7 @@ use crate::store::admin::{Expiry, Inspected, KeyState};
 /// stored key finds it, raw or hashed:
 ///
 /// ```
-/// use tower_idempotency::reconcile::Verify;
+/// use tower_idempotency::verify::Verify;
 ///
 /// fn provider_key(question: &Verify) -> &str {
 ///     &question.stored_key
