@@ -203,10 +203,11 @@
 //! | `sqlite` | `SqliteStore` | `rusqlite = "0.40"` (`SqliteStore::claim_in`) |
 //! | `http` | `HttpTransport` and the provider codecs | `http = "1"`, `bytes = "1"` (your client is a `Service<http::Request<Bytes>>`) |
 //! | `reqwest` | the default classifier reads `reqwest::Error` | `reqwest = "0.13"` |
-//! | `uuid` | `store::Token` to and from `uuid::Uuid` | `uuid = "1"` |
 //! | `test-util` | the store conformance suite, `store::conformance` | |
 //!
-//! The crate re-exports no dependency. Every store and the outbox also open from a URL or a
+//! With no feature: the layer, [`MemoryStore`], [`RetryPolicy`], batches and reconciliation;
+//! `store::Token` converts to and from `uuid::Uuid` (`uuid = "1"`). The crate re-exports no
+//! dependency. Every store and the outbox also open from a URL or a
 //! path (`connect`, `open`), which needs none of the drivers in your dependencies.
 //!
 //! [tower]: https://docs.rs/tower
