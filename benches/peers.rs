@@ -1,4 +1,4 @@
-//! The hot path against a peer and against the wire, in one run (issue 15).
+//! The hot path against a peer and against the wire, in one run.
 //!
 //! - `peers/memory/*`: a keyed 2 KiB message through our layer on a `MemoryStore`, against
 //!   the `idempotent` crate's `MemoryStore` behind an adapter giving it the same contract
@@ -68,13 +68,11 @@ fn provider()
 enum Hashing {
     /// Its own default: xxh3 over the body.
     Shipped,
-    /// SHA-256 over the same body, the digest then given to its strategy: the earlier
-    /// passes' measure "with SHA-256".
+    /// SHA-256 over the same body, the digest then given to its strategy.
     Sha256,
     /// SHA-256 over the same bytes ours hashes (the whole message in our fingerprint's
     /// encoding, `Fingerprint::of`: body, addresses, subject, framing, about 0.18 µs more
-    /// than the body alone at 2 KiB), the digest then given to its strategy: equal hashing,
-    /// the issue's measure.
+    /// than the body alone at 2 KiB), the digest then given to its strategy: equal hashing.
     SameBytes,
 }
 
@@ -253,8 +251,7 @@ async fn run<T: Sender>(sender: &T, workers: usize, sends: usize, messages: Mess
 /// runtime's thread that runs it, as a service makes the message it sends. Messages made on
 /// the main thread and dropped by senders on the runtime's two made those threads queue on
 /// the allocator's lock for the main thread's memory (glibc's `__lll_lock_wait_private` in
-/// `perf`), which held our 64-worker fresh sends back (see BENCHMARKS.md, issue 15's sixth
-/// pass).
+/// `perf`), which held our 64-worker fresh sends back.
 async fn run_timed<T: Sender>(
     sender: &T,
     workers: usize,

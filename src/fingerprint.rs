@@ -70,9 +70,8 @@ impl Fingerprint {
         &self.0
     }
 
-    /// The 64 lowercase hex digits, as `Display` writes them: from a table into one buffer
-    /// (a `write!` per byte cost ~0.45 µs, paid for every record a networked store writes;
-    /// `benches/stores.rs`, `record/fingerprint-hex`).
+    /// The 64 lowercase hex digits, as `Display` writes them: from a table into one buffer,
+    /// since every record a networked store writes carries a fingerprint.
     pub(crate) fn hex(&self) -> [u8; 64] {
         let mut hex = [0; 64];
         for (pair, byte) in hex.chunks_exact_mut(2).zip(&self.0) {
@@ -116,9 +115,8 @@ impl FromStr for Fingerprint {
 
 impl Fingerprint {
     /// The fingerprint in 64 hex digits of either case, as [`FromStr`] reads it; `None` for
-    /// anything else. Each digit's value comes from a table: a networked store reads a
-    /// fingerprint in every record it answers, and a range match per digit cost ~600
-    /// instructions a record (`benches/sends.rs`, `redis-replay`).
+    /// anything else. Each digit's value comes from a table, as a networked store reads a
+    /// fingerprint in every record it answers.
     pub(crate) fn from_hex(hex: &[u8]) -> Option<Self> {
         let hex: &[u8; 64] = hex.try_into().ok()?;
         let mut out = [0u8; 32];
@@ -132,7 +130,7 @@ impl Fingerprint {
 impl Serialize for Fingerprint {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         // One string, not `collect_str`: that goes through `Display` and the serializer's
-        // escaping writer, ~1.7k instructions per record a networked store writes.
+        // escaping writer, for text that never needs an escape.
         let hex = self.hex();
         let hex = std::str::from_utf8(&hex).map_err(serde::ser::Error::custom)?;
         serializer.serialize_str(hex)

@@ -1,7 +1,5 @@
-//! Lowercase hex digits, written from a table and read through one: a fingerprint, a token
-//! and a hashed key are written on every record a store keeps, and read on every one it
-//! gives back (a `write!` per byte cost ~0.45 µs a fingerprint: `benches/stores.rs`,
-//! `record/fingerprint-hex`).
+//! Lowercase hex digits, written from a table and read through one: a fingerprint and a
+//! hashed key are written on every record a store keeps, and read on every one it gives back.
 
 const DIGITS: &[u8; 16] = b"0123456789abcdef";
 

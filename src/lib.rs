@@ -108,9 +108,9 @@
 //! and crashes keeps the guarantee, and it breaks as soon as settlement retries or renewal
 //! are switched off, or the faults outlast the renewal window.
 //!
-//! **Why a 2-minute lease.** Before renewal the lease had to outlast a send with all its
-//! retries, so it was 10 minutes, and a crashed process held its keys that long. Renewed every
-//! 40 s, a 2-minute lease frees a crashed process's keys five times sooner, rides out the
+//! **Why a 2-minute lease.** Without renewal a lease would have to outlast a send with all
+//! its retries, and a crashed process would hold its keys that long. Renewed every 40 s, a
+//! 2-minute lease frees a crashed process's keys within two minutes, rides out the
 //! store outages of a Redis or PostgreSQL failover (up to 80 s), and still outlasts the
 //! default [`RetryPolicy`] (60 s) for a store that cannot renew (a third-party [`Store`]
 //! without `extend`) or a layer built with [`renew(false)`](IdempotencyLayerBuilder::renew).

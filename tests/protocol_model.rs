@@ -23,7 +23,7 @@
 //! | `Crash` | the process dies: no settlement, no renewal |
 //! | `Tick` | time passes; only when no due action is left (retries and renewals run on time) |
 //!
-//! With the options of issue 11 the model grows a provider that deduplicates on the key for
+//! With the re-send options the model grows a provider that deduplicates on the key for
 //! a window from the first message it took (Resend), and two layer options: a re-send window
 //! (`provider_window`: a repeat of a kept unknown outcome, or a takeover, whose first attempt
 //! by the store's clock is younger than it is sent again under the same key, `Store::retake`)

@@ -485,7 +485,7 @@ async fn a_crashed_owner_the_provider_cannot_vouch_for_is_kept_unsent(backend: B
     assert_eq!(stats.stats().verify_inconclusive, 1);
 }
 
-/// A third-party store written before `Store::retake` existed keeps today's behaviour: the
+/// A third-party store without `Store::retake` keeps the plain behaviour: the
 /// kept error is replayed, nothing is sent again.
 #[tokio::test]
 async fn a_store_without_retake_replays_the_kept_error_as_before() {

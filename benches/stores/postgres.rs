@@ -1,14 +1,13 @@
-//! `PostgresStore` against the same two statements issued straight through the same pool,
-//! at concurrency 1 and 64: reserve + complete pairs per second, and so the cost of our code
-//! (decoding, the trait's boxed futures, timeouts, outcome serialisation) over the raw SQL.
-//! A third side, `plain`, issues the plain upsert the store issued before it stopped
-//! rewriting held rows and kept the first attempt's time: what those cost on the server.
+//! `PostgresStore` against a hand-written claim through the same pool (`minimal`: an
+//! `INSERT … ON CONFLICT DO NOTHING` to reserve, an `UPDATE` fenced by the token to complete),
+//! at concurrency 1 and 64: reserve + complete pairs per second, and so the cost of the
+//! store's guarantees and of our code over what a user would write instead.
 //!
 //! Then 100 keys through `reserve_many` + `complete_many` (two statements) against the same
 //! 100 keys as single reserve + complete pairs, one caller: keys per second.
 //!
 //! Runs when `DATABASE_URL` is set, on a table of its own that it drops at the end.
-//! With `STORES_INTERLEAVED=<rounds>` the pairs of the store and of raw run instead in
+//! With `STORES_INTERLEAVED=<rounds>` the pairs of the store and of minimal run instead in
 //! alternating slices, at 1 and at 64, and print the median ratio (see [`interleaved`]):
 //! `DATABASE_URL=… STORES_INTERLEAVED=21 cargo bench --bench stores -- '^postgres'`.
 
@@ -32,67 +31,21 @@ const LEASE: Duration = Duration::from_secs(600);
 const TTL: Duration = Duration::from_secs(3600);
 const BATCH: usize = 100;
 
-/// When a reserve takes the row: it expired, or it is a claim of the same message.
-const TAKES: &str = "(r.expires_at <= now() \
-                     OR (r.state = 'claimed' AND r.fingerprint = excluded.fingerprint))";
-
-/// The statements `PostgresStore` issues for a fresh key, copied from
-/// `src/store/postgres/sql.rs` (keep them in step): the insert that takes a key with no row,
-/// and the complete that keeps the first attempt's time. (A key with a row goes on to the
-/// store's upsert; fresh keys never do.)
-fn insert_sql(table: &str) -> String {
+/// The hand-written claim: a reserve that inserts the key or does nothing, and a complete
+/// that writes the outcome while the token still holds the key.
+fn minimal_reserve_sql(table: &str) -> String {
     format!(
-        "INSERT INTO \"{table}\"
-             (key, state, token, fingerprint, outcome, expires_at, first_attempt_at)
-         VALUES ($1, 'pending', $2, $3, NULL,
-                 now() + $4::bigint * interval '1 millisecond', now())
+        "INSERT INTO \"{table}\" (key, state, token, fingerprint, expires_at)
+         VALUES ($1, 'pending', $2, $3, now() + $4::bigint * interval '1 millisecond')
          ON CONFLICT (key) DO NOTHING"
     )
 }
 
-fn complete_sql(table: &str) -> String {
+fn minimal_complete_sql(table: &str) -> String {
     format!(
-        "INSERT INTO \"{table}\" AS r (key, state, token, fingerprint, outcome, expires_at)
-         VALUES ($1, 'done', $2, $3, $4::text::jsonb,
-                 now() + $5::bigint * interval '1 millisecond')
-         ON CONFLICT (key) DO UPDATE SET
-             state = excluded.state, token = excluded.token,
-             fingerprint = excluded.fingerprint, outcome = excluded.outcome,
-             expires_at = excluded.expires_at,
-             first_attempt_at = CASE WHEN r.token = excluded.token
-                 THEN r.first_attempt_at END
-         WHERE r.token = excluded.token OR r.expires_at <= now()"
-    )
-}
-
-/// The plain upsert the store issued before replays stopped rewriting held rows and before
-/// it kept the first attempt's time: what those two guarantees cost on the server.
-fn plain_reserve_sql(table: &str) -> String {
-    format!(
-        "INSERT INTO \"{table}\" AS r (key, state, token, fingerprint, outcome, expires_at)
-         VALUES ($1, 'pending', $2, $3, NULL, now() + $4::bigint * interval '1 millisecond')
-         ON CONFLICT (key) DO UPDATE SET
-             state = CASE WHEN {TAKES} THEN excluded.state ELSE r.state END,
-             token = CASE WHEN {TAKES} THEN excluded.token ELSE r.token END,
-             fingerprint = CASE WHEN {TAKES}
-                 THEN excluded.fingerprint ELSE r.fingerprint END,
-             outcome = CASE WHEN {TAKES} THEN NULL ELSE r.outcome END,
-             expires_at = CASE WHEN {TAKES}
-                 THEN excluded.expires_at ELSE r.expires_at END
-         RETURNING r.state, r.token, r.fingerprint, r.outcome::text"
-    )
-}
-
-fn plain_complete_sql(table: &str) -> String {
-    format!(
-        "INSERT INTO \"{table}\" AS r (key, state, token, fingerprint, outcome, expires_at)
-         VALUES ($1, 'done', $2, $3, $4::text::jsonb,
-                 now() + $5::bigint * interval '1 millisecond')
-         ON CONFLICT (key) DO UPDATE SET
-             state = excluded.state, token = excluded.token,
-             fingerprint = excluded.fingerprint, outcome = excluded.outcome,
-             expires_at = excluded.expires_at
-         WHERE r.token = excluded.token OR r.expires_at <= now()"
+        "UPDATE \"{table}\" SET state = 'done', outcome = $3::text::jsonb,
+             expires_at = now() + $4::bigint * interval '1 millisecond'
+         WHERE key = $1 AND token = $2"
     )
 }
 
@@ -101,19 +54,16 @@ fn plain_complete_sql(table: &str) -> String {
 enum Side {
     /// `PostgresStore`.
     Store,
-    /// The store's statements through the same pool, without our code.
-    Raw,
-    /// The plain upsert the store issued before, through the same pool.
-    Plain,
+    /// The hand-written claim through the same pool.
+    Minimal,
 }
 
 /// What a pair needs, shared by the tasks of one measurement.
 struct Bench {
     store: PostgresStore,
     pool: Pool,
-    /// The store's statements, then the plain upsert's.
-    raw: [String; 2],
-    plain: [String; 2],
+    /// The hand-written reserve and complete.
+    minimal: [String; 2],
     prefix: String,
     next: AtomicU64,
     outcome: Outcome,
@@ -178,8 +128,9 @@ impl Bench {
         assert!(written.iter().all(|w| *w));
     }
 
-    /// A pair of the `[reserve, complete]` statements through the pool.
-    async fn raw_pair(&self, [reserve, complete]: &[String; 2]) {
+    /// A pair of the hand-written statements through the pool.
+    async fn minimal_pair(&self) {
+        let [reserve, complete] = &self.minimal;
         let key = self.key();
         let token = Token::new();
         let fingerprint: &[u8] = &[7; 32];
@@ -201,13 +152,7 @@ impl Bench {
         let written = client
             .execute(
                 &statement,
-                &[
-                    &key,
-                    &Uuid::from(token),
-                    &fingerprint,
-                    &self.outcome_json,
-                    &ttl,
-                ],
+                &[&key, &Uuid::from(token), &self.outcome_json, &ttl],
             )
             .await
             .expect("complete");
@@ -227,8 +172,7 @@ async fn run(bench: &Arc<Bench>, iters: u64, concurrency: usize, side: Side) -> 
                 for _ in 0..pairs {
                     match side {
                         Side::Store => bench.store_pair().await,
-                        Side::Raw => bench.raw_pair(&bench.raw).await,
-                        Side::Plain => bench.raw_pair(&bench.plain).await,
+                        Side::Minimal => bench.minimal_pair().await,
                     }
                 }
             })
@@ -240,7 +184,7 @@ async fn run(bench: &Arc<Bench>, iters: u64, concurrency: usize, side: Side) -> 
     start.elapsed()
 }
 
-/// Measures reserve + complete pairs per second: ours, raw, and the plain upsert.
+/// Measures reserve + complete pairs per second: ours and the hand-written claim.
 pub fn bench(c: &mut Criterion) {
     let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
         eprintln!("skipped: DATABASE_URL is not set");
@@ -288,8 +232,7 @@ pub fn bench(c: &mut Criterion) {
             outcome,
             store,
             pool,
-            raw: [insert_sql(&table), complete_sql(&table)],
-            plain: [plain_reserve_sql(&table), plain_complete_sql(&table)],
+            minimal: [minimal_reserve_sql(&table), minimal_complete_sql(&table)],
             prefix: format!("bench:{}", Uuid::new_v4().simple()),
             next: AtomicU64::new(0),
         })
@@ -312,9 +255,9 @@ pub fn bench(c: &mut Criterion) {
     });
 }
 
-/// Times the store's pairs and raw's in alternating slices of about 0.3 s each (which goes
+/// Times the store's pairs and minimal's in alternating slices of about 0.3 s each (which goes
 /// first alternates too), `rounds` times, and prints each side's median time per pair and
-/// the median over the rounds of raw's time ÷ ours (above 1: we are faster). Criterion runs
+/// the median over the rounds of minimal's time ÷ ours (above 1: we are faster). Criterion runs
 /// the two sides seconds apart, and a shared machine's load moved their ratio by up to 0.2
 /// between two runs of the same code; a round's two slices run moments apart.
 fn interleaved(
@@ -330,13 +273,13 @@ fn interleaved(
     let timed = alternate(
         rounds,
         || runtime.block_on(run(bench, pairs, concurrency, Side::Store)),
-        || runtime.block_on(run(bench, pairs, concurrency, Side::Raw)),
+        || runtime.block_on(run(bench, pairs, concurrency, Side::Minimal)),
     );
     let c = Compared::of(&timed, per_pair);
     let ratios = c.b_over_a;
     println!(
-        "postgres/reserve+complete/{concurrency}: ours {:.1} µs, raw {:.1} µs a pair (medians \
-         of {rounds} slices of {pairs} pairs); raw ÷ ours: median {:.2}, range {:.2} to {:.2}",
+        "postgres/reserve+complete/{concurrency}: ours {:.1} µs, minimal {:.1} µs a pair \
+         (medians of {rounds} slices of {pairs} pairs); minimal ÷ ours: median {:.2}, range {:.2} to {:.2}",
         c.a.median, c.b.median, ratios.median, ratios.low, ratios.high,
     );
 }
@@ -350,11 +293,7 @@ fn groups(c: &mut Criterion, runtime: &tokio::runtime::Runtime, bench: &Arc<Benc
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
     for concurrency in CONCURRENCY {
-        let sides = [
-            ("store", Side::Store),
-            ("raw", Side::Raw),
-            ("plain", Side::Plain),
-        ];
+        let sides = [("store", Side::Store), ("minimal", Side::Minimal)];
         for (name, side) in sides {
             group.bench_with_input(
                 BenchmarkId::new(format!("reserve+complete/{name}"), concurrency),

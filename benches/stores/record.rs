@@ -1,6 +1,5 @@
 //! `record/*`: what the networked stores' record encoding costs on our side, per send, with
-//! no server: the JSON `RedisStore` writes and reads around its scripts (issue 15, "binary
-//! record encoding: measure, then decide").
+//! no server: the JSON `RedisStore` writes and reads around its scripts.
 //!
 //! - `encode-pending`: the pending record a reserve sends (every reserve, fresh or replay).
 //! - `encode-done`: the done record a complete sends (a fresh send).

@@ -258,7 +258,7 @@ async fn reserve_keyed<R: IdempotentRequest>(
             continue;
         };
         *plan = match reservation {
-            // A batch sends a taken-over key as before: the takeover check (re-send inside
+            // A batch sends a taken-over key as a reserved one: the takeover check (re-send inside
             // the provider's window, the verification service) is for single sends.
             Ok(Reservation::Reserved { token } | Reservation::TakenOver { token, .. }) => {
                 judged[k] = Some(Judged::Reserved(*fingerprint));

@@ -372,8 +372,7 @@ impl IdempotencyLayerBuilder {
     /// (default `true`).
     ///
     /// With `false`, a reservation holds its key for the lease given at reserve time only: a
-    /// send slower than the lease lets a repeat reserve the key and send again, as before
-    /// renewal existed. Renewal costs nothing for a send that finishes within a third of the
+    /// send slower than the lease lets a repeat reserve the key and send again. Renewal costs nothing for a send that finishes within a third of the
     /// lease, and one store call per third of the lease for a slower one.
     pub fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
@@ -512,8 +511,8 @@ impl IdempotencyLayerBuilder {
     ///    with an outcome of unknown delivery (`idempotency.unverified`) and does not send,
     ///    leaving it to a [`Reconciler`](crate::reconcile::Reconciler) or an operator.
     ///
-    /// Without either option the send goes, as before: that is the one duplicate the
-    /// guarantee allows. A takeover of a key held by another message is sent as before.
+    /// Without either option the send goes: that is the one duplicate the guarantee allows.
+    /// A takeover of a key held by another message is sent too.
     /// The same service can serve a [`Reconciler`](crate::reconcile::Reconciler).
     ///
     /// ```

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | [`provider_window`](super::IdempotencyLayerBuilder::provider_window) | inside the window | goes, under the same key: the provider deduplicates |
 //! | [`verify_takeovers`](super::IdempotencyLayerBuilder::verify_takeovers) | otherwise | asks first: delivered keeps the receipt, no send; not sent goes; unknown keeps the key, no send |
-//! | neither | | goes, as before (the one duplicate the guarantee allows) |
+//! | neither | | goes (the one duplicate the guarantee allows) |
 
 use std::sync::Arc;
 

@@ -211,7 +211,7 @@ pub enum StoreErrorKind {
     Capacity,
     /// The call itself was invalid, such as a batch that names one key twice.
     InvalidInput,
-    /// The store does not offer this operation (a store written before it existed).
+    /// The store does not offer this operation (a trait method the store keeps the default of).
     Unsupported,
 }
 
@@ -298,7 +298,8 @@ impl std::error::Error for StoreError {
 /// `complete` by the same token and by `retake`) and reports it as
 /// [`Record::first_attempt_age`] in what `reserve` answers, and, when it keeps pending
 /// records past their lease, answers [`Reservation::TakenOver`]. A store that does none of
-/// this keeps compiling and working: the layer then behaves as before these existed.
+/// this still works: the layer then never re-sends a key and sends a taken-over key as a
+/// fresh one.
 /// [`complete`](Self::complete) and [`release`](Self::release) answer whether they changed the
 /// record; `false` means another token holds the key (or, for release, nothing pending does).
 pub trait Store: Send + Sync + 'static {
@@ -335,7 +336,7 @@ pub trait Store: Send + Sync + 'static {
     /// token.
     ///
     /// The default answers an error of kind [`StoreErrorKind::Unsupported`], so a store
-    /// written before this operation existed keeps compiling; the layer then holds keys for
+    /// that does not implement it still works; the layer then holds keys for
     /// the lease given at reserve time only, and says so in a warning. Every store of this
     /// crate implements it.
     fn extend<'a>(
@@ -363,8 +364,7 @@ pub trait Store: Send + Sync + 'static {
     /// one gets it, and the others then find it pending.
     ///
     /// The default answers an error of kind [`StoreErrorKind::Unsupported`], so a store
-    /// written before this operation existed keeps compiling; the layer then keeps today's
-    /// behaviour (the stored outcome is replayed) and says so in a warning. A store that
+    /// that does not implement it still works; the layer then replays the stored outcome and says so in a warning. A store that
     /// implements it must also keep the first attempt's time in its records and report it as
     /// [`Record::first_attempt_age`]. Every store of this crate implements it.
     fn retake<'a>(

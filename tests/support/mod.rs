@@ -123,7 +123,7 @@ pub struct TestStore {
     pub extends: Arc<AtomicUsize>,
     /// When set, `extend` fails as unavailable.
     pub fail_extend: Arc<AtomicBool>,
-    /// When set, `extend` answers `Unsupported`, as a store written before it existed.
+    /// When set, `extend` answers `Unsupported`, as a store that keeps the trait's default.
     pub extend_unsupported: Arc<AtomicBool>,
     /// The next this many calls of complete, complete_many, release or release_many fail as
     /// unavailable (a dropped connection), then the store answers again.

@@ -6,7 +6,7 @@
 //! the index keeps a sorted run for each [`Lane`], which takes a place of its lane at its
 //! end when the place comes after the run's last one, and a `BTreeMap` for the places that
 //! come earlier (a shorter lease or ttl than the one before, or a clock that stepped back). A place put in a run costs a push onto a
-//! queue where the tree costs ~0.4 k instructions, and so does the common way out: the
+//! queue instead of a tree's insert, and so does the common way out: the
 //! oldest done record dropped from a run's front, a pending place taken out by the complete
 //! that follows its reserve at a run's back. A place taken out of a run's middle leaves a
 //! hole, dropped when it reaches an end and swept out when holes outnumber places. Every

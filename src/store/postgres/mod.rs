@@ -158,7 +158,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-// `millis` is imported here so the submodules name it `super::millis`, as before it moved.
+// `millis` is imported here so the submodules name it `super::millis`.
 use super::millis::millis;
 use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, record};
 use crate::fingerprint::Fingerprint;
