@@ -256,7 +256,7 @@ async fn under_concurrency_a_send_slower_than_its_lease_reaches_the_provider_onc
 
 /// Without renewal, a send slower than its lease finds another send holding its key when it
 /// settles: counted as `lease_lost`, and the other send's outcome is the one kept. On a
-/// store that answers at once (`MemoryStore`) as on one that waits.
+/// store that settles at once (`MemoryStore`, `complete_now`) as on one that waits.
 #[tokio::test(start_paused = true)]
 async fn a_send_that_finds_its_key_taken_when_it_settles_counts_the_lease_lost() {
     async fn run(store: impl tower_idempotency::store::Store + Clone, label: &str) {

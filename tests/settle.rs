@@ -269,6 +269,28 @@ async fn an_error_that_retrying_cannot_mend_gives_up_at_once() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_error_from_complete_now_is_settled_through_complete() {
+    let store = TestStore::default();
+    store.fail_complete_now.store(true, Ordering::SeqCst);
+    let provider = Provider::ok();
+    let l = layer(&store);
+    let mut svc = ServiceBuilder::new()
+        .layer(l.clone())
+        .service(provider.clone());
+    let first = send(&mut svc, message(Some("k"), "hi")).await.unwrap();
+    assert_eq!(
+        store.completes.load(Ordering::SeqCst),
+        1,
+        "settled by complete"
+    );
+    let again = send(&mut svc, message(Some("k"), "hi")).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.id, first.id);
+    assert_eq!(provider.calls(), 1);
+    assert_eq!(l.stats().store_failed_after_send, 0);
+}
+
 /// A send over a Redis server of the test's own that stops taking writes (`CLIENT PAUSE`)
 /// once the provider accepted: the caller is answered at the settle timeout, whether the
 /// store's own bound on each call is longer than it (its timer must not be taken for the

@@ -29,6 +29,16 @@ impl Store for NullStore {
             token: Token::new(),
         })))
     }
+    fn reserve_now(
+        &self,
+        _: &Arc<str>,
+        _: Fingerprint,
+        _: Duration,
+    ) -> Option<Result<Reservation, StoreError>> {
+        Some(Ok(Reservation::Reserved {
+            token: Token::new(),
+        }))
+    }
     fn complete<'a>(
         &'a self,
         _: &'a str,
@@ -38,6 +48,16 @@ impl Store for NullStore {
         _: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(std::future::ready(Ok(true)))
+    }
+    fn complete_now(
+        &self,
+        _: &Arc<str>,
+        _: Token,
+        _: Fingerprint,
+        _: &Outcome,
+        _: Duration,
+    ) -> Option<Result<bool, StoreError>> {
+        Some(Ok(true))
     }
     fn release<'a>(&'a self, _: &'a str, _: Token) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(std::future::ready(Ok(true)))
@@ -106,6 +126,14 @@ impl Store for MapStore {
         let reserved = self.reserve_shared(&Arc::from(key), fingerprint);
         Box::pin(std::future::ready(Ok(reserved)))
     }
+    fn reserve_now(
+        &self,
+        key: &Arc<str>,
+        fingerprint: Fingerprint,
+        _: Duration,
+    ) -> Option<Result<Reservation, StoreError>> {
+        Some(Ok(self.reserve_shared(key, fingerprint)))
+    }
     fn complete<'a>(
         &'a self,
         key: &'a str,
@@ -117,6 +145,16 @@ impl Store for MapStore {
         Box::pin(std::future::ready(Ok(
             self.complete_shared(key, token, outcome)
         )))
+    }
+    fn complete_now(
+        &self,
+        key: &Arc<str>,
+        token: Token,
+        _: Fingerprint,
+        outcome: &Outcome,
+        _: Duration,
+    ) -> Option<Result<bool, StoreError>> {
+        Some(Ok(self.complete_shared(key, token, outcome)))
     }
     fn release<'a>(
         &'a self,

@@ -77,6 +77,10 @@ pub(crate) async fn reserve_one(
     key: &Arc<str>,
     fingerprint: Fingerprint,
 ) -> Result<Reservation, StoreError> {
+    // A store that answers at once needs no future, no bound and nothing to abandon.
+    if let Some(answer) = config.store.reserve_now(key, fingerprint, config.lease) {
+        return answer;
+    }
     let store = Arc::clone(&config.store);
     let owned = Arc::clone(key);
     let lease = config.lease;

@@ -93,6 +93,16 @@ impl Settle {
         let State::Holding(config, held, lease) = mem::replace(&mut self.state, State::Done) else {
             return;
         };
+        // A store that answers at once keeps a single send's outcome with no future or timer.
+        if let ([h], [Finish::Complete(outcome)]) = (held.as_slice(), finishes.as_slice())
+            && let Some(Ok(written)) =
+                (config.store).complete_now(&h.key, h.token, h.fingerprint, outcome, config.ttl)
+        {
+            if !written {
+                lease_lost(&config, h);
+            }
+            return;
+        }
         let settle_timeout = config.settle_timeout;
         let settlement = settlement(config, held, lease, finishes);
         if !has_runtime() {

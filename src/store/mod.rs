@@ -10,6 +10,11 @@
 //! | [`extend`](Store::extend) | makes the lease end `lease` from now, when the token holds the key pending and its lease has not passed |
 //! | [`retake`](Store::retake) | holds a done key of unknown delivery pending again under a new token, for a re-send of the same message while its first attempt is younger than a window |
 //!
+//! A store that needs no waiting (an in-process one, as [`MemoryStore`]) may also answer
+//! [`reserve_now`](Store::reserve_now) and [`complete_now`](Store::complete_now): the same
+//! steps, answered at once, which the layer asks first so that a send on such a store makes
+//! no future for them. Both default to `None` (ask the future), which every store may keep.
+//!
 //! Records carry the time of the first attempt under their key, by the store's clock, and
 //! report it as an age ([`Record::first_attempt_age`]), so no skew between the caller's and
 //! the store's clock enters it. A store that keeps a pending record past its lease reports a
@@ -44,6 +49,7 @@
 //! [`MemoryStore`]: memory::MemoryStore
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -311,6 +317,43 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>>;
 
+    /// [`reserve`](Self::reserve), answered at once by a store that needs no waiting for it
+    /// (an in-process one); `None`, the default, when the store must wait, and the caller
+    /// then calls `reserve`. When it answers, it answers what `reserve` would at that moment,
+    /// and does what `reserve` would.
+    ///
+    /// The layer asks this first, as an answer here costs no future and no timer: for an
+    /// in-process store those are a visible share of a send (BENCHMARKS.md). A store that
+    /// wraps another forwards it, or keeps the default and is still correct.
+    ///
+    /// The key comes as the layer holds it, shared: a store that keeps keys in memory may
+    /// keep a clone of this `Arc` rather than a copy of the text (`MemoryStore` does).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tower_idempotency::store::{Reservation, Store};
+    /// use tower_idempotency::{Fingerprint, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let key: Arc<str> = Arc::from("order-1");
+    /// let fingerprint = Fingerprint::from_bytes([7; 32]);
+    /// let lease = Duration::from_secs(30);
+    /// let first = store.reserve_now(&key, fingerprint, lease);
+    /// assert!(matches!(first, Some(Ok(Reservation::Reserved { .. }))));
+    /// let again = store.reserve_now(&key, fingerprint, lease);
+    /// assert!(matches!(again, Some(Ok(Reservation::Held { .. }))));
+    /// ```
+    fn reserve_now(
+        &self,
+        key: &Arc<str>,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Option<Result<Reservation, StoreError>> {
+        let _ = (key, fingerprint, lease);
+        None
+    }
+
     /// Keeps `key` done with `outcome` for `ttl`, when `token` holds it or nothing does.
     fn complete<'a>(
         &'a self,
@@ -320,6 +363,43 @@ pub trait Store: Send + Sync + 'static {
         outcome: &'a Outcome,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// [`complete`](Self::complete), answered at once by a store that needs no waiting for
+    /// it, as [`reserve_now`](Self::reserve_now) is for `reserve`; `None`, the default, when
+    /// the store must wait. The layer asks it first when it keeps a single send's outcome,
+    /// and settles through `complete` (with its retries) when this answers `None` or an
+    /// error.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tower_idempotency::outcome::{Outcome, Receipt};
+    /// use tower_idempotency::store::{Reservation, Store};
+    /// use tower_idempotency::{Fingerprint, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let key: Arc<str> = Arc::from("order-1");
+    /// let fingerprint = Fingerprint::from_bytes([7; 32]);
+    /// let minute = Duration::from_secs(60);
+    /// let reserved = store.reserve_now(&key, fingerprint, minute);
+    /// let Some(Ok(Reservation::Reserved { token })) = reserved else {
+    ///     unreachable!("a free key is reserved");
+    /// };
+    /// let sent = Outcome::sent(Receipt::new("msg_1", "resend"));
+    /// let kept = store.complete_now(&key, token, fingerprint, &sent, minute);
+    /// assert!(matches!(kept, Some(Ok(true))));
+    /// ```
+    fn complete_now(
+        &self,
+        key: &Arc<str>,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Option<Result<bool, StoreError>> {
+        let _ = (key, token, fingerprint, outcome, ttl);
+        None
+    }
 
     /// Deletes `key` when `token` holds it pending.
     fn release<'a>(&'a self, key: &'a str, token: Token)
@@ -489,6 +569,15 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         (**self).reserve(key, fingerprint, lease)
     }
 
+    fn reserve_now(
+        &self,
+        key: &Arc<str>,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Option<Result<Reservation, StoreError>> {
+        (**self).reserve_now(key, fingerprint, lease)
+    }
+
     fn complete<'a>(
         &'a self,
         key: &'a str,
@@ -498,6 +587,17 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         (**self).complete(key, token, fingerprint, outcome, ttl)
+    }
+
+    fn complete_now(
+        &self,
+        key: &Arc<str>,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Option<Result<bool, StoreError>> {
+        (**self).complete_now(key, token, fingerprint, outcome, ttl)
     }
 
     fn release<'a>(

@@ -130,6 +130,9 @@ pub struct TestStore {
     pub fail_next_settlements: Arc<AtomicUsize>,
     /// When set, complete answers a corrupt-record error, which retrying cannot mend.
     pub corrupt_complete: Arc<AtomicBool>,
+    /// When set, `complete_now` answers unavailable, as a store that answers at once and
+    /// fails; otherwise it answers `None`, as every other call here goes through the futures.
+    pub fail_complete_now: Arc<AtomicBool>,
     /// When set, reserves wait for a permit.
     pub gate: Arc<Mutex<Option<Arc<Semaphore>>>>,
     /// When set, reserve answers this record instead of asking the inner store.
@@ -216,6 +219,19 @@ impl Store for TestStore {
                 .await
         }
         .boxed()
+    }
+
+    fn complete_now(
+        &self,
+        _key: &Arc<str>,
+        _token: Token,
+        _fingerprint: Fingerprint,
+        _outcome: &Outcome,
+        _ttl: Duration,
+    ) -> Option<Result<bool, StoreError>> {
+        self.fail_complete_now
+            .load(Ordering::SeqCst)
+            .then(|| Err(failure()))
     }
 
     fn reserve_many<'a>(

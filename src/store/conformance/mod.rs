@@ -214,6 +214,8 @@ impl Conformance {
         self.done_key_is_free_after_ttl().await;
         self.keys_are_independent().await;
         self.concurrent_reserves_of_one_key_reserve_once().await;
+        self.reserve_now_answers_what_reserve_would().await;
+        self.complete_now_keeps_the_outcome_fenced_by_token().await;
         self.reserve_many_reserves_free_keys_and_reports_held_ones()
             .await;
         self.complete_many_and_release_many_are_fenced_by_token()
@@ -370,6 +372,87 @@ impl Conformance {
             "{CONCURRENT_RESERVES} racing reserves of one key"
         );
     }
+
+    /// A store that answers [`reserve_now`](Store::reserve_now) answers what `reserve`
+    /// would, and a key raced through both is reserved once. A store that answers `None`
+    /// passes: the layer then calls `reserve`.
+    pub async fn reserve_now_answers_what_reserve_would(&self) {
+        let key: Arc<str> = self.key("now").into();
+        let Some(first) = self.store.reserve_now(&key, fp(1), self.lease * 20) else {
+            return;
+        };
+        let token = match first {
+            Ok(Reservation::Reserved { token }) => token,
+            other => panic!("reserve_now of a free key answered {other:?}"),
+        };
+        let held = |answer: Option<Result<Reservation, StoreError>>| match answer {
+            Some(Ok(Reservation::Held { record })) => {
+                format!("{:?}", (record.state, record.fingerprint, record.outcome))
+            }
+            other => panic!("a held key answered {other:?}"),
+        };
+        let now = held(self.store.reserve_now(&key, fp(2), self.lease));
+        let later = held(Some(self.store.reserve(&key, fp(2), self.lease).await));
+        assert_eq!(now, later, "pending");
+        let outcome = Outcome::sent(Receipt::new("msg-now", "conformance"));
+        assert!(self.complete(&key, token, fp(1), &outcome).await);
+        let now = held(self.store.reserve_now(&key, fp(1), self.lease));
+        let later = held(Some(self.store.reserve(&key, fp(1), self.lease).await));
+        assert_eq!(now, later, "done");
+        assert!(now.contains("msg-now"), "{now}");
+
+        let key: Arc<str> = self.key("now-race").into();
+        let lease = self.lease * 20;
+        let tasks = self.racing(|store, i| {
+            let key = Arc::clone(&key);
+            async move {
+                // Half the tasks ask at once, half by the future.
+                let now = (i % 2 == 0)
+                    .then(|| store.reserve_now(&key, fp(1), lease))
+                    .flatten();
+                match now {
+                    Some(answer) => answer,
+                    None => store.reserve(&key, fp(1), lease).await,
+                }
+            }
+        });
+        let reserved = reserved_by(tasks).await;
+        assert_eq!(reserved, 1, "racing reserve_now and reserve of one key");
+    }
+
+    /// A store that answers [`complete_now`](Store::complete_now) keeps the outcome for the
+    /// token that holds the key and for no other, as `complete` does. A store that answers
+    /// `None` passes.
+    pub async fn complete_now_keeps_the_outcome_fenced_by_token(&self) {
+        let key: Arc<str> = self.key("complete-now").into();
+        let token = self.reserved(&key, fp(1)).await;
+        let outcome = Outcome::sent(Receipt::new("msg-now", "conformance"));
+        let ttl = self.lease * 20;
+        let Some(stale) = self
+            .store
+            .complete_now(&key, Token::new(), fp(1), &outcome, ttl)
+        else {
+            return;
+        };
+        assert!(
+            !stale.expect("complete_now by another token"),
+            "not its key"
+        );
+        match self.reserve(&key, fp(1)).await {
+            Reservation::Held { record } => assert_eq!(record.state, RecordState::Pending),
+            other => panic!("a pending key answered {other:?}"),
+        }
+        let kept = self.store.complete_now(&key, token, fp(1), &outcome, ttl);
+        assert!(matches!(kept, Some(Ok(true))), "{kept:?}");
+        match self.reserve(&key, fp(1)).await {
+            Reservation::Held { record } => {
+                assert_eq!(record.state, RecordState::Done);
+                let receipt = record.outcome.and_then(|o| o.replay().ok());
+                assert_eq!(receipt.map(|r| r.id).as_deref(), Some("msg-now"));
+            }
+            other => panic!("a done key answered {other:?}"),
+        }
+    }
 }
 
 /// How many of the racing reserves `tasks` were answered with a reservation.
@@ -448,6 +531,8 @@ macro_rules! store_conformance_tests {
             done_key_is_free_after_ttl,
             keys_are_independent,
             concurrent_reserves_of_one_key_reserve_once,
+            reserve_now_answers_what_reserve_would,
+            complete_now_keeps_the_outcome_fenced_by_token,
             reserve_many_reserves_free_keys_and_reports_held_ones,
             complete_many_and_release_many_are_fenced_by_token,
             batch_calls_with_nothing_in_them_answer_nothing,

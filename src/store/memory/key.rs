@@ -13,6 +13,9 @@ use hashbrown::hash_table::{Entry, VacantEntry};
 pub(super) struct Hashed<'a> {
     pub(super) hash: u64,
     pub(super) key: &'a str,
+    /// The caller's own shared copy of the key, when it gave one: the store keeps a clone
+    /// of it rather than a copy of the text.
+    shared: Option<&'a Arc<str>>,
 }
 
 impl<'a> Hashed<'a> {
@@ -25,6 +28,15 @@ impl<'a> Hashed<'a> {
         Self {
             hash: state.finish(),
             key,
+            shared: None,
+        }
+    }
+
+    /// `key` hashed by `hasher`; the store keeps `key` itself if it adds a record.
+    pub(super) fn shared(hasher: &RandomState, key: &'a Arc<str>) -> Self {
+        Self {
+            shared: Some(key),
+            ..Self::new(hasher, key)
         }
     }
 
@@ -39,7 +51,15 @@ impl<'a> Hashed<'a> {
     pub(super) fn stored(self) -> StoredKey {
         StoredKey {
             hash: self.hash,
-            key: Arc::from(self.key),
+            key: self.owned(),
+        }
+    }
+
+    /// The key as the store keeps it: the caller's shared copy, or a copy of the text.
+    fn owned(self) -> Arc<str> {
+        match self.shared {
+            Some(shared) => Arc::clone(shared),
+            None => Arc::from(self.key),
         }
     }
 }

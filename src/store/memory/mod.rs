@@ -699,6 +699,16 @@ impl Store for MemoryStore {
         .boxed()
     }
 
+    fn reserve_now(
+        &self,
+        key: &Arc<str>,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Option<Result<Reservation, StoreError>> {
+        let key = Hashed::shared(&self.inner.hasher, key);
+        Some(self.inner.reserve(key, fingerprint, lease))
+    }
+
     fn complete<'a>(
         &'a self,
         key: &'a str,
@@ -715,6 +725,18 @@ impl Store for MemoryStore {
             ttl,
         ))
         .boxed()
+    }
+
+    fn complete_now(
+        &self,
+        key: &Arc<str>,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Option<Result<bool, StoreError>> {
+        let key = Hashed::shared(&self.inner.hasher, key);
+        Some(self.inner.complete(key, token, fingerprint, outcome, ttl))
     }
 
     fn release<'a>(

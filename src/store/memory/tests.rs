@@ -1,6 +1,7 @@
-//! The memory store's own bookkeeping (its completion queue, its ticks, its locks), which
+//! The memory store's own bookkeeping: its completion queue and its copies of keys, which
 //! the conformance suite cannot see.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::MemoryStore;
@@ -101,6 +102,29 @@ async fn outcomes_come_back_as_they_were_kept() {
         let kept = record.outcome.expect("a done record keeps its outcome");
         assert_eq!(format!("{kept:?}"), format!("{outcome:?}"), "{key}");
     }
+}
+
+#[test]
+fn a_key_given_shared_is_kept_shared_not_copied() {
+    let store = MemoryStore::new();
+    let key: Arc<str> = Arc::from("shared");
+    let reserved = store.reserve_now(&key, fp(), LEASE);
+    let Some(Ok(Reservation::Reserved { token })) = reserved else {
+        panic!("a free key is reserved: {reserved:?}");
+    };
+    // The map holds a clone of the caller's key; the indexes name the record by its hash.
+    assert_eq!(Arc::strong_count(&key), 2);
+    let outcome = Outcome::sent(Receipt::new("m1", "test"));
+    let kept = store.complete_now(&key, token, fp(), &outcome, TTL);
+    assert!(matches!(kept, Some(Ok(true))), "{kept:?}");
+    // Completed: still the map's one clone; the completion queue holds the key's hash.
+    assert_eq!(Arc::strong_count(&key), 2);
+    let queued = store
+        .inner
+        .shard(store.inner.hashed("shared"))
+        .completed
+        .len();
+    assert_eq!(queued, 1);
 }
 
 #[test]
