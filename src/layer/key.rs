@@ -2,6 +2,7 @@
 //! [`KeyForm`]), and the hash that stands for it in logs.
 
 use std::fmt;
+use std::io::Write;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -9,7 +10,7 @@ use sha2::{Digest, Sha256};
 use super::config::{Config, ConfigError, KeyForm, validate_namespace};
 use super::request::IdempotentRequest;
 use super::stats::bump;
-use crate::message::{KeyError, validate_key};
+use crate::message::{KeyError, MAX_KEY_LEN, validate_key};
 use crate::outcome::{SendError, codes};
 
 /// The marker of version 1 of the hashed form, after the namespace.
@@ -100,10 +101,44 @@ impl fmt::Debug for StoredKeys {
     }
 }
 
-/// The stored form of a key already checked, under a namespace already checked.
+/// The longest stored form: a namespace of 64 bytes, `:`, and a key of [`MAX_KEY_LEN`] bytes
+/// (the hashed form is shorter).
+const MAX_STORED_LEN: usize = 64 + 1 + MAX_KEY_LEN;
+
+/// The stored form of a key already checked, under a namespace already checked, as the
+/// layer holds it: written on the stack and allocated once, as every keyed send makes one.
+fn stored_arc(namespace: &str, form: KeyForm, key: &str) -> Arc<str> {
+    let mut buf = [0; MAX_STORED_LEN];
+    let mut rest = &mut buf[..];
+    if write_stored_form(&mut rest, namespace, form, key).is_ok() {
+        let len = MAX_STORED_LEN - rest.len();
+        if let Ok(stored) = std::str::from_utf8(&buf[..len]) {
+            return Arc::from(stored);
+        }
+    }
+    // Unreachable for checked input (it fits, and it is text); spelled out, not trusted.
+    Arc::from(stored_form(namespace, form, key))
+}
+
+/// The stored form as a `String`, for operator tools.
 fn stored_form(namespace: &str, form: KeyForm, key: &str) -> String {
+    let mut stored = Vec::with_capacity(MAX_STORED_LEN);
+    // Writing to a `Vec` cannot fail.
+    let _ = write_stored_form(&mut stored, namespace, form, key);
+    String::from_utf8_lossy(&stored).into_owned()
+}
+
+/// Writes the stored form of `key` under `namespace` in `form`.
+fn write_stored_form(
+    out: &mut impl Write,
+    namespace: &str,
+    form: KeyForm,
+    key: &str,
+) -> std::io::Result<()> {
+    out.write_all(namespace.as_bytes())?;
+    out.write_all(b":")?;
     match form {
-        KeyForm::Raw => format!("{namespace}:{key}"),
+        KeyForm::Raw => out.write_all(key.as_bytes()),
         KeyForm::Hashed => {
             // The namespace holds no `:`, so the first `:` ends it: `namespace:key` names one
             // (namespace, key) pair only.
@@ -112,11 +147,12 @@ fn stored_form(namespace: &str, form: KeyForm, key: &str) -> String {
                 .chain_update(":")
                 .chain_update(key)
                 .finalize();
-            let mut stored = format!("{namespace}:{HASHED_V1}:");
+            out.write_all(HASHED_V1.as_bytes())?;
+            out.write_all(b":")?;
             for b in digest {
-                stored.extend(crate::hex::pair(b).map(char::from));
+                out.write_all(&crate::hex::pair(b))?;
             }
-            stored
+            Ok(())
         }
     }
 }
@@ -142,7 +178,7 @@ pub(crate) fn derive_key<R: IdempotentRequest>(
 ) -> Option<Result<Arc<str>, KeyError>> {
     let stored = |key: &str| -> Result<Arc<str>, KeyError> {
         validate_key(key)?;
-        Ok(stored_form(&config.namespace, config.key_form, key).into())
+        Ok(stored_arc(&config.namespace, config.key_form, key))
     };
     match config.keys.get::<R>() {
         Some(key_fn) => key_fn(request).map(|key| stored(&key)),
@@ -201,5 +237,37 @@ mod tests {
     fn a_keys_hash_in_logs_is_the_start_of_its_sha256() {
         assert_eq!(key_hash("a"), "ca978112ca1b");
         assert_eq!(key_hash(""), "e3b0c44298fc");
+    }
+
+    /// The key a send holds is the stored form an operator computes, at the shortest keys, at
+    /// the longest key under the longest namespace, and between.
+    #[test]
+    fn a_sends_key_is_the_stored_form_at_every_length() {
+        let longest_namespace = "n".repeat(64);
+        for namespace in ["alerts", longest_namespace.as_str()] {
+            for form in [KeyForm::Raw, KeyForm::Hashed] {
+                for len in (1..=8).chain(120..=136).chain([MAX_KEY_LEN]) {
+                    let key = "k".repeat(len);
+                    let expected = stored_form(namespace, form, &key);
+                    let held = stored_arc(namespace, form, &key);
+                    assert_eq!(&*held, expected.as_str(), "{namespace}, {form:?}, {len}");
+                }
+            }
+        }
+        assert_eq!(
+            &*stored_arc(&longest_namespace, KeyForm::Raw, &"k".repeat(MAX_KEY_LEN)),
+            format!("{longest_namespace}:{}", "k".repeat(MAX_KEY_LEN)),
+        );
+        assert_eq!(
+            &*stored_arc("alerts", KeyForm::Hashed, "k"),
+            format!("alerts:h1:{}", hex_of_sha256("alerts:k")),
+        );
+    }
+
+    fn hex_of_sha256(text: &str) -> String {
+        Sha256::digest(text)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 }

@@ -127,12 +127,17 @@ where
 
     let mut asked_at = Instant::now();
     // A held key may yet be sent: after waiting for its send in flight, or taken back inside
-    // the provider's window (each an option, off by default; see `wait_one`, `take_back`).
+    // the provider's window. Each is an option, off by default, and asked only when set, so a
+    // replay does not carry its record through two steps that would hand it back unchanged.
     let mut reservation = reserve_one(&config, &store_key, fingerprint).await;
-    if let Ok(Reservation::Held { record }) = reservation {
+    if config.wait_for_in_flight.is_some()
+        && let Ok(Reservation::Held { record }) = reservation
+    {
         reservation = wait_one(&config, &store_key, fingerprint, record, &mut asked_at).await;
     }
-    reservation = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await;
+    if config.provider_window.is_some() {
+        reservation = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await;
+    }
     let token = match reservation {
         Ok(Reservation::Reserved { token }) => token,
         Ok(Reservation::TakenOver { token, previous }) => {
