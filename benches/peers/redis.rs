@@ -87,22 +87,16 @@ pub(super) fn bench(c: &mut Criterion) {
         hashing,
     };
     if let Some(rounds) = super::interleave::rounds("PEERS_INTERLEAVED") {
-        interleaved(
-            &rt,
-            "peers/redis",
-            rounds,
-            None,
-            ("ours", || ours.clone()),
-            ("minimal", || minimal.clone()),
-        );
-        interleaved(
-            &rt,
-            "peers/redis",
-            rounds,
-            None,
-            ("ours", || ours.clone()),
-            ("minimal+sha256", || minimal_sha256.clone()),
-        );
+        for (name, side) in [("minimal", &minimal), ("minimal+sha256", &minimal_sha256)] {
+            interleaved(
+                &rt,
+                "peers/redis",
+                rounds,
+                None,
+                ("ours", || ours.clone()),
+                (name, || side.clone()),
+            );
+        }
         let sha256 = peer("idempotent-sha256", Hashing::Sha256);
         interleaved(
             &rt,
