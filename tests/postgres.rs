@@ -680,6 +680,49 @@ async fn an_operation_past_its_timeout_fails_with_a_timeout_error() {
     forget(&url, &key).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(backend_postgres),
+    ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
+)]
+async fn a_reserve_whose_answer_was_lost_frees_its_key_soon_after_it_lands() {
+    let Some(url) = database_url() else { return };
+    let application_name = unique("idem_lost");
+    let store = PostgresStore::new(pool(&url, 4, &application_name))
+        .table(CONFORMANCE_TABLE)
+        .unwrap()
+        .timeout(Duration::from_millis(200));
+    store.migrate().await.expect("migrate");
+    let admin = admin(&url).await;
+    let key = unique("lost-answer");
+    insert_uncommitted(&admin, &key).await;
+    let error = store
+        .reserve(&key, fp(1), LEASE)
+        .await
+        .expect_err("blocked on the row being inserted");
+    assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    // The reserve's statement is still on the server, waiting: its caller gave up, and it
+    // takes the key once the other transaction ends.
+    session_waiting_on_a_lock(&admin, &application_name).await;
+    admin.batch_execute("ROLLBACK").await.unwrap();
+    // Nobody will send under the lost reserve's token: without its release, the key would be
+    // held for the whole lease (a minute), every repeat answered as in flight.
+    let freed = async {
+        loop {
+            match store.reserve(&key, fp(1), LEASE).await {
+                Ok(Reservation::Reserved { .. }) => return,
+                Ok(Reservation::Held { record }) => assert_eq!(record.state, RecordState::Pending),
+                other => panic!("a repeat after the lost reserve: {other:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), freed)
+        .await
+        .expect("the lost reserve's key is freed within seconds, not at its lease's end");
+    forget(&url, &key).await;
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(backend_postgres),

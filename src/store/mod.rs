@@ -26,6 +26,13 @@
 //! must leave the new owner's record alone. Expiry is decided by the store's own clock, never
 //! the caller's.
 //!
+//! A reserve whose answer is lost (a dropped connection, the store's or the layer's timeout)
+//! is reported as a store failure: the message is not sent. The networked stores then release
+//! that reserve's token in the background, asking a few times over about seven seconds, so the
+//! key it may have taken does not stay held for the whole lease with nobody sending; the
+//! SQLite store never runs a reserve whose caller stopped waiting. A key none of these
+//! releases reached frees itself when its lease ends.
+//!
 //! Stores:
 //!
 //! | store | feature | for |
@@ -69,6 +76,8 @@ pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod token;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod unanswered;
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;

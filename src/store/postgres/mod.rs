@@ -160,6 +160,7 @@ use uuid::Uuid;
 
 // `millis` is imported here so the submodules name it `super::millis`.
 use super::millis::millis;
+use super::unanswered::Unanswered;
 use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, record};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
@@ -379,9 +380,9 @@ impl PostgresStore {
         key: &str,
         fingerprint: Fingerprint,
         lease: Duration,
+        token: Token,
     ) -> Result<Reservation, StoreError> {
         let client = self.client().await?;
-        let token = Token::new();
         let fingerprint = &fingerprint.as_bytes()[..];
         let params: [&(dyn ToSql + Sync); 4] =
             [&key, &Uuid::from(token), &fingerprint, &millis(lease)];
@@ -466,9 +467,9 @@ impl PostgresStore {
         &self,
         requests: &[(&str, Fingerprint)],
         lease: Duration,
+        tokens: &[Token],
     ) -> Result<Vec<Result<Reservation, StoreError>>, StoreError> {
         let positions = positions("reserve_many", requests.iter().map(|(key, _)| *key))?;
-        let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
         let client = self.client().await?;
         let statement = client
             .prepare_cached(&self.table.sql.reserve_many)
@@ -683,7 +684,15 @@ impl Store for PostgresStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        Box::pin(self.bounded(move || self.try_reserve(key, fingerprint, lease)))
+        Box::pin(async move {
+            let token = Token::new();
+            let unanswered = Unanswered::arm(self, vec![(key, token)]);
+            let reservation = self
+                .bounded(move || self.try_reserve(key, fingerprint, lease, token))
+                .await?;
+            unanswered.answered();
+            Ok(reservation)
+        })
     }
 
     fn complete<'a>(
@@ -733,8 +742,14 @@ impl Store for PostgresStore {
             if requests.is_empty() {
                 return Ok(Vec::new());
             }
-            self.bounded(move || self.try_reserve_many(requests, lease))
-                .await
+            let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
+            let reserved = requests.iter().map(|(key, _)| *key).zip(tokens.iter().copied());
+            let unanswered = Unanswered::arm(self, reserved.collect());
+            let answers = self
+                .bounded(|| self.try_reserve_many(requests, lease, &tokens))
+                .await?;
+            unanswered.answered();
+            Ok(answers)
         })
     }
 
