@@ -76,7 +76,7 @@ pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod token;
-#[cfg(any(feature = "postgres", feature = "redis"))]
+#[cfg(feature = "postgres")]
 mod unanswered;
 
 #[cfg(any(test, feature = "test-util"))]
