@@ -1,6 +1,8 @@
 //! `SqliteStore` against a hand-written claim run through rusqlite directly, in one run:
 //! reserve + complete pairs per second with 1 and 8 concurrent writers in one process, and
-//! with two processes of 4 writers each on one file.
+//! with two processes of 4 writers each on one file. In one process the claim runs twice: on
+//! threads of its own (the floor: nothing async), and as an async service would run it, each
+//! statement through `spawn_blocking` (what a user of tower writes instead of the store).
 //!
 //! `cargo bench --features sqlite --bench sqlite`. The file lives under the target dir (a
 //! real disk, so commits pay for their sync), one per measurement, in the same mode as the
@@ -223,6 +225,74 @@ fn run_raw(connections: &[Arc<std::sync::Mutex<Connection>>], iters: u64) -> Dur
     start.elapsed()
 }
 
+/// `iters` pairs through rusqlite as an async service would call it, spread over `writers`
+/// tasks of a connection each: every statement on tokio's blocking pool (`spawn_blocking`),
+/// as a reserve runs before the send and a complete after it, each awaited by the send.
+fn run_raw_async(
+    runtime: &tokio::runtime::Runtime,
+    connections: &[Arc<std::sync::Mutex<Connection>>],
+    iters: u64,
+) -> Duration {
+    let writers = connections.len() as u64;
+    runtime.block_on(async {
+        let start = Instant::now();
+        let tasks: Vec<_> = connections
+            .iter()
+            .enumerate()
+            .map(|(w, connection)| {
+                let pairs = iters / writers + u64::from((w as u64) < iters % writers);
+                let (connection, keys) = (Arc::clone(connection), Keys::new());
+                let json: Arc<str> = outcome_json().into();
+                tokio::spawn(async move {
+                    for _ in 0..pairs {
+                        let (key, token) = (keys.next(), Token::new());
+                        let (c, k) = (Arc::clone(&connection), key.clone());
+                        tokio::task::spawn_blocking(move || {
+                            let connection = c.lock().expect("connection");
+                            let mut reserve = connection.prepare_cached(RESERVE).expect("prepare");
+                            let holder: Vec<u8> = reserve
+                                .query_row(
+                                    params![
+                                        k,
+                                        &token.as_bytes()[..],
+                                        &FINGERPRINT[..],
+                                        LEASE.as_millis() as i64
+                                    ],
+                                    |row| row.get(0),
+                                )
+                                .expect("reserve");
+                            assert_eq!(holder, token.as_bytes());
+                        })
+                        .await
+                        .expect("reserve task");
+                        let (c, json) = (Arc::clone(&connection), Arc::clone(&json));
+                        tokio::task::spawn_blocking(move || {
+                            let connection = c.lock().expect("connection");
+                            let mut complete =
+                                connection.prepare_cached(COMPLETE).expect("prepare");
+                            let written = complete
+                                .execute(params![
+                                    key,
+                                    &token.as_bytes()[..],
+                                    &*json,
+                                    TTL.as_millis() as i64
+                                ])
+                                .expect("complete");
+                            assert_eq!(written, 1);
+                        })
+                        .await
+                        .expect("complete task");
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("writer");
+        }
+        start.elapsed()
+    })
+}
+
 fn one_process(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -247,6 +317,15 @@ fn one_process(c: &mut Criterion) {
             BenchmarkId::new("reserve+complete/raw", writers),
             &writers,
             |b, _| b.iter_custom(|iters| run_raw(&connections, iters)),
+        );
+        let path = fresh_file("raw-async");
+        let connections: Vec<_> = (0..writers)
+            .map(|_| Arc::new(std::sync::Mutex::new(raw_connection(&path))))
+            .collect();
+        group.bench_with_input(
+            BenchmarkId::new("reserve+complete/raw-spawn-blocking", writers),
+            &writers,
+            |b, _| b.iter_custom(|iters| run_raw_async(&runtime, &connections, iters)),
         );
     }
     group.finish();

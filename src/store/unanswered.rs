@@ -67,8 +67,10 @@ impl<S: Store + Clone> Drop for Unanswered<'_, S> {
             // not released yet.
             let mut left = reserved;
             for wait in RETRIES {
-                let releases: Vec<(&str, Token)> =
-                    left.iter().map(|(key, token)| (key.as_str(), *token)).collect();
+                let releases: Vec<(&str, Token)> = left
+                    .iter()
+                    .map(|(key, token)| (key.as_str(), *token))
+                    .collect();
                 if let Ok(released) = store.release_many(&releases).await {
                     let mut released = released.into_iter();
                     left.retain(|_| !released.next().unwrap_or(false));

@@ -743,7 +743,10 @@ impl Store for PostgresStore {
                 return Ok(Vec::new());
             }
             let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
-            let reserved = requests.iter().map(|(key, _)| *key).zip(tokens.iter().copied());
+            let reserved = requests
+                .iter()
+                .map(|(key, _)| *key)
+                .zip(tokens.iter().copied());
             let unanswered = Unanswered::arm(self, reserved.collect());
             let answers = self
                 .bounded(|| self.try_reserve_many(requests, lease, &tokens))
