@@ -18,7 +18,7 @@
 //!    delivery: the request may have left before the time ran out;
 //! 3. else, with the `reqwest` feature, a `reqwest::Error` carrying a provider's status (from
 //!    `error_for_status()`) is answered as `http::HttpTransport` answers that status: the same
-//!    code and category from one table ([`status_error`]), the classifier not asked;
+//!    code and category from one status table (the `http` module's), the classifier not asked;
 //! 4. else the [`Classifier`] decides. The [default](default_classifier) answers
 //!    [`Category::Retryable`] for an error that shows the request never left (a connection
 //!    refused, a failed connect of hyper-util's or reqwest's client: [`never_connected`]) and
@@ -142,7 +142,7 @@ impl fmt::Debug for Classifier {
 /// |---|---|
 /// | `is_builder()`: the request could not be built (a bad URL or scheme) | [`Validation`](Category::Validation) |
 /// | `is_connect()`: no connection (DNS, refused, TLS handshake, connect timeout) | [`Retryable`](Category::Retryable) |
-/// | `status()`, from `error_for_status()` | the category of [`status_error`]: the one status table |
+/// | `status()`, from `error_for_status()` | the category `HttpTransport` gives that status: one status table for both |
 /// | anything else: a timeout after the request left, a body that failed, a redirect | [`Unknown`](Category::Unknown) |
 ///
 /// `error_for_status()` drops the response's `Retry-After`; `HttpTransport` over a reqwest
@@ -249,6 +249,7 @@ pub fn connection_refused(error: &(dyn Error + 'static)) -> bool {
 /// | 502, 503, 504 | retryable | [`provider.unavailable`](codes::UNAVAILABLE) |
 /// | 500, other 5xx | unknown | [`provider.server_error`](codes::SERVER_ERROR) |
 /// | anything else (1xx, 2xx, 3xx, 600 to 999) | unknown | [`provider.unexpected_status`](codes::UNEXPECTED_STATUS) |
+#[cfg(any(feature = "http", feature = "reqwest"))]
 pub(crate) fn status_error(status: u16, describe: impl FnOnce(&str) -> String) -> SendError {
     match status {
         408 => SendError::retryable(
@@ -286,16 +287,6 @@ pub(crate) fn status_error(status: u16, describe: impl FnOnce(&str) -> String) -
             ),
         ),
     }
-}
-
-/// The innermost error of the chain: the cause a person can act on ("invalid URL, scheme is
-/// not http", "failed to lookup address information"), where the outer errors only say which
-/// layer failed.
-pub(crate) fn root_cause(error: &(dyn Error + 'static)) -> String {
-    chain(error)
-        .last()
-        .map(ToString::to_string)
-        .unwrap_or_default()
 }
 
 /// The first [`SendError`] in the error's source chain, the error itself included.
@@ -378,10 +369,7 @@ pub(crate) fn into_send_error(classifier: &Classifier, error: BoxError) -> SendE
         ),
         Verdict::Classified(Category::Retryable) => SendError::retryable(
             codes::NOT_SENT,
-            format!(
-                "the provider call failed; the message was not sent: {}",
-                root_cause(&*error)
-            ),
+            "the provider call failed; the message was not sent",
         ),
         Verdict::Classified(Category::Permanent) => {
             SendError::permanent("provider.rejected", "the provider refused the message")
@@ -391,10 +379,7 @@ pub(crate) fn into_send_error(classifier: &Classifier, error: BoxError) -> SendE
         }
         Verdict::Classified(_) => SendError::unknown_delivery(
             codes::UNKNOWN,
-            format!(
-                "the provider call failed; the message may have gone: {}",
-                root_cause(&*error)
-            ),
+            "the provider call failed; the message may have gone",
         ),
     };
     send_error.with_source(error)

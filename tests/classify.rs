@@ -243,8 +243,8 @@ async fn an_https_url_over_a_plain_http_client_frees_the_key_and_the_right_addre
         let error =
             fails_unsent_then_goes_once(kind.client(), &format!("https://{nothing}"), &key).await;
         assert!(
-            error.message().contains("scheme"),
-            "the error names the cause: {kind:?}: {error}"
+            error.to_string().contains("scheme"),
+            "the error's text ends with the cause: {kind:?}: {error}"
         );
     }
 }

@@ -1,5 +1,6 @@
 //! The status mapping: a provider's answer, or the inner client's error, as an outcome.
 
+use std::borrow::Cow;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -7,9 +8,7 @@ use http::{HeaderMap, StatusCode, header::RETRY_AFTER};
 
 use super::codec::{BatchCodec, Codec};
 use crate::batch::BatchOutcomes;
-use std::borrow::Cow;
-
-use crate::classify::{Classifier, Verdict, judge, root_cause, status_error};
+use crate::classify::{Classifier, Verdict, judge, status_error};
 use crate::message::Message;
 use crate::outcome::{self, BoxError, Category, Receipt, SendError, codes};
 
@@ -182,10 +181,7 @@ pub(crate) fn from_inner_error(error: BoxError, classifier: &Classifier) -> Send
         ),
         Verdict::Classified(Category::Retryable) => SendError::retryable(
             codes::CONNECT,
-            format!(
-                "could not connect to the provider; not sent: {}",
-                root_cause(&*error)
-            ),
+            "could not connect to the provider; not sent",
         ),
         Verdict::Classified(Category::Permanent) => SendError::permanent(
             codes::REJECTED,
@@ -197,11 +193,8 @@ pub(crate) fn from_inner_error(error: BoxError, classifier: &Classifier) -> Send
         ),
         Verdict::Classified(_) => SendError::unknown_delivery(
             outcome::codes::UNKNOWN,
-            format!(
-                "the request to the provider failed after it may have been written; \
-                 the message may have gone: {}",
-                root_cause(&*error)
-            ),
+            "the request to the provider failed after it may have been written; \
+             the message may have gone",
         ),
     };
     send_error.with_source(error)
