@@ -82,6 +82,17 @@ fn in_(ahead: Duration) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(epoch_seconds(SystemTime::now() + ahead))
 }
 
+/// An SMS through the messaging service, scheduled `at`.
+fn scheduled(at: SystemTime) -> Message {
+    Message::sms()
+        .messaging_service(SERVICE)
+        .to("+15558675310")
+        .text("Your parcel arrives tomorrow.")
+        .send_at(at)
+        .build()
+        .unwrap()
+}
+
 const MINUTE: Duration = Duration::from_secs(60);
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -89,15 +100,8 @@ const DAY: Duration = Duration::from_secs(86_400);
 async fn a_messaging_service_sends_and_schedules_through_twilio() {
     let provider = twilio::provider(vec![created(1)]).await;
     let at = in_(DAY);
-    let message = Message::sms()
-        .messaging_service(SERVICE)
-        .to("+15558675310")
-        .text("Your parcel arrives tomorrow.")
-        .send_at(at)
-        .build()
-        .unwrap();
 
-    send_with(codec(&provider), message).await.unwrap();
+    send_with(codec(&provider), scheduled(at)).await.unwrap();
 
     let form = decode_form(&provider.requests()[0].body).unwrap();
     assert_eq!(form["MessagingServiceSid"], SERVICE);
@@ -141,15 +145,6 @@ async fn what_twilio_would_refuse_never_leaves_the_codec() {
     // `€` is two GSM-7 septets.
     let too_many_euros = otp().text("€".repeat(801)).build().unwrap();
     let scheduled_from_a_number = otp().send_at(in_(DAY)).build().unwrap();
-    let scheduled = |at| {
-        Message::sms()
-            .messaging_service(SERVICE)
-            .to("+15558675310")
-            .text("Your parcel arrives tomorrow.")
-            .send_at(at)
-            .build()
-            .unwrap()
-    };
     for (message, what) in [
         (email, "email"),
         (two_numbers, "one `To`"),
