@@ -206,18 +206,18 @@ fn reqwest_status_error(error: &(dyn Error + 'static)) -> Option<SendError> {
 /// awaited) is not among them: the request may have left.
 pub fn never_connected(error: &(dyn Error + 'static)) -> bool {
     chain(error).any(|e| {
-        let refused = e
+        let unconnected = e
             .downcast_ref::<io::Error>()
             .is_some_and(|io| io.kind() == io::ErrorKind::ConnectionRefused);
         #[cfg(feature = "http")]
-        let refused = refused
+        let unconnected = unconnected
             || e.downcast_ref::<hyper_util::client::legacy::Error>()
                 .is_some_and(hyper_util::client::legacy::Error::is_connect);
         #[cfg(feature = "reqwest")]
-        let refused = refused
+        let unconnected = unconnected
             || e.downcast_ref::<reqwest::Error>()
                 .is_some_and(reqwest::Error::is_connect);
-        refused
+        unconnected
     })
 }
 
