@@ -16,9 +16,13 @@
 //!    made it knew what happened;
 //! 2. else a timeout of `tower::timeout` or `tokio::time` anywhere in the chain is of unknown
 //!    delivery: the request may have left before the time ran out;
-//! 3. else the [`Classifier`] decides. The [default](default_classifier) answers
-//!    [`Category::Retryable`] for a connection refused and [`Category::Unknown`] for anything
-//!    else.
+//! 3. else, with the `reqwest` feature, a `reqwest::Error` carrying a provider's status (from
+//!    `error_for_status()`) is answered as `http::HttpTransport` answers that status: the same
+//!    code and category from one status table (the `http` module's), the classifier not asked;
+//! 4. else the [`Classifier`] decides. The [default](default_classifier) answers
+//!    [`Category::Retryable`] for an error that shows the request never left (a connection
+//!    refused, a failed connect of hyper-util's or reqwest's client: [`never_connected`]) and
+//!    [`Category::Unknown`] for anything else.
 //!
 //! Set the same classifier everywhere, so the layer and the retry policy never disagree about
 //! an error:
@@ -52,6 +56,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::borrow::Cow;
 use std::error::Error;
 use std::fmt;
 use std::io;
@@ -121,8 +126,8 @@ impl fmt::Debug for Classifier {
     }
 }
 
-/// The default [`Classifier`]: [`Category::Retryable`] for a [`connection_refused`] error,
-/// [`Category::Unknown`] for anything else.
+/// The default [`Classifier`]: [`Category::Retryable`] when the error shows the request never
+/// left ([`never_connected`]), [`Category::Unknown`] for anything else.
 ///
 /// Nothing was written to a connection that was never opened, so the message certainly did
 /// not leave and the key is freed. For anything else the crate cannot tell whether the request
@@ -135,22 +140,19 @@ impl fmt::Debug for Classifier {
 ///
 /// | the `reqwest::Error` | category |
 /// |---|---|
-/// | `is_builder()`: the request could not be built | [`Validation`](Category::Validation) |
-/// | `is_connect()`: no connection, a connect timeout included | [`Retryable`](Category::Retryable) |
-/// | `status()`, from `error_for_status()`: 408, 429, 502, 503, 504 | [`Retryable`](Category::Retryable) |
-/// | `status()`: any other 4xx | [`Permanent`](Category::Permanent) |
-/// | `status()`: 500 and any other 5xx or status | [`Unknown`](Category::Unknown) |
+/// | `is_builder()`: the request could not be built (a bad URL or scheme) | [`Validation`](Category::Validation) |
+/// | `is_connect()`: no connection (DNS, refused, TLS handshake, connect timeout) | [`Retryable`](Category::Retryable) |
+/// | `status()`, from `error_for_status()` | the category `HttpTransport` gives that status: one status table for both |
 /// | anything else: a timeout after the request left, a body that failed, a redirect | [`Unknown`](Category::Unknown) |
 ///
-/// The statuses are placed as `http::HttpTransport`'s status mapping places them (a codec may
-/// place its provider's error names more precisely). `error_for_status()` drops
-/// the response's `Retry-After`; `HttpTransport` over a reqwest client keeps it.
+/// `error_for_status()` drops the response's `Retry-After`; `HttpTransport` over a reqwest
+/// client keeps it.
 pub fn default_classifier(error: &(dyn Error + 'static)) -> Category {
     #[cfg(feature = "reqwest")]
     if let Some(category) = reqwest_category(error) {
         return category;
     }
-    if connection_refused(error) {
+    if never_connected(error) {
         Category::Retryable
     } else {
         Category::Unknown
@@ -162,37 +164,129 @@ pub fn default_classifier(error: &(dyn Error + 'static)) -> Category {
 fn reqwest_category(error: &(dyn Error + 'static)) -> Option<Category> {
     let error = chain(error).find_map(|e| e.downcast_ref::<reqwest::Error>())?;
     Some(if error.is_builder() {
+        // Refused before a connection was asked for: an unparsable URL, a scheme reqwest
+        // does not speak.
         Category::Validation
     } else if error.is_connect() {
         // Nothing is written before the connection is up.
         Category::Retryable
     } else if let Some(status) = error.status() {
-        status_category(status.as_u16())
+        status_error(status.as_u16(), |what| what.to_owned()).category()
     } else {
         Category::Unknown
     })
 }
 
-/// The category `HttpTransport`'s status mapping gives a provider's answer of `status` (the
-/// table in the `http` module docs, which tests/reqwest_client.rs holds this to).
+/// A provider's failure status carried by a `reqwest::Error` (`error_for_status()`), as the
+/// error `HttpTransport` answers for that status.
 #[cfg(feature = "reqwest")]
-fn status_category(status: u16) -> Category {
-    match status {
-        408 | 429 | 502 | 503 | 504 => Category::Retryable,
-        400..=499 => Category::Permanent,
-        _ => Category::Unknown,
-    }
+fn reqwest_status_error(error: &(dyn Error + 'static)) -> Option<SendError> {
+    let error = chain(error).find_map(|e| e.downcast_ref::<reqwest::Error>())?;
+    let status = error.status()?;
+    Some(status_error(status.as_u16(), |what| {
+        format!("{what} (HTTP {status})")
+    }))
+}
+
+/// Whether the error's chain shows that the request never left: no connection was made, so
+/// nothing of the request was written.
+///
+/// Read from the errors' types, never from their text:
+///
+/// - an [`io::Error`] of kind [`ConnectionRefused`](io::ErrorKind::ConnectionRefused)
+///   ([`connection_refused`]), from any client;
+/// - with the `http` feature, hyper-util's legacy client error whose `is_connect()` is true:
+///   its connector failed before the request was handed to a connection (an unresolvable
+///   host, a URL its connector does not take such as `https` over the plain-HTTP connector,
+///   a refused or reset connect, a connect timeout, a TLS handshake of an HTTPS connector);
+/// - with the `reqwest` feature, a `reqwest::Error` whose `is_connect()` is true (the same
+///   failures, seen through reqwest).
+///
+/// An error after the connection was up (a reset while the request was written or its answer
+/// awaited) is not among them: the request may have left.
+pub fn never_connected(error: &(dyn Error + 'static)) -> bool {
+    chain(error).any(|e| {
+        let unconnected = e
+            .downcast_ref::<io::Error>()
+            .is_some_and(|io| io.kind() == io::ErrorKind::ConnectionRefused);
+        #[cfg(feature = "http")]
+        let unconnected = unconnected
+            || e.downcast_ref::<hyper_util::client::legacy::Error>()
+                .is_some_and(hyper_util::client::legacy::Error::is_connect);
+        #[cfg(feature = "reqwest")]
+        let unconnected = unconnected
+            || e.downcast_ref::<reqwest::Error>()
+                .is_some_and(reqwest::Error::is_connect);
+        unconnected
+    })
 }
 
 /// Whether the error's source chain holds an [`io::Error`] of kind
 /// [`ConnectionRefused`](io::ErrorKind::ConnectionRefused).
 ///
 /// hyper-util's legacy client and reqwest both keep the `io::Error` in the chain.
+/// [`never_connected`] reads this and the clients' own connect errors.
 pub fn connection_refused(error: &(dyn Error + 'static)) -> bool {
     chain(error).any(|e| {
         e.downcast_ref::<io::Error>()
             .is_some_and(|io| io.kind() == io::ErrorKind::ConnectionRefused)
     })
+}
+
+/// The error a provider's failure `status` answers, by the status alone: the one table
+/// `http::HttpTransport` (for a status its codec does not read) and the `reqwest` reading of
+/// `error_for_status()` share, so an alert keyed on a code does not depend on the client.
+///
+/// `describe` turns the table's explanation into the error's text (the transport adds the
+/// status and the provider's own words).
+///
+/// | status | category | code |
+/// |---|---|---|
+/// | 408 | retryable | [`provider.request_timeout`](codes::REQUEST_TIMEOUT) |
+/// | 409 | permanent | [`provider.conflict`](codes::CONFLICT) |
+/// | 429 | retryable | [`provider.rate_limited`](codes::RATE_LIMITED) |
+/// | other 4xx | permanent | [`provider.rejected`](codes::REJECTED) |
+/// | 502, 503, 504 | retryable | [`provider.unavailable`](codes::UNAVAILABLE) |
+/// | 500, other 5xx | unknown | [`provider.server_error`](codes::SERVER_ERROR) |
+/// | anything else (1xx, 2xx, 3xx, 600 to 999) | unknown | [`provider.unexpected_status`](codes::UNEXPECTED_STATUS) |
+#[cfg(any(feature = "http", feature = "reqwest"))]
+pub(crate) fn status_error(status: u16, describe: impl FnOnce(&str) -> String) -> SendError {
+    match status {
+        408 => SendError::retryable(
+            codes::REQUEST_TIMEOUT,
+            describe("the provider timed out waiting for the request; not sent"),
+        ),
+        409 => SendError::permanent(
+            codes::CONFLICT,
+            describe("the provider refused the message as a conflict"),
+        ),
+        429 => SendError::retryable(
+            codes::RATE_LIMITED,
+            describe("the provider is rate limiting; not sent"),
+        ),
+        400..=499 => SendError::permanent(
+            codes::REJECTED,
+            describe("the provider rejected the message"),
+        ),
+        502..=504 => SendError::retryable(
+            codes::UNAVAILABLE,
+            describe("the provider is unavailable; not sent"),
+        ),
+        500..=599 => SendError::unknown_delivery(
+            codes::SERVER_ERROR,
+            describe("the provider failed while handling the request; the message may have gone"),
+        ),
+        // A 1xx as the final answer, a 3xx (a redirect is not followed: re-sending a POST
+        // elsewhere is the client's business), 600 to 999. None says the message did not go
+        // (a 303 after a POST even says the provider acted on it), so the key is kept.
+        _ => SendError::unknown_delivery(
+            codes::UNEXPECTED_STATUS,
+            describe(
+                "the provider answered a status the transport cannot place; the message may \
+                 have gone",
+            ),
+        ),
+    }
 }
 
 /// The first [`SendError`] in the error's source chain, the error itself included.
@@ -234,23 +328,29 @@ fn timed_out(error: &(dyn Error + 'static)) -> bool {
 
 /// What the judge makes of an error; see the [module docs](self).
 pub(crate) enum Verdict<'a> {
-    /// A [`SendError`] in the chain, to be taken as it is.
-    Answered(&'a SendError),
+    /// A [`SendError`] in the chain, to be taken as it is, or the error of a provider's
+    /// status the chain carries ([`status_error`]).
+    Answered(Cow<'a, SendError>),
     /// A timeout in the chain: of unknown delivery.
     TimedOut,
     /// The classifier's category (never [`Category::Delivered`]).
     Classified(Category),
 }
 
-/// Judges `error`: a [`SendError`] in the chain, then a timeout, then the classifier.
+/// Judges `error`: a [`SendError`] in the chain, then a timeout, then a provider's status,
+/// then the classifier.
 pub(crate) fn judge<'a>(error: &'a (dyn Error + 'static), classifier: &Classifier) -> Verdict<'a> {
     if let Some(send_error) = find_send_error(error) {
-        Verdict::Answered(send_error)
-    } else if timed_out(error) {
-        Verdict::TimedOut
-    } else {
-        Verdict::Classified(classifier.category(error))
+        return Verdict::Answered(Cow::Borrowed(send_error));
     }
+    if timed_out(error) {
+        return Verdict::TimedOut;
+    }
+    #[cfg(feature = "reqwest")]
+    if let Some(status_error) = reqwest_status_error(error) {
+        return Verdict::Answered(Cow::Owned(status_error));
+    }
+    Verdict::Classified(classifier.category(error))
 }
 
 /// Turns an inner service's error into the [`SendError`] the layer answers, keeping the error
@@ -261,7 +361,8 @@ pub(crate) fn into_send_error(classifier: &Classifier, error: BoxError) -> SendE
         Err(error) => error,
     };
     let send_error = match judge(&*error, classifier) {
-        Verdict::Answered(send_error) => return send_error.clone(),
+        Verdict::Answered(Cow::Borrowed(send_error)) => return send_error.clone(),
+        Verdict::Answered(Cow::Owned(status_error)) => status_error,
         Verdict::TimedOut => SendError::unknown_delivery(
             codes::TIMEOUT,
             "the provider did not answer in time; the message may have gone",
@@ -390,7 +491,7 @@ mod tests {
         let error = wrapped(SendError::in_flight());
         assert!(matches!(
             judge(&*error, &never),
-            Verdict::Answered(e) if e.code() == codes::IN_FLIGHT
+            Verdict::Answered(Cow::Borrowed(e)) if e.code() == codes::IN_FLIGHT
         ));
         let timeout = wrapped(tower::timeout::error::Elapsed::new());
         assert!(matches!(judge(&*timeout, &never), Verdict::TimedOut));

@@ -153,9 +153,28 @@ async fn what_postmark_would_refuse_never_leaves_the_codec_and_batch_neighbours_
         .build()
         .unwrap();
     let sms = support::sms("hi");
+    // 30 + 30 addresses: each list is under 50, the message is over.
+    let thirty_and_thirty = (0..30)
+        .fold(Message::builder(), |b, i| {
+            b.to(format!("t{i}@example.com"))
+                .bcc(format!("b{i}@example.com"))
+        })
+        .from("hello@shop.example")
+        .text("t")
+        .build()
+        .unwrap();
+    let empty_bodies = email("a@example.com").text("").html("").build().unwrap();
+    let case_twins = email("a@example.com")
+        .metadata("order_id", "1")
+        .metadata("Order_ID", "1")
+        .build()
+        .unwrap();
     for (message, what) in [
         (cc_only.clone(), "`To` is required"),
         (fifty_one.clone(), "51"),
+        (thirty_and_thirty.clone(), "60 addresses together"),
+        (empty_bodies.clone(), "bodies are empty"),
+        (case_twins.clone(), "differ only by case"),
         (scheduled.clone(), "schedule"),
         (sms.clone(), "SMS"),
     ] {
@@ -172,21 +191,47 @@ async fn what_postmark_would_refuse_never_leaves_the_codec_and_batch_neighbours_
             email("a@example.com").build().unwrap(),
             cc_only,
             fifty_one,
+            thirty_and_thirty,
+            empty_bodies,
+            case_twins,
             email("b@example.com").build().unwrap(),
         ],
     )
     .await;
     assert_eq!(outcomes[0].as_ref().unwrap().id, "pm-1");
-    assert_eq!(
-        outcomes[1].as_ref().unwrap_err().code(),
-        codes::INVALID_REQUEST
-    );
-    assert_eq!(
-        outcomes[2].as_ref().unwrap_err().code(),
-        codes::INVALID_REQUEST
-    );
-    assert_eq!(outcomes[3].as_ref().unwrap().id, "pm-2");
+    for refused in &outcomes[1..6] {
+        assert_eq!(refused.as_ref().unwrap_err().code(), codes::INVALID_REQUEST);
+    }
+    assert_eq!(outcomes[6].as_ref().unwrap().id, "pm-2");
     assert_eq!(provider.requests().len(), 1);
+    provider.assert_no_violations();
+}
+
+#[tokio::test]
+async fn fifty_recipients_together_an_html_body_alone_and_distinct_keys_go() {
+    let provider = postmark::provider(vec![sent(1)]).await;
+    // 25 + 15 + 10: fifty across To, Cc and Bcc.
+    let message = (0..25)
+        .fold(Message::builder(), |b, i| {
+            let b = b.to(format!("t{i}@example.com"));
+            match i {
+                0..15 => b.cc(format!("c{i}@example.com")),
+                15..25 => b.bcc(format!("b{i}@example.com")),
+                _ => b,
+            }
+        })
+        .from("hello@shop.example")
+        .subject("Your receipt")
+        .html("<p>Thanks</p>")
+        .metadata("order_id", "1")
+        .metadata("order_ref", "1")
+        .build()
+        .unwrap();
+
+    let receipt = send_with(codec(&provider), message).await.unwrap();
+
+    assert_eq!(receipt.id, "pm-1");
+    assert_eq!(receipt.accepted.len(), 50);
     provider.assert_no_violations();
 }
 
@@ -268,4 +313,41 @@ async fn postmark_answers_map_to_outcomes() {
             .iter()
             .all(|o| o.as_ref().unwrap_err().is_retryable())
     );
+}
+
+#[tokio::test]
+async fn a_refusal_of_the_fake_is_postmarks_own_error() {
+    // The schema is real: what Postmark refuses, the fake refuses with ErrorCode 300.
+    let provider = postmark::provider(vec![sent(1)]).await;
+    let list = |prefix: &str| {
+        (0..30)
+            .map(|i| format!("{prefix}{i}@example.com"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let base = || serde_json::json!({ "From": "hello@shop.example", "To": "a@example.com", "TextBody": "t" });
+    let mut sixty = base();
+    sixty["To"] = list("t").into();
+    sixty["Bcc"] = list("b").into();
+    let mut empty = base();
+    empty["TextBody"] = "".into();
+    empty["HtmlBody"] = "".into();
+    let mut twins = base();
+    twins["Metadata"] = serde_json::json!({ "order_id": "1", "Order_ID": "1" });
+    for body in [sixty, empty, twins] {
+        let request = http::Request::post(format!("{}email", provider.base_url()))
+            .header("x-postmark-server-token", TOKEN)
+            .header("content-type", "application/json")
+            .header("accept", "application/json")
+            .body(bytes::Bytes::from(body.to_string()))
+            .unwrap();
+        let response = tower::ServiceExt::oneshot(hyper_client(), request)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 422);
+    }
+    let violations = provider.violations();
+    assert!(violations[0].contains("60 recipients"), "{violations:?}");
+    assert!(violations[1].contains("not empty"), "{violations:?}");
+    assert!(violations[2].contains("case differences"), "{violations:?}");
 }

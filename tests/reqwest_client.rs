@@ -1,6 +1,6 @@
 //! A provider client of the user's own on reqwest, answering its errors with `?`: with the
-//! `reqwest` feature the layer places each `reqwest::Error` as `HttpTransport`'s status mapping
-//! places the same failure (the table in the `http` module docs; a codec may place its
+//! `reqwest` feature the layer answers each `reqwest::Error` as `HttpTransport` answers the
+//! same failure, the same code and category from one status table (a codec may place its
 //! provider's error names more precisely, as Resend's 422 is a validation error). Against the
 //! one fake provider (a real server on 127.0.0.1).
 #![cfg(all(feature = "reqwest", feature = "http"))]
@@ -10,10 +10,12 @@ mod support;
 use std::time::Duration;
 
 use tower::{Layer, ServiceExt};
+use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::postmark::PostmarkCodec;
 use tower_idempotency::outcome::Category;
 use tower_idempotency::{BoxError, IdempotencyLayer, Message, Receipt, SendError};
 
-use support::http::{FakeProvider, Reply};
+use support::http::{FakeProvider, Reply, ReqwestClient};
 use support::message;
 
 /// The client a user writes: post, `error_for_status()?`, read the id.
@@ -54,12 +56,24 @@ async fn through_own_client(reply: Reply) -> Result<Receipt, SendError> {
     service.oneshot(message(Some("k"), "hello")).await
 }
 
+/// What `HttpTransport` over reqwest answers for a provider answering `reply` (a codec that
+/// reads no error body of its own, so the status alone decides).
+async fn through_the_transport(reply: Reply) -> SendError {
+    let provider = FakeProvider::answering(reply).await;
+    let codec = PostmarkCodec::new("token").base_url(provider.base_url());
+    HttpTransport::new(ReqwestClient::new(), codec)
+        .oneshot(message(Some("k"), "hello"))
+        .await
+        .expect_err("a failure status")
+}
+
 #[tokio::test]
-async fn statuses_are_placed_as_the_http_transports_status_mapping_places_them() {
+async fn statuses_give_the_same_code_and_category_as_through_the_http_transport() {
     for (status, expected) in [
         (400, Category::Permanent),
         (404, Category::Permanent),
         (408, Category::Retryable),
+        (409, Category::Permanent),
         (422, Category::Permanent),
         (429, Category::Retryable),
         (500, Category::Unknown),
@@ -80,6 +94,12 @@ async fn statuses_are_placed_as_the_http_transports_status_mapping_places_them()
         assert!(
             own.to_string().contains(&status.to_string()),
             "the error's text names the status: {own}"
+        );
+        let transport = through_the_transport(Reply::new(status, "no")).await;
+        assert_eq!(
+            (own.code(), own.category()),
+            (transport.code(), transport.category()),
+            "{status}: one status table for both"
         );
     }
 }

@@ -6,9 +6,9 @@
 
 mod support;
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use support::http::twilio::{self, created, decode_form, error};
+use support::http::twilio::{self, created, decode_form, epoch_seconds, error, parse_rfc3339};
 use support::http::{FakeProvider, Reply, hyper_client, send_with};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::http::HttpTransport;
@@ -77,24 +77,55 @@ async fn an_sms_through_twilio_is_sent_once_and_replayed() {
     provider.assert_no_violations();
 }
 
-#[tokio::test]
-async fn a_messaging_service_sends_and_schedules_through_twilio() {
-    let provider = twilio::provider(vec![created(1)]).await;
-    let message = Message::sms()
+/// `ahead` from now, in whole seconds (what Twilio's RFC 3339 `SendAt` carries).
+fn in_(ahead: Duration) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(epoch_seconds(SystemTime::now() + ahead))
+}
+
+/// An SMS through the messaging service, scheduled `at`.
+fn scheduled(at: SystemTime) -> Message {
+    Message::sms()
         .messaging_service(SERVICE)
         .to("+15558675310")
         .text("Your parcel arrives tomorrow.")
-        .send_at(UNIX_EPOCH + Duration::from_secs(1_709_210_096))
+        .send_at(at)
+        .build()
+        .unwrap()
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+const DAY: Duration = Duration::from_secs(86_400);
+
+#[tokio::test]
+async fn a_messaging_service_sends_and_schedules_through_twilio() {
+    let provider = twilio::provider(vec![created(1)]).await;
+    let at = in_(DAY);
+
+    send_with(codec(&provider), scheduled(at)).await.unwrap();
+
+    let form = decode_form(&provider.requests()[0].body).unwrap();
+    assert_eq!(form["MessagingServiceSid"], SERVICE);
+    assert!(!form.contains_key("From"));
+    assert_eq!(parse_rfc3339(&form["SendAt"]), Some(epoch_seconds(at)));
+    assert!(form["SendAt"].ends_with('Z'));
+    assert_eq!(form["ScheduleType"], "fixed");
+    provider.assert_no_violations();
+}
+
+#[tokio::test]
+async fn a_short_code_sender_goes_as_from() {
+    let provider = twilio::provider(vec![created(1)]).await;
+    let message = Message::sms()
+        .from_number("40404")
+        .to("+15558675310")
+        .text("Reply STOP to stop.")
         .build()
         .unwrap();
 
     send_with(codec(&provider), message).await.unwrap();
 
     let form = decode_form(&provider.requests()[0].body).unwrap();
-    assert_eq!(form["MessagingServiceSid"], SERVICE);
-    assert!(!form.contains_key("From"));
-    assert_eq!(form["SendAt"], "2024-02-29T12:34:56Z");
-    assert_eq!(form["ScheduleType"], "fixed");
+    assert_eq!(form["From"], "40404");
     provider.assert_no_violations();
 }
 
@@ -109,15 +140,21 @@ async fn what_twilio_would_refuse_never_leaves_the_codec() {
         .unwrap();
     let two_numbers = otp().to("+15558675311").build().unwrap();
     let too_long = otp().text("x".repeat(1601)).build().unwrap();
-    let scheduled_from_a_number = otp()
-        .send_at(UNIX_EPOCH + Duration::from_secs(1_709_210_096))
-        .build()
-        .unwrap();
+    // 800 emoji are 800 scalars but 1,600 UTF-16 code units; one more is over.
+    let too_many_emoji = otp().text("👍".repeat(801)).build().unwrap();
+    // `€` is two GSM-7 septets.
+    let too_many_euros = otp().text("€".repeat(801)).build().unwrap();
+    let scheduled_from_a_number = otp().send_at(in_(DAY)).build().unwrap();
     for (message, what) in [
         (email, "email"),
         (two_numbers, "one `To`"),
-        (too_long, "1601"),
+        (too_long, "1601 GSM-7"),
+        (too_many_emoji, "1602 UCS-2"),
+        (too_many_euros, "1602 GSM-7"),
         (scheduled_from_a_number, "messaging service"),
+        (scheduled(in_(10 * MINUTE)), "less than 15 minutes"),
+        (scheduled(in_(36 * DAY)), "more than 35 days"),
+        (scheduled(SystemTime::now() - DAY), "less than 15 minutes"),
     ] {
         let err = send_with(codec(&provider), message).await.unwrap_err();
         assert_eq!(err.code(), codes::INVALID_REQUEST, "{what}");
@@ -132,13 +169,17 @@ async fn what_twilio_would_refuse_never_leaves_the_codec() {
     assert_eq!(err.code(), codes::INVALID_REQUEST);
     assert!(provider.requests().is_empty());
 
-    // At the limit, it goes; unicode counts by characters.
-    send_with(
-        codec(&provider),
+    // At the limits, each goes: 1,600 GSM-7 characters (accented ones of the alphabet
+    // included), 800 emoji, a schedule 20 minutes and 34 days ahead.
+    for message in [
         otp().text("é".repeat(1600)).build().unwrap(),
-    )
-    .await
-    .unwrap();
+        otp().text("👍".repeat(800)).build().unwrap(),
+        scheduled(in_(20 * MINUTE)),
+        scheduled(in_(34 * DAY)),
+    ] {
+        send_with(codec(&provider), message).await.unwrap();
+    }
+    assert_eq!(provider.requests().len(), 4);
     provider.assert_no_violations();
 }
 
@@ -173,6 +214,34 @@ async fn twilio_error_codes_map_to_outcomes() {
             error(400, 21211, "Invalid 'To' Phone Number"),
             codes::VALIDATION_ERROR,
             Category::Validation,
+        ),
+        (
+            error(
+                400,
+                21611,
+                "This 'From' number has exceeded the maximum number of queued messages",
+            ),
+            codes::RATE_LIMITED,
+            Category::Retryable,
+        ),
+        (
+            error(400, 35114, "Scheduling does not support this timestamp"),
+            codes::VALIDATION_ERROR,
+            Category::Validation,
+        ),
+        (
+            error(
+                400,
+                21606,
+                "The 'From' phone number provided is not a valid message-capable Twilio phone number for this destination",
+            ),
+            codes::REJECTED,
+            Category::Permanent,
+        ),
+        (
+            error(400, 29_999, "A code this crate does not list"),
+            codes::REJECTED,
+            Category::Permanent,
         ),
         (
             error(401, 20003, "Authenticate"),
@@ -210,19 +279,75 @@ async fn twilio_error_codes_map_to_outcomes() {
 }
 
 #[tokio::test]
-async fn a_refusal_of_the_fake_is_twilios_own_error() {
-    // The schema is real: a request without `To` is answered 400 21604, as Twilio would.
-    let provider = twilio::provider(vec![Reply::new(500, "never")]).await;
-    let client = hyper_client();
+async fn a_full_sender_queue_frees_the_key_and_a_later_send_goes() {
+    let provider = twilio::provider(vec![
+        error(
+            400,
+            21611,
+            "This 'From' number has exceeded the maximum number of queued messages",
+        ),
+        created(2),
+    ])
+    .await;
+    let layer = IdempotencyLayer::in_memory();
+    let message = otp().idempotency_key("queue-full:1").build().unwrap();
+    let send = || {
+        ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(HttpTransport::new(hyper_client(), codec(&provider)))
+            .oneshot(message.clone())
+    };
+
+    let err = send().await.unwrap_err();
+    assert_eq!(err.code(), codes::RATE_LIMITED, "{err}");
+    assert!(!err.delivery_unknown());
+    let receipt = send()
+        .await
+        .expect("Twilio created nothing: the key was freed");
+    assert_eq!(receipt.id, format!("SM{:032x}", 2));
+    assert!(!receipt.replayed);
+    assert_eq!(provider.requests().len(), 2);
+    provider.assert_no_violations();
+}
+
+/// Posts `form` to the fake's Messages resource as a client of its own would.
+async fn post_form(provider: &FakeProvider, form: String) -> http::StatusCode {
     let request = http::Request::post(format!(
         "{}2010-04-01/Accounts/{ACCOUNT}/Messages.json",
         provider.base_url()
     ))
     .header("authorization", "Basic eDp5")
     .header("content-type", "application/x-www-form-urlencoded")
-    .body(bytes::Bytes::from_static(b"Body=hi&From=%2B14155552345"))
+    .body(bytes::Bytes::from(form))
     .unwrap();
-    let response = client.oneshot(request).await.unwrap();
-    assert_eq!(response.status(), 400);
-    assert_eq!(provider.violations(), ["`To` is required"]);
+    hyper_client().oneshot(request).await.unwrap().status()
+}
+
+#[tokio::test]
+async fn a_refusal_of_the_fake_is_twilios_own_error() {
+    // The schema is real: what Twilio refuses, the fake refuses with Twilio's code.
+    let provider = twilio::provider(vec![Reply::new(500, "never")]).await;
+    let to = "To=%2B15558675310";
+    let emoji = "%F0%9F%91%8D".repeat(801);
+    for form in [
+        "Body=hi&From=%2B14155552345".to_owned(),
+        format!("{to}&From=4040&Body=hi"),
+        format!("{to}&From=%2B14155552345&Body={emoji}"),
+        format!(
+            "{to}&MessagingServiceSid={SERVICE}&Body=hi&ScheduleType=fixed&SendAt=2024-02-29T12%3A34%3A56Z"
+        ),
+    ] {
+        assert_eq!(post_form(&provider, form).await, 400);
+    }
+    let violations = provider.violations();
+    assert_eq!(violations[0], "`To` is required");
+    assert!(
+        violations[1].contains("not a valid sender"),
+        "{violations:?}"
+    );
+    assert!(violations[2].contains("1600"), "{violations:?}");
+    assert!(
+        violations[3].contains("15 minutes to 35 days"),
+        "{violations:?}"
+    );
 }

@@ -75,7 +75,8 @@
 //! | 502, 503, 504 | error, with `Retry-After` when given | retryable | `provider.unavailable` |
 //! | 500 and other 5xx | error | unknown | `provider.server_error` |
 //! | any other status: 1xx as the final answer, 3xx (redirects are not followed), 600 to 999 | error | unknown (the key is kept) | `provider.unexpected_status` |
-//! | client error that certainly did not send (default: connection refused) | error | retryable | `provider.connect` |
+//! | client error that certainly did not send (default: [`never_connected`](crate::classify::never_connected): an unresolvable host, a URL or scheme the client's connector refuses, a failed TLS handshake, a refused or reset connect) | error | retryable | `provider.connect` |
+//! | client error carrying a provider's status (reqwest's `error_for_status`) | error | as the status rows above | as above |
 //! | client error: `tower` or `tokio` timeout `Elapsed` | error | unknown | `provider.timeout` |
 //! | any other client error (the request may have been written) | error | unknown | `provider.unknown` |
 //! | the client's `poll_ready` fails | error | retryable | `provider.not_sent` |
@@ -101,10 +102,18 @@
 //!   the proxy that answered and send under a new key once you know the first did not go.
 //! - **`Retry-After`** is read as delta-seconds or an HTTP-date ([`parse_retry_after`]); a
 //!   date in the past is zero, anything else is ignored.
-//! - **Connect errors.** Only errors the [`not_sent_if`](HttpTransport::not_sent_if) judge
-//!   recognises are retryable; by default that is
-//!   [`connection_refused`](crate::classify::connection_refused). Give it
-//!   hyper-util's `is_connect()` to cover DNS failures and connect timeouts too.
+//! - **Connect errors.** A client error is retryable, and frees the key, only when its chain
+//!   shows the request never left; by default that is
+//!   [`never_connected`](crate::classify::never_connected), read from the errors' types:
+//!   hyper-util's and reqwest's `is_connect()` (their connector failed: DNS, a scheme it does
+//!   not take, TLS, a refused or reset connect, a connect timeout) and an `io::Error` of kind
+//!   `ConnectionRefused` from any client. A typo in the base URL therefore costs one failed
+//!   send, not the key. A reset after the connection was up stays of unknown delivery: the
+//!   request may have been written. [`not_sent_if`](HttpTransport::not_sent_if) replaces the
+//!   judge.
+//! - **One status table.** The statuses a codec does not read map through one table, which
+//!   the `reqwest` feature also applies to a `reqwest::Error` from `error_for_status()`, so
+//!   the same status gives the same code and category through either client.
 //! - **Logs and errors** never hold message content: the transport logs nothing, error texts
 //!   hold the status and the provider's own explanation (at most 300 characters), never the
 //!   body that was sent.

@@ -1,5 +1,6 @@
 //! The status mapping: a provider's answer, or the inner client's error, as an outcome.
 
+use std::borrow::Cow;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -7,7 +8,7 @@ use http::{HeaderMap, StatusCode, header::RETRY_AFTER};
 
 use super::codec::{BatchCodec, Codec};
 use crate::batch::BatchOutcomes;
-use crate::classify::{Classifier, Verdict, judge};
+use crate::classify::{Classifier, Verdict, judge, status_error};
 use crate::message::Message;
 use crate::outcome::{self, BoxError, Category, Receipt, SendError, codes};
 
@@ -124,66 +125,18 @@ fn from_status<C: Codec + ?Sized>(codec: &C, response: &http::Response<Bytes>) -
     {
         return with_retry_after(error, headers);
     }
+    if status == StatusCode::CONFLICT
+        && let Some(error) = codec.conflict(response)
+    {
+        return error;
+    }
+    let error = status_error(status.as_u16(), |what| describe(codec, response, what));
     match status {
-        StatusCode::TOO_MANY_REQUESTS => with_retry_after(
-            SendError::retryable(
-                codes::RATE_LIMITED,
-                describe(codec, response, "the provider is rate limiting; not sent"),
-            ),
-            headers,
-        ),
-        StatusCode::REQUEST_TIMEOUT => SendError::retryable(
-            codes::REQUEST_TIMEOUT,
-            describe(
-                codec,
-                response,
-                "the provider timed out waiting for the request; not sent",
-            ),
-        ),
-        StatusCode::CONFLICT => codec.conflict(response).unwrap_or_else(|| {
-            SendError::permanent(
-                codes::CONFLICT,
-                describe(
-                    codec,
-                    response,
-                    "the provider refused the message as a conflict",
-                ),
-            )
-        }),
-        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
-            with_retry_after(
-                SendError::retryable(
-                    codes::UNAVAILABLE,
-                    describe(codec, response, "the provider is unavailable; not sent"),
-                ),
-                headers,
-            )
-        }
-        s if s.is_server_error() => SendError::unknown_delivery(
-            codes::SERVER_ERROR,
-            describe(
-                codec,
-                response,
-                "the provider failed while handling the request; the message may have gone",
-            ),
-        ),
-        s if s.is_client_error() => SendError::permanent(
-            codes::REJECTED,
-            describe(codec, response, "the provider rejected the message"),
-        ),
-        // Everything else the transport cannot place: a 1xx as the final answer, a 3xx (a
-        // redirect is not followed: re-sending a POST elsewhere is the client's business),
-        // 600 to 999. None says the message did not go (a 303 after a POST even says the
-        // provider acted on it), so the key is kept: delivery unknown.
-        _ => SendError::unknown_delivery(
-            codes::UNEXPECTED_STATUS,
-            describe(
-                codec,
-                response,
-                "the provider answered a status the transport cannot place; the message may \
-                 have gone",
-            ),
-        ),
+        StatusCode::TOO_MANY_REQUESTS
+        | StatusCode::BAD_GATEWAY
+        | StatusCode::SERVICE_UNAVAILABLE
+        | StatusCode::GATEWAY_TIMEOUT => with_retry_after(error, headers),
+        _ => error,
     }
 }
 
@@ -219,7 +172,9 @@ pub(crate) fn from_unread_body<C: Codec + ?Sized>(
 pub(crate) fn from_inner_error(error: BoxError, classifier: &Classifier) -> SendError {
     let send_error = match judge(&*error, classifier) {
         // A layer between the transport and the client already said what happened.
-        Verdict::Answered(send_error) => return send_error.clone(),
+        Verdict::Answered(Cow::Borrowed(send_error)) => return send_error.clone(),
+        // A client that reads statuses itself (reqwest's `error_for_status`).
+        Verdict::Answered(Cow::Owned(status_error)) => status_error,
         Verdict::TimedOut => SendError::unknown_delivery(
             outcome::codes::TIMEOUT,
             "the provider did not answer in time; the message may have gone",

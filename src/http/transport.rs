@@ -76,24 +76,27 @@ impl<S, C> HttpTransport<S, C> {
     /// [`SendError`] nor a timeout; see [`crate::classify`]. A not-sent category makes the
     /// error retryable ([`provider.connect`](crate::outcome::codes::CONNECT)), anything else is of
     /// unknown delivery. The default is
-    /// [`default_classifier`](crate::classify::default_classifier): a connection refused did
-    /// not send.
+    /// [`default_classifier`](crate::classify::default_classifier): an error whose chain shows
+    /// the request never left ([`never_connected`](crate::classify::never_connected)) did not
+    /// send.
     ///
-    /// With hyper-util's legacy client, `is_connect()` also covers DNS failures and connect
-    /// timeouts, none of which wrote the request:
+    /// A judge of your own can add a client's errors and fall back to the default:
     ///
     /// ```
     /// # use tower_idempotency::http::{HttpTransport, resend::ResendCodec};
     /// use tower_idempotency::classify::{Classifier, default_classifier};
     /// use tower_idempotency::outcome::Category;
     ///
-    /// fn never_connected(error: &(dyn std::error::Error + 'static)) -> Category {
-    ///     let mut current = Some(error);
-    ///     while let Some(e) = current {
-    ///         if e.downcast_ref::<hyper_util::client::legacy::Error>().is_some_and(|e| e.is_connect()) {
-    ///             return Category::Retryable;
-    ///         }
-    ///         current = e.source();
+    /// #[derive(Debug)]
+    /// struct CircuitOpen;
+    /// impl std::fmt::Display for CircuitOpen {
+    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("open") }
+    /// }
+    /// impl std::error::Error for CircuitOpen {}
+    ///
+    /// fn mine(error: &(dyn std::error::Error + 'static)) -> Category {
+    ///     if error.is::<CircuitOpen>() {
+    ///         return Category::Retryable;
     ///     }
     ///     default_classifier(error)
     /// }
@@ -101,7 +104,7 @@ impl<S, C> HttpTransport<S, C> {
     /// #     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
     /// # });
     /// let transport = HttpTransport::new(client, ResendCodec::new("re_123"))
-    ///     .classifier(Classifier::new(never_connected));
+    ///     .classifier(Classifier::new(mine));
     /// ```
     #[must_use]
     pub fn classifier(mut self, classifier: Classifier) -> Self {
@@ -112,7 +115,7 @@ impl<S, C> HttpTransport<S, C> {
     /// Shorthand for a [`classifier`](Self::classifier) that answers
     /// [`Retryable`](crate::Category::Retryable) when `not_sent` says the error certainly did
     /// not send, and [`Unknown`](crate::Category::Unknown) otherwise. It replaces the default
-    /// judge: include [`connection_refused`](crate::classify::connection_refused) if you want it too.
+    /// judge: include [`never_connected`](crate::classify::never_connected) if you want it too.
     #[must_use]
     pub fn not_sent_if<F>(self, not_sent: F) -> Self
     where

@@ -28,7 +28,7 @@ pub enum Channel {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum SmsSender {
-    /// A phone number, E.164.
+    /// A phone number, E.164, or a short code (5 or 6 digits, `"40404"`).
     Number,
     /// An alphanumeric sender id (`MyShop`): 1 to 11 ASCII letters, digits or spaces, at least
     /// one letter.
@@ -68,7 +68,7 @@ pub struct SmsBuilder {
 }
 
 impl SmsBuilder {
-    /// Sends from a phone number (E.164).
+    /// Sends from a phone number (E.164) or a short code (5 or 6 digits).
     pub fn from_number(mut self, number: impl Into<String>) -> Self {
         self.from = Some((number.into(), SmsSender::Number));
         self
@@ -118,7 +118,7 @@ impl SmsBuilder {
     pub fn build(self) -> Result<Message, MessageError> {
         let (from, sender) = self.from.ok_or(MessageError::MissingSender)?;
         let sender_ok = match sender {
-            SmsSender::Number => is_e164(&from),
+            SmsSender::Number => is_e164(&from) || is_short_code(&from),
             SmsSender::AlphanumericId => is_sender_id(&from),
             SmsSender::MessagingService => is_messaging_service(&from),
         };
@@ -170,6 +170,12 @@ fn is_sender_id(id: &str) -> bool {
         && id.bytes().any(|b| b.is_ascii_alphabetic())
 }
 
+/// 5 or 6 ASCII digits: a short code, the sender of high-volume SMS in the US, Canada and
+/// other countries (Twilio's `From` takes one as it is).
+fn is_short_code(code: &str) -> bool {
+    (5..=6).contains(&code.len()) && code.bytes().all(|b| b.is_ascii_digit())
+}
+
 /// `MG` and 32 hex digits.
 fn is_messaging_service(id: &str) -> bool {
     id.strip_prefix("MG")
@@ -184,6 +190,10 @@ mod tests {
     fn senders_are_checked_by_their_kind() {
         let sms = || Message::sms().to("+15558675310").text("hi");
         assert!(sms().from_number("+14155552345").build().is_ok());
+        assert!(sms().from_number("40404").build().is_ok());
+        assert!(sms().from_number("898211").build().is_ok());
+        assert!(sms().from_number("4040").build().is_err());
+        assert!(sms().from_number("4040a").build().is_err());
         assert!(sms().from_sender_id("My Shop 24").build().is_ok());
         assert!(
             sms()

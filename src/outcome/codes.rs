@@ -70,7 +70,8 @@ pub const BATCH_MISMATCH: &str = "provider.batch_mismatch";
 pub const RATE_LIMITED: &str = "provider.rate_limited";
 /// 502, 503, 504: the provider is unavailable. Retryable.
 pub const UNAVAILABLE: &str = "provider.unavailable";
-/// The client could not connect (connection refused by default). Retryable.
+/// The client could not connect: the request never left
+/// ([`never_connected`](crate::classify::never_connected) by default). Retryable.
 pub const CONNECT: &str = "provider.connect";
 /// 408: the provider timed out waiting for the request. Retryable.
 pub const REQUEST_TIMEOUT: &str = "provider.request_timeout";

@@ -4,6 +4,7 @@
 
 pub mod postmark;
 pub mod resend;
+mod segments;
 pub mod twilio;
 mod wire;
 

@@ -13,13 +13,20 @@
 //! a validation error, code [`provider.invalid_request`](codes::INVALID_REQUEST), and is
 //! not sent (in a batch, it alone is left out). Sources: the
 //! [email API reference](https://postmarkapp.com/developer/api/email-api), the
-//! [batch guide](https://postmarkapp.com/developer/user-guide/send-email-with-api/batch-emails)
-//! and the [error codes](https://postmarkapp.com/developer/api/overview#error-codes).
+//! [batch guide](https://postmarkapp.com/developer/user-guide/send-email-with-api/batch-emails),
+//! the [error codes](https://postmarkapp.com/developer/api/overview#error-codes), what
+//! [error 300](https://postmarkapp.com/support/article/1180-what-does-errorcode-300-mean)
+//! covers (50 recipients "includes any collection of TO, CC, and BCC"; "the message body
+//! cannot be empty") and the
+//! [metadata FAQ](https://postmarkapp.com/support/article/1125-custom-metadata-faq)
+//! ("duplicate keys, including the same key with case differences, are not allowed").
 //!
 //! | rule | constant |
 //! |---|---|
 //! | `From`, `To` and a `TextBody` or `HtmlBody` are required: a cc-only or bcc-only message is refused | |
-//! | at most 50 addresses in each of `To`, `Cc` and `Bcc` | [`POSTMARK_MAX_RECIPIENTS`] |
+//! | a body that is not empty: a message whose text and html are both empty is refused (the codec sends no templates, which carry their own) | |
+//! | at most 50 addresses in `To`, `Cc` and `Bcc` together | [`POSTMARK_MAX_RECIPIENTS`] |
+//! | no two metadata keys that differ only by case (`order_id` and `Order_ID`) | |
 //! | email only, sent now: an SMS or a `send_at` is refused (Postmark does not schedule) | |
 //! | a request body of at most 10 MB, a batch's at most 50 MB (attachments included) | [`POSTMARK_MAX_BODY`], [`POSTMARK_MAX_BATCH_BODY`] |
 //! | a batch of at most 500 emails | [`POSTMARK_MAX_BATCH`] |
@@ -61,7 +68,7 @@ pub const POSTMARK: &str = "postmark";
 /// The most emails `POST /email/batch` takes in one request.
 pub const POSTMARK_MAX_BATCH: usize = 500;
 
-/// The most addresses in each of `To`, `Cc` and `Bcc`.
+/// The most addresses in `To`, `Cc` and `Bcc` together.
 pub const POSTMARK_MAX_RECIPIENTS: usize = 50;
 
 /// The largest `POST /email` body, attachments included: 10 MB.
@@ -212,21 +219,37 @@ impl PostmarkCodec {
                 "`To` is required and the message has only cc or bcc recipients",
             ));
         }
-        for (field, list) in [
-            ("To", message.to()),
-            ("Cc", message.cc()),
-            ("Bcc", message.bcc()),
-        ] {
-            if list.len() > POSTMARK_MAX_RECIPIENTS {
-                return Err(refused(
-                    "Postmark",
-                    format_args!(
-                        "`{field}` has {} addresses and Postmark takes at most \
-                         {POSTMARK_MAX_RECIPIENTS}",
-                        list.len()
-                    ),
-                ));
-            }
+        let recipients = message.to().len() + message.cc().len() + message.bcc().len();
+        if recipients > POSTMARK_MAX_RECIPIENTS {
+            return Err(refused(
+                "Postmark",
+                format_args!(
+                    "`To`, `Cc` and `Bcc` hold {recipients} addresses together and Postmark \
+                     takes at most {POSTMARK_MAX_RECIPIENTS} per message"
+                ),
+            ));
+        }
+        if message.text().is_none_or(str::is_empty) && message.html().is_none_or(str::is_empty) {
+            return Err(refused(
+                "Postmark",
+                "its text and html bodies are empty, and Postmark takes no message without a body",
+            ));
+        }
+        let mut keys: Vec<String> = message
+            .metadata()
+            .keys()
+            .map(|k| k.to_lowercase())
+            .collect();
+        keys.sort_unstable();
+        if let Some(pair) = keys.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(refused(
+                "Postmark",
+                format_args!(
+                    "two metadata keys differ only by case ({:?}), and Postmark takes each key once \
+                     whatever its case",
+                    pair[0]
+                ),
+            ));
         }
         if message.send_at().is_some() {
             return Err(refused(

@@ -10,6 +10,7 @@
 
 pub mod postmark;
 pub mod resend;
+pub mod tls;
 pub mod twilio;
 
 use std::collections::{HashMap, VecDeque};
@@ -533,20 +534,82 @@ pub type AnyClient = BoxCloneService<http::Request<Bytes>, http::Response<AnyBod
 impl ClientKind {
     /// The client, its body and error boxed so one test body runs over both.
     pub fn client(self) -> AnyClient {
-        fn boxed<B>(response: http::Response<B>) -> http::Response<AnyBody>
-        where
-            B: http_body::Body<Data = Bytes> + Send + 'static,
-            B::Error: Into<BoxError>,
-        {
-            response.map(|b| b.map_err(Into::into).boxed_unsync())
-        }
         match self {
-            Self::HyperUtil => BoxCloneService::new(
-                hyper_client()
-                    .map_response(boxed)
-                    .map_err(|e| -> BoxError { Box::new(e) }),
-            ),
-            Self::Reqwest => BoxCloneService::new(ReqwestClient::new().map_response(boxed)),
+            Self::HyperUtil => any_client(hyper_client()),
+            Self::Reqwest => any_client(ReqwestClient::new()),
         }
+    }
+}
+
+/// `client` with its body and error boxed, so one test body runs over any client.
+pub fn any_client<S, B>(client: S) -> AnyClient
+where
+    S: Service<http::Request<Bytes>, Response = http::Response<B>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    BoxCloneService::new(
+        client
+            .map_response(|r: http::Response<B>| r.map(|b| b.map_err(Into::into).boxed_unsync()))
+            .map_err(Into::into),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Servers that are not providers
+// ---------------------------------------------------------------------------------------------
+
+/// A TCP port on 127.0.0.1 that speaks neither HTTP nor TLS: every connection is answered
+/// `garbage` and closed, whatever it sent.
+pub async fn plain_port(garbage: &'static [u8]) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, garbage).await;
+        }
+    });
+    addr
+}
+
+/// A server on 127.0.0.1 that reads each request's head whole, counts it, then resets the
+/// connection without answering: the request left, the answer never came.
+pub struct Resetting {
+    pub addr: SocketAddr,
+    read: watch::Sender<usize>,
+}
+
+impl Resetting {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let read = watch::Sender::new(0);
+        let counter = read.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tokio::io::AsyncReadExt::read(&mut stream, &mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    counter.send_modify(|n| *n += 1);
+                }
+                // A zero linger makes the close a reset (RST), not an orderly end.
+                let _ = stream.set_zero_linger();
+                drop(stream);
+            }
+        });
+        Self { addr, read }
+    }
+
+    /// How many whole request heads the server has read.
+    pub fn requests_read(&self) -> usize {
+        *self.read.borrow()
     }
 }

@@ -1,9 +1,11 @@
 //! Postmark's published request rules for `POST /email` and `POST /email/batch`, as the fake
 //! provider enforces them: the email API reference (postmarkapp.com/developer/api/email-api:
-//! `X-Postmark-Server-Token`, `From` and `To` required, `To`/`Cc`/`Bcc` comma-separated with at
-//! most 50 addresses each, `TextBody` or `HtmlBody`, `Headers` as `[{Name, Value}]`,
-//! `TrackLinks` one of four values), the batch guide (at most 500 messages, 50 MB) and the
-//! error codes. A refusal is answered as Postmark answers it: 422 with `ErrorCode` and
+//! `X-Postmark-Server-Token`, `From` and `To` required, `To`/`Cc`/`Bcc` comma-separated,
+//! `TextBody` or `HtmlBody`, `Headers` as `[{Name, Value}]`, `TrackLinks` one of four values),
+//! what error 300 covers (postmarkapp.com/support/article/1180: at most 50 recipients across
+//! `To`, `Cc` and `Bcc`, a body that is not empty), the metadata FAQ (article 1125: no two
+//! keys differing only by case), the batch guide (at most 500 messages, 50 MB) and the error
+//! codes. A refusal is answered as Postmark answers it: 422 with `ErrorCode` and
 //! `Message` (401 with `ErrorCode` 10 for a missing token).
 
 use serde_json::Value;
@@ -128,17 +130,20 @@ fn email(email: &Value) -> Result<(), String> {
     if text("To").is_none_or(str::is_empty) {
         return Err("`To` is required".into());
     }
+    let mut recipients = 0;
     for field in ["To", "Cc", "Bcc"] {
         if let Some(list) = email.get(field) {
             let list = list.as_str().ok_or(format!("`{field}` is not a string"))?;
-            let n = addresses(list);
-            if n > 50 {
-                return Err(format!("`{field}` holds {n} addresses, more than 50"));
-            }
+            recipients += addresses(list);
         }
     }
-    if text("TextBody").is_none() && text("HtmlBody").is_none() {
-        return Err("`TextBody` or `HtmlBody` is required".into());
+    if recipients > 50 {
+        return Err(format!(
+            "{recipients} recipients across To, Cc and Bcc, more than 50"
+        ));
+    }
+    if text("TextBody").is_none_or(str::is_empty) && text("HtmlBody").is_none_or(str::is_empty) {
+        return Err("`TextBody` or `HtmlBody` is required, and not empty".into());
     }
     if let Some(headers) = email.get("Headers") {
         let headers = headers.as_array().ok_or("`Headers` is not an array")?;
@@ -167,6 +172,12 @@ fn email(email: &Value) -> Result<(), String> {
         let metadata = metadata.as_object().ok_or("`Metadata` is not an object")?;
         if !metadata.values().all(Value::is_string) {
             return Err("a metadata value is not a string".into());
+        }
+        let mut keys: Vec<String> = metadata.keys().map(|k| k.to_lowercase()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.len() != metadata.len() {
+            return Err("duplicate metadata keys, the same key with case differences".into());
         }
     }
     if let Some(attachments) = email.get("Attachments") {

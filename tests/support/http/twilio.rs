@@ -2,12 +2,17 @@
 //! the OpenAPI description (github.com/twilio/twilio-oai, `spec/yaml/twilio_api_v2010.yaml`):
 //! `POST /2010-04-01/Accounts/{AccountSid}/Messages.json`, `AccountSid` `^AC[0-9a-fA-F]{32}$`,
 //! HTTP Basic authentication, an `application/x-www-form-urlencoded` body whose `To` is
-//! required, `From` or `MessagingServiceSid` (`^MG[0-9a-fA-F]{32}$`) names the sender, `Body`
-//! is at most 1,600 characters, and `SendAt` goes with `ScheduleType=fixed` and a messaging
-//! service. A refusal is answered as Twilio answers it: 400 with `code`, `message`,
-//! `more_info` and `status`.
+//! required, `From` (a number, a short code or an alphanumeric id) or `MessagingServiceSid`
+//! (`^MG[0-9a-fA-F]{32}$`) names the sender, `Body` is at most 1,600 characters as Twilio
+//! counts them (GSM-7 septets, or UTF-16 code units for a UCS-2 body: error 21617), and
+//! `SendAt` goes with `ScheduleType=fixed` and a messaging service, 15 minutes to 35 days
+//! after the request arrives (error 35114). A refusal is answered as Twilio answers it: 400
+//! with `code`, `message`, `more_info` and `status`.
 
 use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tower_idempotency::http::twilio::sms_length;
 
 use super::{FakeProvider, Recorded, Reply, Script};
 
@@ -94,7 +99,7 @@ fn check(request: &Recorded) -> Result<(), (u32, String)> {
         (_, Some(mg)) if !sid_like(mg, "MG") => {
             return bad(format!("MessagingServiceSid {mg:?} is malformed"));
         }
-        (Some(from), _) if !(is_e164(from) || is_sender_id(from)) => {
+        (Some(from), _) if !(is_e164(from) || is_short_code(from) || is_sender_id(from)) => {
             return Err((21_212, format!("`From` {from:?} is not a valid sender")));
         }
         _ => {}
@@ -103,18 +108,50 @@ fn check(request: &Recorded) -> Result<(), (u32, String)> {
         None if !form.contains_key("MediaUrl") && !form.contains_key("ContentSid") => {
             return Err((21_602, "`Body` is required".into()));
         }
-        Some(body) if body.chars().count() > 1600 => {
+        Some(body) if sms_length(body).units > 1600 => {
             return Err((21_617, "`Body` exceeds 1600 characters".into()));
         }
         _ => {}
     }
-    if form.contains_key("SendAt")
-        && (form.get("ScheduleType").map(String::as_str) != Some("fixed")
-            || !form.contains_key("MessagingServiceSid"))
-    {
-        return bad("`SendAt` needs ScheduleType=fixed and a MessagingServiceSid".into());
+    if let Some(send_at) = form.get("SendAt") {
+        if form.get("ScheduleType").map(String::as_str) != Some("fixed")
+            || !form.contains_key("MessagingServiceSid")
+        {
+            return bad("`SendAt` needs ScheduleType=fixed and a MessagingServiceSid".into());
+        }
+        let at = parse_rfc3339(send_at).ok_or((35_114, format!("SendAt {send_at:?}")))?;
+        let now = epoch_seconds(SystemTime::now());
+        if at < now + 15 * 60 || at > now + 35 * 86_400 {
+            return Err((
+                35_114,
+                format!("SendAt {send_at} is not 15 minutes to 35 days ahead"),
+            ));
+        }
     }
     Ok(())
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` as seconds since 1970 (Howard Hinnant's `days_from_civil`).
+pub fn parse_rfc3339(text: &str) -> Option<u64> {
+    let b = text.as_bytes();
+    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
+        return None;
+    }
+    let n = |range: std::ops::Range<usize>| text.get(range)?.parse::<u64>().ok();
+    let (y, m, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (h, min, s) = (n(11..13)?, n(14..16)?, n(17..19)?);
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = (era * 146_097 + doe).checked_sub(719_468)?;
+    Some(days * 86_400 + h * 3600 + min * 60 + s)
+}
+
+/// Seconds since 1970 of `at`.
+pub fn epoch_seconds(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).unwrap().as_secs()
 }
 
 fn sid_like(sid: &str, prefix: &str) -> bool {
@@ -126,6 +163,10 @@ fn is_e164(number: &str) -> bool {
     number.strip_prefix('+').is_some_and(|d| {
         (1..=15).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()) && !d.starts_with('0')
     })
+}
+
+fn is_short_code(code: &str) -> bool {
+    (5..=6).contains(&code.len()) && code.bytes().all(|b| b.is_ascii_digit())
 }
 
 fn is_sender_id(id: &str) -> bool {
