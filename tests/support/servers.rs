@@ -404,87 +404,17 @@ impl PostgresCluster {
     }
 
     fn start(bin: &Path, as_postgres: bool) -> Result<Self, String> {
-        // PostgreSQL refuses to run as root: then every command runs as the `postgres` user,
-        // who must own the directory.
-        let command = |program: &str| {
-            let program = bin.join(program);
-            let mut c = if as_postgres {
-                let mut c = Command::new("runuser");
-                c.args(["-u", "postgres", "--"]).arg(program);
-                c
-            } else {
-                Command::new(program)
-            };
-            c.stdin(Stdio::null());
-            c
-        };
-        let run = |mut c: Command, what: &str| -> Result<(), String> {
-            let out = c.output().map_err(|e| format!("{what}: {e}"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{what} failed: {}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ))
-            }
-        };
-        let dir = std::env::temp_dir().join(unique("tower-idempotency-pg"));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let pg = PgBin { bin, as_postgres };
+        let dir = pg.private_dir("tower-idempotency-pg")?;
         let data = dir.join("data");
-        let pg_ctl = bin.join("pg_ctl");
-        let stop = format!(
-            "{}'{}' -D '{}' -m immediate stop >/dev/null 2>&1; rm -rf '{}'",
-            if as_postgres {
-                "runuser -u postgres -- "
-            } else {
-                ""
-            },
-            pg_ctl.display(),
-            data.display(),
-            dir.display()
-        );
-        Watchdog::at_exit(&stop);
-        if as_postgres {
-            let mut chown = Command::new("chown");
-            chown.arg("postgres").arg(&dir);
-            run(chown, "chown postgres")?;
-        }
-        let mut initdb = command("initdb");
-        initdb
-            .arg("-D")
-            .arg(&data)
-            .args(["-A", "trust", "-U", "postgres", "--no-sync"]);
-        run(initdb, "initdb")?;
-        // The port may be taken between the pick and the start: try a few.
-        let mut last = String::new();
-        for _ in 0..3 {
-            let port = free_port(0);
-            let mut start = command("pg_ctl");
-            start
-                .arg("-D")
-                .arg(&data)
-                .arg("-l")
-                .arg(dir.join("log"))
-                .arg("-o")
-                .arg(format!(
-                    "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
-                     -c synchronous_commit=off -c full_page_writes=off -c max_connections=200",
-                    dir.display()
-                ))
-                .args(["-w", "-t", "20", "start"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            match run(start, "pg_ctl start") {
-                Ok(()) => return Ok(Self { port }),
-                Err(e) => last = e,
-            }
-        }
-        Err(format!(
-            "{last}; log: {}",
-            std::fs::read_to_string(dir.join("log")).unwrap_or_default()
-        ))
+        pg.init(&data)?;
+        let port = pg.start(
+            &data,
+            &dir,
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+             -c max_connections=200",
+        )?;
+        Ok(Self { port })
     }
 
     /// The URL of the database `name` on this cluster.
@@ -523,4 +453,242 @@ pub async fn terminate_postgres_sessions(
         )
         .await?;
     Ok(rows.iter().filter(|r| r.get::<_, bool>(0)).count())
+}
+
+/// PostgreSQL's server programs, run as the `postgres` user when this process is root
+/// (PostgreSQL refuses to run as root; that user then owns the directories).
+struct PgBin<'a> {
+    bin: &'a Path,
+    as_postgres: bool,
+}
+
+impl PgBin<'_> {
+    fn command(&self, program: &str) -> Command {
+        let program = self.bin.join(program);
+        let mut c = if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(program);
+            c
+        } else {
+            Command::new(program)
+        };
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// A new directory under the temporary one, removed (with every server whose data
+    /// directory is under it stopped) when this process exits.
+    fn private_dir(&self, prefix: &str) -> Result<std::path::PathBuf, String> {
+        let dir = std::env::temp_dir().join(unique(prefix));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Watchdog::at_exit(&format!(
+            "for d in '{dir}'/*/; do {runuser}'{pg_ctl}' -D \"$d\" -m immediate stop \
+             >/dev/null 2>&1; done; rm -rf '{dir}'",
+            dir = dir.display(),
+            runuser = if self.as_postgres {
+                "runuser -u postgres -- "
+            } else {
+                ""
+            },
+            pg_ctl = self.bin.join("pg_ctl").display(),
+        ));
+        if self.as_postgres {
+            let mut chown = Command::new("chown");
+            chown.arg("postgres").arg(&dir);
+            run(chown, "chown postgres")?;
+        }
+        Ok(dir)
+    }
+
+    fn init(&self, data: &Path) -> Result<(), String> {
+        let mut initdb = self.command("initdb");
+        initdb
+            .arg("-D")
+            .arg(data)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync"]);
+        run(initdb, "initdb")
+    }
+
+    /// Starts the server of `data` on a free loopback port with `settings` (`-c` options),
+    /// its socket and log in `dir`; answers the port.
+    fn start(&self, data: &Path, dir: &Path, settings: &str) -> Result<u16, String> {
+        let log = data.with_extension("log");
+        // The port may be taken between the pick and the start: try a few.
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = free_port(0);
+            let mut start = self.command("pg_ctl");
+            start
+                .arg("-D")
+                .arg(data)
+                .arg("-l")
+                .arg(&log)
+                .arg("-o")
+                .arg(format!(
+                    "-p {port} -k {} -c listen_addresses=127.0.0.1 {settings}",
+                    dir.display()
+                ))
+                .args(["-w", "-t", "20", "start"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            match run(start, "pg_ctl start") {
+                Ok(()) => return Ok(port),
+                Err(e) => last = e,
+            }
+        }
+        Err(format!(
+            "{last}; log: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        ))
+    }
+}
+
+fn run(mut c: Command, what: &str) -> Result<(), String> {
+    let out = c.output().map_err(|e| format!("{what}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// A PostgreSQL primary streaming to one standby, of one test's own (a second or two to start):
+/// for what a failover keeps and loses. With `synchronous`, the primary names the standby in
+/// `synchronous_standby_names`, so a commit waits for the standby to have it on disk
+/// (`synchronous_commit = on`, the default); without, replication is asynchronous, the
+/// default too. Both servers stop when the test binary exits.
+pub struct PrimaryAndStandby {
+    primary: u16,
+    standby: u16,
+}
+
+impl PrimaryAndStandby {
+    /// `None` when PostgreSQL's binaries are not installed and backends are not required.
+    pub fn start(synchronous: bool) -> Option<Self> {
+        let Some(bin) = postgres_bindir() else {
+            return missing("PostgreSQL (initdb, pg_ctl, pg_basebackup)");
+        };
+        let as_postgres = running_as_root();
+        if as_postgres && on_path("runuser").is_none() {
+            return missing("runuser (PostgreSQL refuses to run as root)");
+        }
+        let pg = PgBin {
+            bin: &bin,
+            as_postgres,
+        };
+        match Self::start_with(&pg, synchronous) {
+            Ok(pair) => Some(pair),
+            Err(e) => panic!("the primary and standby did not start: {e}"),
+        }
+    }
+
+    fn start_with(pg: &PgBin<'_>, synchronous: bool) -> Result<Self, String> {
+        let dir = pg.private_dir("tower-idempotency-standby")?;
+        let (primary_data, standby_data) = (dir.join("primary"), dir.join("standby"));
+        pg.init(&primary_data)?;
+        let sync = if synchronous {
+            "-c synchronous_standby_names='*'"
+        } else {
+            ""
+        };
+        let primary = pg.start(&primary_data, &dir, &format!("-c fsync=off {sync}"))?;
+        // A copy of the primary that follows it (`-R` writes its `primary_conninfo`).
+        let mut backup = pg.command("pg_basebackup");
+        backup
+            .arg("-D")
+            .arg(&standby_data)
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-R", "-X", "stream"])
+            .args(["--no-sync", "-p", &primary.to_string()]);
+        run(backup, "pg_basebackup")?;
+        let standby = pg.start(&standby_data, &dir, "-c fsync=off")?;
+        Ok(Self { primary, standby })
+    }
+
+    pub fn primary_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.primary)
+    }
+
+    pub fn standby_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.standby)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl PrimaryAndStandby {
+    /// Waits until the standby has replayed everything the primary has written so far.
+    pub async fn caught_up(&self) {
+        let primary = super::stores::postgres_admin::admin(&self.primary_url()).await;
+        let standby = super::stores::postgres_admin::admin(&self.standby_url()).await;
+        let written: String = primary
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .expect("the primary's position")
+            .get(0);
+        poll_server("the standby replays the primary's writes", || async {
+            standby
+                .query_one(
+                    "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
+                    &[&written],
+                )
+                .await
+                .is_ok_and(|row| row.get::<_, bool>(0))
+        })
+        .await;
+    }
+
+    /// Cuts replication: the standby stops receiving, and the primary sees no standby.
+    pub async fn cut(&self) {
+        let standby = super::stores::postgres_admin::admin(&self.standby_url()).await;
+        // Two statements: ALTER SYSTEM refuses to run in the transaction a batch would be.
+        for statement in [
+            "ALTER SYSTEM SET primary_conninfo = ''",
+            "SELECT pg_reload_conf()",
+        ] {
+            standby
+                .batch_execute(statement)
+                .await
+                .expect("stop the standby's WAL receiver");
+        }
+        let primary = super::stores::postgres_admin::admin(&self.primary_url()).await;
+        poll_server("the primary sees no standby", || async {
+            primary
+                .query_one("SELECT count(*) FROM pg_stat_replication", &[])
+                .await
+                .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+        })
+        .await;
+    }
+
+    /// Promotes the standby to a primary, as a failover does, and waits until it takes writes.
+    pub async fn promote(&self) {
+        let standby = super::stores::postgres_admin::admin(&self.standby_url()).await;
+        let promoted: bool = standby
+            .query_one("SELECT pg_promote(true, 20)", &[])
+            .await
+            .expect("promote the standby")
+            .get(0);
+        assert!(promoted, "the standby was not promoted within 20 s");
+    }
+}
+
+/// Asks `ready` until it holds, for at most [`START_BOUND`]: waits for a server to reach a
+/// state; nothing in a test's logic depends on how long it takes.
+#[cfg(feature = "postgres")]
+async fn poll_server<F, Fut>(what: &str, mut ready: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !ready().await {
+        assert!(
+            start.elapsed() < START_BOUND,
+            "{what}: not within {START_BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

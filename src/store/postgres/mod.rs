@@ -146,6 +146,18 @@
 //! `Idempotency-Key` header. The server's isolation level should stay `READ COMMITTED` (the
 //! default): under `SERIALIZABLE`, racing reserves may fail with serialization errors (they
 //! fail as [`Unavailable`](super::StoreErrorKind::Unavailable), never as a double send).
+//!
+//! # Failover
+//!
+//! PostgreSQL replicates asynchronously by default: a commit returns before any standby has
+//! it. A failover to a standby that had not received the last commits loses them, and with
+//! them the reservations and outcomes they held: a repeat of such a message sends again.
+//! Name the standby in `synchronous_standby_names` (with `synchronous_commit = on`, the
+//! default, or `remote_apply`) and every write of the store waits for it: a reservation the
+//! standby did not confirm within the store's [`timeout`](PostgresStore::timeout) fails, and
+//! the layer sends nothing; each write costs a round trip to the standby, and with no
+//! standby connected every send fails until one is back (or the setting is cleared).
+//! `tests/failover.rs` shows both on a primary and a standby of its own.
 
 use std::fmt;
 use std::sync::Arc;
