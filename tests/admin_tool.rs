@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use support::stores::{SqliteDir, fp};
 use tower_idempotency::layer::{KeyForm, StoredKeys};
-use tower_idempotency::store::admin::{Expiry, StoreAdmin};
 use tower_idempotency::store::Reservation;
+use tower_idempotency::store::admin::{Expiry, StoreAdmin};
 use tower_idempotency::{Outcome, SendError, SqliteStore};
 
 /// The binary under test.
@@ -355,6 +355,31 @@ async fn an_unreachable_store_is_a_store_error() {
     )
     .await;
     assert_eq!(ran.code, STORE_FAILED, "{ran:?}");
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+    use support::stores::{backend_url, unique_prefix};
+    use tower_idempotency::RedisStore;
+
+    #[tokio::test]
+    #[cfg_attr(
+        not(backend_redis),
+        ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379"
+    )]
+    async fn the_tool_settles_keys_on_a_redis_store() {
+        let Some(url) = backend_url("REDIS_URL") else {
+            return;
+        };
+        let prefix = unique_prefix("admin_tool");
+        let store = RedisStore::connect(&url)
+            .await
+            .expect("connect")
+            .key_prefix(prefix.clone());
+        let options = vec!["--redis".to_owned(), url, "--prefix".to_owned(), prefix];
+        settles_keys_by_hand(&store, &options).await;
+    }
 }
 
 #[cfg(feature = "postgres")]
