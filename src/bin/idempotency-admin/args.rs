@@ -136,7 +136,7 @@ pub(crate) struct Args {
 pub(crate) enum Request {
     Help,
     Version,
-    Run(Args),
+    Run(Box<Args>),
 }
 
 /// The options as given, before they are matched to the command.
@@ -231,7 +231,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Request, S
         _ => return Err("more than one store: give exactly one".to_owned()),
     };
     check_store_options(&store, &options, &command)?;
-    Ok(Request::Run(Args {
+    Ok(Request::Run(Box::new(Args {
         store,
         prefix: options.prefix,
         table: options.table,
@@ -239,7 +239,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Request, S
         namespace: options.namespace,
         hashed: options.hashed,
         command,
-    }))
+    })))
 }
 
 /// The command the words name, with the command options it takes.
@@ -384,7 +384,7 @@ mod tests {
 
     fn args(line: &str) -> Result<Args, String> {
         match parse(line.split_whitespace().map(str::to_owned))? {
-            Request::Run(args) => Ok(args),
+            Request::Run(args) => Ok(*args),
             other => panic!("{line:?} is {other:?}"),
         }
     }

@@ -223,6 +223,7 @@ mod tests {
         let Ok(Request::Run(args)) = parse(words) else {
             panic!("{line:?} does not parse")
         };
+        let args = *args;
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let keys = KeyForms::new(args.namespace, args.hashed);
         let exit = run(
