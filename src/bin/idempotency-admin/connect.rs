@@ -46,9 +46,9 @@ const SQLITE_TABLE: &str = "idempotency_keys";
 pub(crate) async fn store(args: &Args) -> Result<Box<dyn StoreAdmin>, NotOpened> {
     Ok(match &args.store {
         StoreArg::Redis(url) => {
-            let store = RedisStore::connect(url)
-                .await
-                .map_err(|e| NotOpened::connect(&format!("Redis at {url}"), &e))?;
+            let store = RedisStore::connect(url).await.map_err(|e| {
+                NotOpened::connect(&format!("Redis at {}", without_password(url)), &e)
+            })?;
             match &args.prefix {
                 Some(prefix) => Box::new(store.key_prefix(prefix.clone())),
                 None => Box::new(store),
@@ -58,6 +58,7 @@ pub(crate) async fn store(args: &Args) -> Result<Box<dyn StoreAdmin>, NotOpened>
             let store = RedisStore::connect_cluster(urls.iter().map(String::as_str))
                 .await
                 .map_err(|e| {
+                    let urls: Vec<String> = urls.iter().map(|u| without_password(u)).collect();
                     NotOpened::connect(&format!("Redis Cluster at {}", urls.join(",")), &e)
                 })?;
             match &args.prefix {
@@ -109,6 +110,19 @@ pub(crate) async fn outbox(args: &Args) -> Result<Outbox, NotOpened> {
     }
 }
 
+/// `url` with its user information, which may hold a password, replaced by `***`: errors
+/// end up in terminals and logs.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
 /// Whether the file at `path` is a SQLite store already: a database holding the store's
 /// table. Opened without `SQLITE_OPEN_CREATE` and only read, so neither a missing file nor
 /// a table is created, and a file that is something else is left as it was.
@@ -147,4 +161,20 @@ fn is_sqlite_store(path: &Path) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_server_without_its_password() {
+        assert_eq!(
+            without_password("redis://user:s3cret@cache:6379/2"),
+            "redis://***@cache:6379/2"
+        );
+        assert_eq!(without_password("redis://:p@ss@cache"), "redis://***@cache");
+        assert_eq!(without_password("redis://cache:6379"), "redis://cache:6379");
+        assert_eq!(without_password("not a url"), "not a url");
+    }
 }
