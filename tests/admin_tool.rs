@@ -44,6 +44,11 @@ struct Ran {
 
 /// Runs the tool with `store` (the store's options) and then `line`, split at whitespace.
 async fn tool(store: &[String], line: &str) -> Ran {
+    tool_with_env(store, line, &[]).await
+}
+
+/// [`tool`] with the environment variables `env` set.
+async fn tool_with_env(store: &[String], line: &str, env: &[(&str, &str)]) -> Ran {
     let args: Vec<String> = store
         .iter()
         .cloned()
@@ -51,6 +56,7 @@ async fn tool(store: &[String], line: &str) -> Ran {
         .collect();
     let child = Command::new(TOOL)
         .args(&args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -250,6 +256,28 @@ async fn the_tool_finds_a_hashed_key_from_the_message_key() {
     )
     .await;
     assert_eq!(ran.code, NOT_FOUND, "the raw form is another key: {ran:?}");
+}
+
+#[tokio::test]
+async fn a_store_location_can_come_from_the_environment() {
+    let dir = SqliteDir::new("admin_tool_env");
+    let store = SqliteStore::open(dir.file()).await.expect("open");
+    unknown_key(&store, "ns:from-env").await;
+    let file = dir.file().display().to_string();
+    let ran = tool_with_env(
+        &[],
+        "--sqlite env:ADMIN_TOOL_STORE show ns:from-env",
+        &[("ADMIN_TOOL_STORE", file.as_str())],
+    )
+    .await;
+    assert_eq!(ran.code, DONE, "{ran:?}");
+    assert!(ran.out.contains("key:         ns:from-env"), "{ran:?}");
+    let ran = tool(&[], "--sqlite env:ADMIN_TOOL_STORE_UNSET show ns:from-env").await;
+    assert_eq!(ran.code, USAGE, "{ran:?}");
+    assert!(
+        ran.err.contains("ADMIN_TOOL_STORE_UNSET is not set"),
+        "{ran:?}"
+    );
 }
 
 #[tokio::test]

@@ -20,6 +20,9 @@ STORE, exactly one:
   --sqlite FILE         a SqliteStore's database file; the tool opens an existing store
                         only, and refuses a file that is not one (it creates nothing)
 
+A store's value written `env:NAME` is read from the environment variable NAME
+(`--postgres env:DATABASE_URL`): a URL's password then stays out of the process list.
+
 commands on keys (every store):
   list [--limit N] [--after CURSOR] [--all]
                         the keys of unknown delivery and the stale keys (pending, their
@@ -183,9 +186,11 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Request, S
         match arg.as_str() {
             "-h" | "--help" => return Ok(Request::Help),
             "-V" | "--version" => return Ok(Request::Version),
-            "--redis" => options.stores.push(StoreArg::Redis(value("--redis")?)),
+            "--redis" => options
+                .stores
+                .push(StoreArg::Redis(location("--redis", value("--redis")?)?)),
             "--redis-cluster" => {
-                let urls: Vec<String> = value("--redis-cluster")?
+                let urls: Vec<String> = location("--redis-cluster", value("--redis-cluster")?)?
                     .split(',')
                     .map(str::trim)
                     .filter(|url| !url.is_empty())
@@ -196,12 +201,14 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Request, S
                 }
                 options.stores.push(StoreArg::RedisCluster(urls));
             }
-            "--postgres" => options
-                .stores
-                .push(StoreArg::Postgres(value("--postgres")?)),
-            "--sqlite" => options
-                .stores
-                .push(StoreArg::Sqlite(PathBuf::from(value("--sqlite")?))),
+            "--postgres" => options.stores.push(StoreArg::Postgres(location(
+                "--postgres",
+                value("--postgres")?,
+            )?)),
+            "--sqlite" => options.stores.push(StoreArg::Sqlite(PathBuf::from(location(
+                "--sqlite",
+                value("--sqlite")?,
+            )?))),
             "--prefix" => options.prefix = Some(value("--prefix")?),
             "--table" => options.table = Some(value("--table")?),
             "--outbox-table" => options.outbox_table = Some(value("--outbox-table")?),
@@ -240,6 +247,18 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Request, S
         hashed: options.hashed,
         command,
     })))
+}
+
+/// A store option's value: as given, or, written `env:NAME`, the environment variable NAME's,
+/// which keeps a password out of the process list.
+fn location(option: &str, value: String) -> Result<String, String> {
+    let Some(name) = value.strip_prefix("env:") else {
+        return Ok(value);
+    };
+    match std::env::var(name) {
+        Ok(found) if !found.is_empty() => Ok(found),
+        _ => Err(format!("{option} {value}: the variable {name} is not set")),
+    }
 }
 
 /// The command the words name, with the command options it takes.
@@ -495,6 +514,7 @@ mod tests {
             "--postgres p dead-letters requeue",
             "--postgres p dead-letters drop k",
             "--redis-cluster , list",
+            "--postgres env:TOWER_IDEMPOTENCY_ADMIN_SURELY_UNSET list",
         ] {
             assert!(args(line).is_err(), "{line:?} was accepted");
         }
