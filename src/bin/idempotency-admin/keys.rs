@@ -11,47 +11,37 @@ use tower_idempotency::store::admin::{AdminOutcome, Cursor, Force, Resolution, S
 use crate::args::Command;
 use crate::output::{Exit, Output, listed, shown};
 
-/// How the tool finds the stored key of a KEY it was given.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct KeyForms {
-    /// `Some`: KEY is a message's key in this namespace and form.
-    pub(crate) stored: Option<(String, bool)>,
+/// The stored key of a KEY given on the command line: the layer's form of it in the
+/// namespace (`NS:KEY`, or `NS:h1:<digest>`) with `--namespace`, KEY as given without.
+fn stored(keys: Option<&StoredKeys>, key: &str) -> Result<String, String> {
+    match keys {
+        None => Ok(key.to_owned()),
+        Some(keys) => keys.of(key).map_err(|e| format!("{key:?}: {e}")),
+    }
 }
 
-impl KeyForms {
-    /// KEY as given is the stored key.
-    #[cfg(test)]
-    pub(crate) fn as_given() -> Self {
-        Self::default()
-    }
-
-    /// KEY is a message's key in `namespace`, hashed or raw.
-    pub(crate) fn new(namespace: Option<String>, hashed: bool) -> Self {
-        Self {
-            stored: namespace.map(|ns| (ns, hashed)),
-        }
-    }
-
-    /// The key as stored: the layer's form of `key` in the namespace (`NS:KEY`, or
-    /// `NS:h1:<digest>`), `key` as given without one.
-    fn of(&self, key: &str) -> Result<String, String> {
-        let Some((namespace, hashed)) = &self.stored else {
-            return Ok(key.to_owned());
-        };
-        let form = if *hashed {
-            KeyForm::Hashed
-        } else {
-            KeyForm::Raw
-        };
-        let keys = StoredKeys::new(namespace, form).map_err(|e| format!("--namespace: {e}"))?;
-        keys.of(key).map_err(|e| format!("{key:?}: {e}"))
-    }
+/// The stored keys of `--namespace` and `--hashed`; `None` without a namespace.
+pub(crate) fn stored_keys(
+    namespace: Option<&str>,
+    hashed: bool,
+) -> Result<Option<StoredKeys>, String> {
+    let Some(namespace) = namespace else {
+        return Ok(None);
+    };
+    let form = if hashed {
+        KeyForm::Hashed
+    } else {
+        KeyForm::Raw
+    };
+    StoredKeys::new(namespace, form)
+        .map(Some)
+        .map_err(|e| format!("--namespace: {e}"))
 }
 
 /// Runs a command on the keys of `store`; answers the exit code.
 pub(crate) async fn run(
     store: &dyn StoreAdmin,
-    keys: &KeyForms,
+    keys: Option<&StoredKeys>,
     command: &Command,
     output: &mut Output<'_>,
 ) -> Exit {
@@ -65,7 +55,7 @@ pub(crate) async fn run(
     else {
         return output.problem(Exit::Usage, "not a command on the store's keys");
     };
-    let key = match keys.of(key) {
+    let key = match stored(keys, key) {
         Ok(key) => key,
         Err(problem) => return output.problem(Exit::Usage, problem),
     };
@@ -225,10 +215,10 @@ mod tests {
         };
         let args = *args;
         let (mut out, mut err) = (Vec::new(), Vec::new());
-        let keys = KeyForms::new(args.namespace, args.hashed);
+        let keys = stored_keys(args.namespace.as_deref(), args.hashed).unwrap();
         let exit = run(
             store,
-            &keys,
+            keys.as_ref(),
             &args.command,
             &mut Output {
                 out: &mut out,
@@ -245,15 +235,11 @@ mod tests {
 
     #[test]
     fn a_namespace_makes_the_stored_key_like_the_layer() {
-        let raw = KeyForms::new(Some("billing".into()), false);
-        assert_eq!(raw.of("inv:42").unwrap(), "billing:inv:42");
-        assert_eq!(
-            KeyForms::as_given().of("billing:inv:42").unwrap(),
-            "billing:inv:42"
-        );
-        let hashed = KeyForms::new(Some("billing".into()), true)
-            .of("inv:42")
-            .unwrap();
+        let raw = stored_keys(Some("billing"), false).unwrap();
+        assert_eq!(stored(raw.as_ref(), "inv:42").unwrap(), "billing:inv:42");
+        assert_eq!(stored(None, "billing:inv:42").unwrap(), "billing:inv:42");
+        let hashed = stored_keys(Some("billing"), true).unwrap();
+        let hashed = stored(hashed.as_ref(), "inv:42").unwrap();
         let layer = IdempotencyLayer::builder()
             .store(MemoryStore::new())
             .namespace("billing")
@@ -261,11 +247,8 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(hashed, layer.stored_key_for("inv:42").unwrap());
-        assert!(
-            KeyForms::new(Some("bad:ns".into()), true)
-                .of("inv:42")
-                .is_err()
-        );
+        assert!(stored_keys(Some("bad:ns"), true).is_err());
+        assert!(stored(raw.as_ref(), "").is_err(), "a key the layer refuses");
     }
 
     #[tokio::test]

@@ -29,7 +29,6 @@ mod output;
 use std::process::ExitCode;
 
 use args::{Args, Request, USAGE, parse};
-use keys::KeyForms;
 use output::{Exit, Output};
 
 #[tokio::main(flavor = "current_thread")]
@@ -66,11 +65,14 @@ async fn run(args: &Args, output: &mut Output<'_>) -> Exit {
             Err(not) => output.problem(not.exit, not.reason),
         }
     } else {
+        // A namespace no layer accepts is refused before the store is opened.
+        let stored_keys = match keys::stored_keys(args.namespace.as_deref(), args.hashed) {
+            Ok(keys) => keys,
+            Err(problem) => return output.problem(Exit::Usage, problem),
+        };
+        let stored_keys = stored_keys.as_ref();
         match connect::store(args).await {
-            Ok(store) => {
-                let keys = KeyForms::new(args.namespace.clone(), args.hashed);
-                keys::run(store.as_ref(), &keys, &args.command, output).await
-            }
+            Ok(store) => keys::run(store.as_ref(), stored_keys, &args.command, output).await,
             Err(not) => output.problem(not.exit, not.reason),
         }
     }
