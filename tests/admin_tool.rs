@@ -408,6 +408,30 @@ mod redis {
         let options = vec!["--redis".to_owned(), url, "--prefix".to_owned(), prefix];
         settles_keys_by_hand(&store, &options).await;
     }
+
+    #[cfg(feature = "redis-cluster")]
+    #[tokio::test]
+    #[cfg_attr(
+        not(backend_redis_cluster),
+        ignore = "no Redis Cluster at REDIS_CLUSTER_URLS or 127.0.0.1:7001-7003"
+    )]
+    async fn the_tool_settles_keys_on_a_redis_cluster_store() {
+        let Some(urls) = backend_url("REDIS_CLUSTER_URLS") else {
+            return;
+        };
+        let prefix = unique_prefix("admin_tool_cluster");
+        let store = RedisStore::connect_cluster(urls.split(','))
+            .await
+            .expect("connect")
+            .key_prefix(prefix.clone());
+        let options = vec![
+            "--redis-cluster".to_owned(),
+            urls,
+            "--prefix".to_owned(),
+            prefix,
+        ];
+        settles_keys_by_hand(&store, &options).await;
+    }
 }
 
 #[cfg(feature = "postgres")]
