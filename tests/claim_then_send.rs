@@ -86,7 +86,9 @@ async fn a_claim_left_by_a_crash_before_the_send_is_found_and_sent_once() {
     tx.commit().await.unwrap();
     // The process dies here, before the send. The next run finds the claim …
     let waiting = store.claims(10).await.unwrap();
-    assert_eq!(waiting, std::slice::from_ref(&claim.key));
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    assert_eq!(waiting[0].key, claim.key);
+    assert!(waiting[0].is_claim_of(&claim));
 
     // … and sends the same message under the same key: once.
     let provider = Provider::ok();
@@ -133,10 +135,17 @@ async fn another_message_under_a_claimed_key_is_key_reused_and_not_sent() {
         .unwrap_err();
     assert_eq!(error.code(), "idempotency.key_reused");
     assert_eq!(provider.calls(), 0);
-    assert_eq!(
-        store.claims(10).await.unwrap(),
-        [claim.key],
-        "the claim still waits"
+    let waiting = store.claims(10).await.unwrap();
+    assert_eq!(waiting.len(), 1, "the claim still waits: {waiting:?}");
+    assert!(waiting[0].is_claim_of(&claim));
+    let other = layer
+        .claim(&alert("a different text"))
+        .unwrap()
+        .expect("keyed");
+    assert_eq!(other.key, claim.key);
+    assert!(
+        !waiting[0].is_claim_of(&other),
+        "a different message under the key is not the one claimed"
     );
     drop_table(&url, store.table_name()).await;
 }

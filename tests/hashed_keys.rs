@@ -698,10 +698,13 @@ mod postgres {
         let tx = client.transaction().await.unwrap();
         assert!(store.claim_in(&tx, &claim).await.unwrap());
         tx.commit().await.unwrap();
-        assert_eq!(
-            store.claims(10).await.unwrap(),
-            std::slice::from_ref(&claim.key)
-        );
+        // The stored key is a digest; the waiting claim maps back to the event's message
+        // through the layer's claim of it, and to no other event's.
+        let waiting = store.claims(10).await.unwrap();
+        assert_eq!(waiting.len(), 1, "{waiting:?}");
+        assert!(waiting[0].is_claim_of(&claim));
+        let other = layer.claim(&keyed(2)).unwrap().expect("keyed");
+        assert!(!waiting[0].is_claim_of(&other));
 
         let provider = Provider::ok();
         let svc = layer.clone().layer(provider.clone());

@@ -373,11 +373,8 @@ async fn a_poison_message_ends_dead_after_its_attempts_and_blocks_nothing() {
     );
 
     // Requeued by an operator, it goes again.
-    assert!(outbox.requeue(by_key["refused"].id).await.unwrap());
-    assert!(
-        !outbox.requeue(by_key["refused"].id).await.unwrap(),
-        "no longer dead"
-    );
+    assert!(outbox.requeue("refused").await.unwrap());
+    assert!(!outbox.requeue("refused").await.unwrap(), "no longer dead");
     drop_table(&url, outbox.table_name()).await;
 }
 

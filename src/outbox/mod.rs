@@ -370,15 +370,27 @@ impl Outbox {
             .collect()
     }
 
-    /// Puts a dead row back to waiting with its attempts reset, after you fixed the cause;
-    /// answers whether there was such a dead row. Sending it again goes through the worker's
-    /// stack, so the idempotency layer still answers a message that was delivered.
-    pub async fn requeue(&self, id: i64) -> Result<bool, StoreError> {
+    /// Puts the dead row of the message whose idempotency key is `key` back to waiting, with
+    /// its attempts reset, after you fixed the cause; answers whether there was such a dead
+    /// row (`false` for a key whose row is waiting, done, or absent). The key is the message's
+    /// own, as [`DeadLetter::key`] shows it. Sending it again goes through the worker's stack,
+    /// so the idempotency layer still answers a message that was delivered.
+    ///
+    /// ```no_run
+    /// # async fn run(outbox: tower_idempotency::outbox::Outbox) -> Result<(), tower_idempotency::store::StoreError> {
+    /// for dead in outbox.dead_letters(100).await? {
+    ///     if dead.last_error.as_deref().is_some_and(|e| e.starts_with("provider.unavailable")) {
+    ///         outbox.requeue(&dead.key).await?;
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn requeue(&self, key: &str) -> Result<bool, StoreError> {
         let rows = self
             .bounded(async {
                 let client = self.client().await?;
                 client
-                    .query(&self.sql.requeue, &[&id, &self.sql.channel.as_str()])
+                    .query(&self.sql.requeue, &[&key, &self.sql.channel.as_str()])
                     .await
                     .map_err(|e| self.db_error(e))
             })

@@ -129,7 +129,7 @@ impl OutboxSql {
                 "WITH requeued AS (
                      UPDATE {quoted} SET state = 'waiting', attempts = 0, available_at = now(),
                          finished_at = NULL, {release_claim}
-                     WHERE id = $1 AND state = 'dead'
+                     WHERE key = $1 AND state = 'dead'
                      RETURNING id
                  )
                  SELECT requeued.id, pg_notify($2, '')::text FROM requeued"

@@ -555,6 +555,95 @@ impl Claim {
     }
 }
 
+/// A claim still waiting for its send, as `PostgresStore::claims` (feature `postgres`) and
+/// `SqliteStore::claims` (feature `sqlite`) list it after a crash: the messages the next run
+/// must send.
+///
+/// It holds the key as stored, which with [`KeyForm::Hashed`](crate::layer::KeyForm::Hashed)
+/// is a digest: it cannot be read back into the business event. Map it the other way: rebuild
+/// the messages of your recent events from your rows, ask the layer for each one's claim
+/// ([`IdempotencyLayer::claim`](crate::IdempotencyLayer::claim), in the layer's key form), and
+/// send those of which [`is_claim_of`](Self::is_claim_of) holds. The same code works with raw
+/// keys.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use rusqlite::Connection;
+/// use tower_idempotency::layer::KeyForm;
+/// use tower_idempotency::{IdempotencyLayer, Message, SqliteStore};
+///
+/// # let dir = std::env::temp_dir().join(format!("waiting-claim-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
+/// # let path = dir.join("app.sqlite3");
+/// let store = SqliteStore::open(&path).await?;
+/// let layer = IdempotencyLayer::builder()
+///     .store(store.clone())
+///     .namespace("alerts")
+///     .key_form(KeyForm::Hashed)
+///     .build()?;
+/// let alert = |order: &str| {
+///     Message::builder().from("shop@x.example").to("seller@y.example")
+///         .text(format!("{order} paid")).idempotency_key(format!("order.paid:{order}")).build()
+/// };
+///
+/// // The order's transaction claimed its alert, then the process died before the send.
+/// let connection = Connection::open(&path)?;
+/// connection.busy_timeout(std::time::Duration::from_secs(5))?;
+/// if let Some(claim) = layer.claim(&alert("ord_2")?)? {
+///     store.claim_in(&connection, &claim)?;
+/// }
+///
+/// // The next run: which of the recent orders' alerts wait for their send?
+/// let waiting = store.claims(100).await?;
+/// assert!(waiting[0].key.starts_with("alerts:h1:"), "a digest, not the order");
+/// let mut to_send = Vec::new();
+/// for order in ["ord_1", "ord_2", "ord_3"] {
+///     let message = alert(order)?;
+///     if let Some(claim) = layer.claim(&message)? {
+///         if waiting.iter().any(|w| w.is_claim_of(&claim)) {
+///             to_send.push(message); // send it through the layer: it takes the claim
+///         }
+///     }
+/// }
+/// assert_eq!(to_send.len(), 1);
+/// assert_eq!(to_send[0].text(), Some("ord_2 paid"));
+/// # drop(store); drop(connection);
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok(()) }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WaitingClaim {
+    /// The key as stored (`namespace:key`, or `namespace:h1:<digest>` with hashed keys).
+    pub key: String,
+    /// The fingerprint of the message claimed.
+    pub fingerprint: Fingerprint,
+}
+
+impl WaitingClaim {
+    /// A waiting claim of `key` for the message of `fingerprint`.
+    pub fn new(key: impl Into<String>, fingerprint: Fingerprint) -> Self {
+        Self {
+            key: key.into(),
+            fingerprint,
+        }
+    }
+
+    /// Whether this is the claim the layer makes for a message (`claim`, from
+    /// [`IdempotencyLayer::claim`](crate::IdempotencyLayer::claim)): the same stored key and
+    /// the same fingerprint, so the send of that message takes it. A claim of the same key
+    /// with another fingerprint is not: that message differs from the one claimed, and its
+    /// send would be refused as `idempotency.key_reused`; compare [`key`](Self::key) alone
+    /// to find such a claim.
+    pub fn is_claim_of(&self, claim: &Claim) -> bool {
+        self.key == claim.key && self.fingerprint == claim.fingerprint
+    }
+}
+
 /// One completion of [`Store::complete_many`].
 #[derive(Clone, Copy, Debug)]
 pub struct Completion<'a> {

@@ -6,7 +6,8 @@ use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::{PostgresStore, millis};
-use crate::store::{Claim, StoreError};
+use crate::fingerprint::Fingerprint;
+use crate::store::{Claim, StoreError, WaitingClaim};
 
 impl PostgresStore {
     /// Writes `claim` through `client` (tokio-postgres 0.7, see
@@ -21,7 +22,8 @@ impl PostgresStore {
     /// the claim (same fingerprint) and the message goes once; a message with another
     /// fingerprint under the key is `idempotency.key_reused`. If the process dies between the
     /// commit and the send, the claim waits (for the claim's ttl): [`claims`](Self::claims)
-    /// lists it, and the next run sends the same message under the same key.
+    /// lists it, and the next run sends the same message under the same key (with hashed keys
+    /// too: see [`WaitingClaim`]).
     ///
     /// A send that certainly did not go (refused, rate limited) frees the key, claim
     /// included, like any reservation: retry it, or claim again.
@@ -67,10 +69,29 @@ impl PostgresStore {
         Ok(!rows.is_empty())
     }
 
-    /// Up to `limit` keys (as stored: `namespace:key`, or `namespace:h1:<digest>` with hashed
-    /// keys) claimed and not yet taken by a send,
-    /// oldest first: after a crash, the messages the next run must send.
-    pub async fn claims(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+    /// Up to `limit` claims not yet taken by a send, oldest first: after a crash, the
+    /// messages the next run must send. Each holds the key as stored (`namespace:key`, or
+    /// `namespace:h1:<digest>` with hashed keys) and the fingerprint of the message claimed;
+    /// [`WaitingClaim::is_claim_of`] maps one back to the message of your event in either
+    /// key form.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::postgres::PostgresStore;
+    /// use tower_idempotency::{IdempotencyLayer, Message};
+    ///
+    /// # async fn run(store: PostgresStore, layer: IdempotencyLayer,
+    /// #     recent_alerts: Vec<Message>) -> Result<(), Box<dyn std::error::Error>> {
+    /// // The alerts of the orders of the last day, rebuilt from your rows.
+    /// let waiting = store.claims(1000).await?;
+    /// for alert in recent_alerts {
+    ///     let Some(claim) = layer.claim(&alert)? else { continue };
+    ///     if waiting.iter().any(|w| w.is_claim_of(&claim)) {
+    ///         // Send `alert` through the layer's stack: it takes the claim and sends once.
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn claims(&self, limit: u32) -> Result<Vec<WaitingClaim>, StoreError> {
         let rows = self
             .bounded(|| async {
                 let client = self.client().await?;
@@ -86,8 +107,16 @@ impl PostgresStore {
             .await?;
         rows.iter()
             .map(|row| {
-                row.try_get(0)
-                    .map_err(|e| self.corrupt("has no readable key").with_source(e))
+                let key: String = row
+                    .try_get(0)
+                    .map_err(|e| self.corrupt("has no readable key").with_source(e))?;
+                let fingerprint: &[u8] = row
+                    .try_get(1)
+                    .map_err(|e| self.corrupt("has no readable fingerprint").with_source(e))?;
+                let fingerprint = <[u8; 32]>::try_from(fingerprint)
+                    .map(Fingerprint::from_bytes)
+                    .map_err(|_| self.corrupt("has a fingerprint that is not 32 bytes"))?;
+                Ok(WaitingClaim::new(key, fingerprint))
             })
             .collect()
     }

@@ -266,7 +266,7 @@ impl Table {
                  RETURNING r.key"
             ),
             claims: format!(
-                "SELECT key FROM {quoted} WHERE state = 'claimed' AND expires_at > now()
+                "SELECT key, fingerprint FROM {quoted} WHERE state = 'claimed' AND expires_at > now()
                  ORDER BY expires_at, key LIMIT $1"
             ),
             inspect: format!("SELECT {ADMIN_COLUMNS} FROM {quoted} WHERE key = $1"),

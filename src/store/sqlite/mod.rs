@@ -382,17 +382,33 @@ impl SqliteStore {
             .map_err(|e| self.failure(&e))
     }
 
-    /// Up to `limit` keys (as stored) claimed and not yet taken by a send, oldest first:
-    /// after a crash, the messages the next run must send.
-    pub async fn claims(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+    /// Up to `limit` claims not yet taken by a send, oldest first: after a crash, the
+    /// messages the next run must send. Each holds the key as stored and the fingerprint of
+    /// the message claimed; [`WaitingClaim::is_claim_of`](super::WaitingClaim::is_claim_of)
+    /// maps one back to the message of your event, with hashed keys too.
+    pub async fn claims(&self, limit: u32) -> Result<Vec<super::WaitingClaim>, StoreError> {
         let path = self.inner.path.clone();
         self.call(move |session| {
-            let keys = session.statement(sql::CLAIMS).and_then(|statement| {
+            let rows = session.statement(sql::CLAIMS).and_then(|statement| {
                 statement
-                    .query_map([i64::from(limit)], |row| row.get::<_, String>(0))?
+                    .query_map([i64::from(limit)], |row| {
+                        Ok((row.get::<_, String>(0)?, row.get::<_, Vec<u8>>(1)?))
+                    })?
                     .collect::<Result<Vec<_>, _>>()
             });
-            keys.map_err(|e| session::failure(&e, &path))
+            let rows = rows.map_err(|e| session::failure(&e, &path))?;
+            rows.into_iter()
+                .map(|(key, fingerprint)| {
+                    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
+                        .map(Fingerprint::from_bytes)
+                        .map_err(|_| {
+                            StoreError::corrupt(format!(
+                                "the claim of {key:?} has a fingerprint that is not 32 bytes"
+                            ))
+                        })?;
+                    Ok(super::WaitingClaim::new(key, fingerprint))
+                })
+                .collect()
         })
         .await
     }

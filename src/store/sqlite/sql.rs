@@ -190,7 +190,7 @@ pub(super) const CLAIM: &str = concat!(
 
 /// `?1` how many: the claims still waiting for their send, oldest first.
 pub(super) const CLAIMS: &str = concat!(
-    "SELECT key FROM idempotency_keys WHERE state = 'claimed' AND expires_at > ",
+    "SELECT key, fingerprint FROM idempotency_keys WHERE state = 'claimed' AND expires_at > ",
     now!(),
     " ORDER BY expires_at, key LIMIT ?1"
 );

@@ -1,0 +1,180 @@
+//! Opening the store the command line names, without creating anything: a SQLite file that
+//! is not already a store is refused, and no table is ever migrated.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OpenFlags};
+use tower_idempotency::outbox::Outbox;
+use tower_idempotency::store::StoreError;
+use tower_idempotency::store::admin::StoreAdmin;
+use tower_idempotency::{PostgresStore, RedisStore, SqliteStore};
+
+use crate::args::{Args, StoreArg};
+use crate::output::{Exit, chain};
+
+/// Why the store could not be opened: the exit code and what to tell.
+#[derive(Debug)]
+pub(crate) struct NotOpened {
+    pub(crate) exit: Exit,
+    pub(crate) reason: String,
+}
+
+impl NotOpened {
+    fn usage(reason: impl Into<String>) -> Self {
+        Self {
+            exit: Exit::Usage,
+            reason: reason.into(),
+        }
+    }
+
+    fn store(reason: impl Into<String>) -> Self {
+        Self {
+            exit: Exit::StoreFailed,
+            reason: reason.into(),
+        }
+    }
+
+    fn connect(what: &str, error: &StoreError) -> Self {
+        Self::store(format!("could not open {what}: {}", chain(error)))
+    }
+}
+
+/// The SQLite store's table, the one [`SqliteStore`] creates.
+const SQLITE_TABLE: &str = "idempotency_keys";
+
+/// The store of the keys, connected.
+pub(crate) async fn store(args: &Args) -> Result<Box<dyn StoreAdmin>, NotOpened> {
+    Ok(match &args.store {
+        StoreArg::Redis(url) => {
+            let store = RedisStore::connect(url).await.map_err(|e| {
+                NotOpened::connect(&format!("Redis at {}", without_password(url)), &e)
+            })?;
+            match &args.prefix {
+                Some(prefix) => Box::new(store.key_prefix(prefix.clone())),
+                None => Box::new(store),
+            }
+        }
+        StoreArg::RedisCluster(urls) => {
+            let store = RedisStore::connect_cluster(urls.iter().map(String::as_str))
+                .await
+                .map_err(|e| {
+                    let urls: Vec<String> = urls.iter().map(|u| without_password(u)).collect();
+                    NotOpened::connect(&format!("Redis Cluster at {}", urls.join(",")), &e)
+                })?;
+            match &args.prefix {
+                Some(prefix) => Box::new(store.key_prefix(prefix.clone())),
+                None => Box::new(store),
+            }
+        }
+        StoreArg::Postgres(url) => {
+            let store = PostgresStore::connect(url)
+                .await
+                .map_err(|e| NotOpened::connect("PostgreSQL", &e))?;
+            match &args.table {
+                Some(table) => Box::new(
+                    store
+                        .table(table)
+                        .map_err(|e| NotOpened::usage(format!("--table: {e}")))?,
+                ),
+                None => Box::new(store),
+            }
+        }
+        StoreArg::Sqlite(path) => {
+            is_sqlite_store(path).map_err(NotOpened::store)?;
+            let store = SqliteStore::builder(path)
+                // A short-lived tool: it purges nothing of its own accord.
+                .purge_every(None)
+                .open()
+                .await
+                .map_err(|e| NotOpened::connect(&path.display().to_string(), &e))?;
+            Box::new(store)
+        }
+    })
+}
+
+/// The outbox, connected.
+pub(crate) async fn outbox(args: &Args) -> Result<Outbox, NotOpened> {
+    let StoreArg::Postgres(url) = &args.store else {
+        return Err(NotOpened::usage(
+            "the outbox is on PostgreSQL: dead letters need --postgres",
+        ));
+    };
+    let outbox = Outbox::connect(url)
+        .await
+        .map_err(|e| NotOpened::connect("PostgreSQL", &e))?;
+    match &args.outbox_table {
+        Some(table) => outbox
+            .table(table)
+            .map_err(|e| NotOpened::usage(format!("--outbox-table: {e}"))),
+        None => Ok(outbox),
+    }
+}
+
+/// `url` with its user information, which may hold a password, replaced by `***`: errors
+/// end up in terminals and logs.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
+/// Whether the file at `path` is a SQLite store already: a database holding the store's
+/// table. Opened without `SQLITE_OPEN_CREATE` and only read, so neither a missing file nor
+/// a table is created, and a file that is something else is left as it was.
+fn is_sqlite_store(path: &Path) -> Result<(), String> {
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Err(e) => {
+            return Err(format!(
+                "cannot open {shown}: {e}; the tool opens an existing SQLite store only \
+                 (the application's SqliteStore::open creates one)"
+            ));
+        }
+        Ok(meta) if meta.is_dir() => {
+            return Err(format!(
+                "{shown} is a directory, not a SQLite database file"
+            ));
+        }
+        Ok(_) => {}
+    }
+    let connection = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| format!("cannot open {shown}: {e}"))?;
+    let tables: i64 = connection
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            [SQLITE_TABLE],
+            |row| row.get(0),
+        )
+        .map_err(|e| format!("{shown} is not a SQLite store: {e}"))?;
+    if tables == 0 {
+        return Err(format!(
+            "{shown} is not a tower-idempotency store: it has no {SQLITE_TABLE} table \
+             (nothing was created; check the path)"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_server_without_its_password() {
+        assert_eq!(
+            without_password("redis://user:s3cret@cache:6379/2"),
+            "redis://***@cache:6379/2"
+        );
+        assert_eq!(without_password("redis://:p@ss@cache"), "redis://***@cache");
+        assert_eq!(without_password("redis://cache:6379"), "redis://cache:6379");
+        assert_eq!(without_password("not a url"), "not a url");
+    }
+}
