@@ -120,9 +120,10 @@ pub(crate) fn build(
     }
 
     let body = match (message.text(), message.html()) {
-        (Some(text), Some(html)) => {
-            Body::Multi(MultiPart::alternative_plain_html(text.to_owned(), html.to_owned()))
-        }
+        (Some(text), Some(html)) => Body::Multi(MultiPart::alternative_plain_html(
+            text.to_owned(),
+            html.to_owned(),
+        )),
         (Some(text), None) => Body::Single(SinglePart::plain(text.to_owned())),
         (None, Some(html)) => Body::Single(SinglePart::html(html.to_owned())),
         (None, None) => Body::Single(SinglePart::plain(String::new())),

@@ -203,9 +203,9 @@ mod sigv4;
 mod status;
 mod transport;
 
-pub use codec::{BatchCodec, Codec, postmark, resend, twilio};
 #[cfg(feature = "ses")]
 pub use codec::ses;
+pub use codec::{BatchCodec, Codec, postmark, resend, twilio};
 pub use future::{BatchResponseFuture, ResponseFuture};
 pub use status::parse_retry_after;
 pub use transport::{

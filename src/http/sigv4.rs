@@ -43,7 +43,10 @@ impl SesCredentials {
     }
 
     fn current(&self) -> Credentials {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 

@@ -121,33 +121,116 @@ mod tests {
     #[test]
     fn documented_errors_keep_their_categories() {
         for (status, name, text, code, category) in [
-            (429, "TooManyRequestsException", "", codes::RATE_LIMITED, Category::Retryable),
-            (400, "Throttling", "Maximum sending rate exceeded.", codes::RATE_LIMITED, Category::Retryable),
-            (400, "Throttling", "Daily message quota exceeded.", codes::QUOTA_EXCEEDED, Category::Permanent),
-            (400, "LimitExceededException", "", codes::QUOTA_EXCEEDED, Category::Permanent),
-            (400, "AccountSuspendedException", "", codes::SENDING_PAUSED, Category::Permanent),
-            (400, "SendingPausedException", "", codes::SENDING_PAUSED, Category::Permanent),
-            (400, "MailFromDomainNotVerifiedException", "", codes::IDENTITY_NOT_VERIFIED, Category::Permanent),
-            (400, "MessageRejected", "Email address is not verified.", codes::IDENTITY_NOT_VERIFIED, Category::Permanent),
-            (400, "MessageRejected", "Illegal header", codes::REJECTED, Category::Permanent),
-            (400, "BadRequestException", "", codes::VALIDATION_ERROR, Category::Validation),
-            (404, "NotFoundException", "", codes::REJECTED, Category::Permanent),
-            (403, "InvalidSignatureException", "", codes::REJECTED, Category::Permanent),
+            (
+                429,
+                "TooManyRequestsException",
+                "",
+                codes::RATE_LIMITED,
+                Category::Retryable,
+            ),
+            (
+                400,
+                "Throttling",
+                "Maximum sending rate exceeded.",
+                codes::RATE_LIMITED,
+                Category::Retryable,
+            ),
+            (
+                400,
+                "Throttling",
+                "Daily message quota exceeded.",
+                codes::QUOTA_EXCEEDED,
+                Category::Permanent,
+            ),
+            (
+                400,
+                "LimitExceededException",
+                "",
+                codes::QUOTA_EXCEEDED,
+                Category::Permanent,
+            ),
+            (
+                400,
+                "AccountSuspendedException",
+                "",
+                codes::SENDING_PAUSED,
+                Category::Permanent,
+            ),
+            (
+                400,
+                "SendingPausedException",
+                "",
+                codes::SENDING_PAUSED,
+                Category::Permanent,
+            ),
+            (
+                400,
+                "MailFromDomainNotVerifiedException",
+                "",
+                codes::IDENTITY_NOT_VERIFIED,
+                Category::Permanent,
+            ),
+            (
+                400,
+                "MessageRejected",
+                "Email address is not verified.",
+                codes::IDENTITY_NOT_VERIFIED,
+                Category::Permanent,
+            ),
+            (
+                400,
+                "MessageRejected",
+                "Illegal header",
+                codes::REJECTED,
+                Category::Permanent,
+            ),
+            (
+                400,
+                "BadRequestException",
+                "",
+                codes::VALIDATION_ERROR,
+                Category::Validation,
+            ),
+            (
+                404,
+                "NotFoundException",
+                "",
+                codes::REJECTED,
+                Category::Permanent,
+            ),
+            (
+                403,
+                "InvalidSignatureException",
+                "",
+                codes::REJECTED,
+                Category::Permanent,
+            ),
         ] {
             let header = format!("{name}:http://internal.amazon.com/coral/com.amazonaws.sesv2/");
             let body = format!(r#"{{"message":"{text}"}}"#);
             let error = answer(status, Some(&header), &body).expect(name);
-            assert_eq!((error.code(), error.category()), (code, category), "{name} {text}");
+            assert_eq!(
+                (error.code(), error.category()),
+                (code, category),
+                "{name} {text}"
+            );
         }
     }
 
     #[test]
     fn the_name_is_read_from_a_json_or_xml_body_without_the_header() {
-        let json = answer(400, None, r#"{"__type":"com.amazonaws.sesv2#SendingPausedException"}"#);
+        let json = answer(
+            400,
+            None,
+            r#"{"__type":"com.amazonaws.sesv2#SendingPausedException"}"#,
+        );
         assert_eq!(json.unwrap().code(), codes::SENDING_PAUSED);
         let xml = "<ErrorResponse><Error><Code>MessageRejected</Code>\
                    <Message>Email address not verified a@example.com</Message></Error></ErrorResponse>";
-        assert_eq!(answer(400, None, xml).unwrap().code(), codes::IDENTITY_NOT_VERIFIED);
+        assert_eq!(
+            answer(400, None, xml).unwrap().code(),
+            codes::IDENTITY_NOT_VERIFIED
+        );
     }
 
     #[test]
