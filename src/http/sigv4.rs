@@ -22,10 +22,10 @@ use crate::outcome::{SendError, codes};
 /// use aws_credential_types::Credentials;
 /// use tower_idempotency::http::ses::{SesCodec, SesCredentials};
 ///
-/// let credentials = SesCredentials::new(Credentials::from_keys("AKIDEXAMPLE", "secret", None));
+/// let credentials = SesCredentials::new(Credentials::new("AKIDEXAMPLE", "secret", None, None, "static"));
 /// let codec = SesCodec::new("eu-west-1", credentials.clone());
 /// // Later, from the task that refreshes them:
-/// credentials.replace(Credentials::from_keys("AKIDNEW", "new-secret", Some("token".into())));
+/// credentials.replace(Credentials::new("AKIDNEW", "new-secret", Some("token".into()), None, "static"));
 /// assert!(!format!("{codec:?}").contains("secret"));
 /// ```
 #[derive(Clone)]
@@ -127,10 +127,12 @@ mod tests {
     // GET / on example.amazonaws.com, service "service", us-east-1, 2015-08-30T12:36:00Z.
     #[test]
     fn signs_the_vanilla_request_of_the_aws_test_suite() {
-        let credentials = SesCredentials::new(Credentials::from_keys(
+        let credentials = SesCredentials::new(Credentials::new(
             "AKIDEXAMPLE",
             "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
             None,
+            None,
+            "static",
         ));
         let mut request = http::Request::get("https://example.amazonaws.com/")
             .body(Bytes::new())

@@ -19,7 +19,7 @@
 //!     .credentials(std::env::var("SMTP_USER")?, std::env::var("SMTP_PASSWORD")?);
 //! let smtp = ServiceBuilder::new()
 //!     .layer(IdempotencyLayer::builder().store(MemoryStore::new()).build()?)
-//!     .layer(tower::retry::RetryLayer::new(RetryPolicy::default()))
+//!     .layer(tower::retry::RetryLayer::new(RetryPolicy::new()))
 //!     .timeout(Duration::from_secs(60))
 //!     .service(relay);
 //!

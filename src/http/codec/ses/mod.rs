@@ -24,16 +24,19 @@
 //! let client = ServiceBuilder::new()
 //!     .map_request(|request: http::Request<Bytes>| request.map(Full::new))
 //!     .service(Client::builder(TokioExecutor::new()).build_http());
-//! let credentials = Credentials::from_keys(
+//! // Or the credentials your AWS SDK's provider gives (`aws-config`).
+//! let credentials = Credentials::new(
 //!     std::env::var("AWS_ACCESS_KEY_ID")?,
 //!     std::env::var("AWS_SECRET_ACCESS_KEY")?,
 //!     std::env::var("AWS_SESSION_TOKEN").ok(),
+//!     None,
+//!     "environment",
 //! );
 //! let codec = SesCodec::new("eu-west-1", credentials).configuration_set("transactional");
 //!
 //! let ses = ServiceBuilder::new()
 //!     .layer(IdempotencyLayer::builder().store(MemoryStore::new()).build()?)
-//!     .layer(tower::retry::RetryLayer::new(RetryPolicy::default()))
+//!     .layer(tower::retry::RetryLayer::new(RetryPolicy::new()))
 //!     .timeout(Duration::from_secs(10))
 //!     .service(HttpTransport::new(client, codec));
 //!
@@ -174,7 +177,7 @@ const SIGNING_NAME: &str = "ses";
 /// use aws_credential_types::Credentials;
 /// use tower_idempotency::http::ses::SesCodec;
 ///
-/// let codec = SesCodec::new("eu-west-1", Credentials::from_keys("AKID", "secret", None))
+/// let codec = SesCodec::new("eu-west-1", Credentials::new("AKID", "secret", None, None, "static"))
 ///     .configuration_set("transactional");
 /// assert_eq!(codec.endpoint().to_string(), "https://email.eu-west-1.amazonaws.com/");
 /// ```
@@ -375,8 +378,11 @@ mod tests {
     use crate::Attachment;
 
     fn codec() -> SesCodec {
-        SesCodec::new("us-east-1", Credentials::from_keys("AKID", "secret", None))
-            .configuration_set("transactional")
+        SesCodec::new(
+            "us-east-1",
+            Credentials::new("AKID", "secret", None, None, "static"),
+        )
+        .configuration_set("transactional")
     }
 
     fn body(request: &http::Request<Bytes>) -> serde_json::Value {
