@@ -77,7 +77,7 @@
 //! | to, cc, bcc | `Destination`: `ToAddresses`, `CcAddresses`, `BccAddresses` |
 //! | reply_to | `ReplyToAddresses` |
 //! | subject, text, html, headers, in-reply-to, references | `Content.Simple`: `Subject`, `Body.Text`, `Body.Html`, `Headers` (UTF-8) |
-//! | with attachments, more than [`SES_MAX_HEADERS`] headers, or its own `Message-ID` | `Content.Raw.Data`: the MIME message (lettre's builder), base64, its `Message-ID` derived from the stored key as [SMTP's](crate::smtp) is |
+//! | with attachments, more than [`SES_MAX_HEADERS`] headers, or its own `Message-ID` | `Content.Raw.Data`: the MIME message (lettre's builder), base64, its `Message-ID` derived from the stored key as the SMTP transport's is |
 //! | metadata | `EmailTags`, one tag each |
 //! | the stored key ([`provider_key`](crate::Message::provider_key)) | the tag [`SES_IDEMPOTENCY_TAG`] = [`ses_key_tag`] (hex SHA-256) |
 //! | the codec's configuration set | `ConfigurationSetName` |
