@@ -403,3 +403,30 @@ async fn a_batch_goes_message_by_message_and_each_key_follows_its_own_outcome() 
         assert_eq!(simple_sent_with_subject(&moto, subject).await, 1);
     }
 }
+
+#[cfg_attr(not(backend_moto), ignore = "moto not found: run .ci/python-fakes.sh")]
+#[tokio::test]
+async fn throttling_past_the_last_attempt_frees_the_key_unsent() {
+    let moto = Moto::start();
+    verify(&moto, VERIFIED).await;
+    let script = vec![
+        Fault::Throttle,
+        Fault::Throttle,
+        Fault::Throttle,
+        Fault::Forward,
+    ];
+    let proxy = Proxy::start(moto.addr, script).await;
+    let mut ses = stack(&IdempotencyLayer::in_memory(), proxy.base_url());
+    let shipped = || message(VERIFIED, "Order 5 shipped", "order:5:shipped");
+
+    let error = send(&mut ses, shipped()).await.unwrap_err();
+    assert_eq!(error.code(), codes::RATE_LIMITED);
+    assert_eq!(error.category(), Category::Retryable);
+    assert_eq!(proxy.requests().len(), 3, "three attempts");
+    assert_eq!(simple_sent_with_subject(&moto, "Order 5 shipped").await, 0);
+
+    // Freed: a later send under the same key goes.
+    let receipt = send(&mut ses, shipped()).await.unwrap();
+    assert!(!receipt.replayed);
+    assert_eq!(simple_sent_with_subject(&moto, "Order 5 shipped").await, 1);
+}
