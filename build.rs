@@ -10,7 +10,9 @@
 //!
 //! Only a build with the feature a server serves looks for it (`CARGO_FEATURE_REDIS` for
 //! Redis and `redis-server`, `CARGO_FEATURE_REDIS_CLUSTER`, `CARGO_FEATURE_POSTGRES` for
-//! PostgreSQL and its binaries). The tests' builds have every feature (the package's
+//! PostgreSQL and its binaries, `CARGO_FEATURE_SES` and `CARGO_FEATURE_SMTP` for the Python
+//! fakes: moto's server and aiosmtpd, in the Python that `TOWER_IDEMPOTENCY_PYTHON` names or
+//! the venv `.ci/python-fakes.sh` makes in `target/python-fakes`). The tests' builds have every feature (the package's
 //! dev-dependency on itself), so they look for every server; the quickstart's build
 //! (`sqlite` only) and a plain `cargo build` connect to nothing. The published crate leaves
 //! this file out (the `include` list in Cargo.toml), so no user runs it.
@@ -39,6 +41,7 @@ fn main() {
     println!("cargo::rerun-if-changed=tests/support/probe.rs");
     println!("cargo::rerun-if-env-changed={REQUIRE_BACKENDS_VAR}");
     println!("cargo::rerun-if-env-changed=TOWER_IDEMPOTENCY_PROBE");
+    println!("cargo::rerun-if-env-changed={}", probe::PYTHON_VAR);
     let required = std::env::var_os(REQUIRE_BACKENDS_VAR).is_some();
 
     for server in &probe::SERVERS {
@@ -72,6 +75,18 @@ fn main() {
             "postgres",
             probe::postgres_binaries,
             "PostgreSQL's initdb and pg_ctl",
+        ),
+        (
+            probe::MOTO_CFG,
+            "ses",
+            probe::moto,
+            "moto's server (Python; .ci/python-fakes.sh installs it)",
+        ),
+        (
+            probe::AIOSMTPD_CFG,
+            "smtp",
+            probe::aiosmtpd,
+            "aiosmtpd (Python; .ci/python-fakes.sh installs it)",
         ),
     ] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");

@@ -61,6 +61,7 @@ use std::task::{Context, Poll};
 
 use futures_util::future::BoxFuture;
 
+use crate::classify::{Classifier, into_send_error};
 use crate::message::Message;
 use crate::outcome::{Receipt, SendError};
 
@@ -160,3 +161,125 @@ impl std::fmt::Debug for BatchFuture {
         f.debug_struct("BatchFuture").finish_non_exhaustive()
     }
 }
+
+/// A batch API over a service that sends one message at a time (Amazon SES, SMTP): each
+/// message of a [`Batch`] goes as its own call, one after another, and has its own outcome.
+///
+/// `PerMessage<S>` is a `Service<Batch<Message>>` (and `Service<Batch<RawMessage>>`) when `S`
+/// sends that request alone, and passes single requests through. Under the idempotency layer
+/// the batch keeps the batch guarantees (one store call to reserve the keys, repeats answered
+/// in place), and each message's key is kept or freed by its own outcome: a message SES
+/// rejected frees its key while its neighbours keep theirs. The batch call itself never
+/// fails; a message whose call failed, or whose turn found the service not ready, carries
+/// that error.
+///
+/// ```
+/// use tower::{Service, ServiceExt};
+/// use tower_idempotency::batch::{Batch, PerMessage};
+/// use tower_idempotency::{BoxError, Message, Receipt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), BoxError> {
+/// let one_at_a_time = tower::service_fn(|m: Message| async move {
+///     Ok::<_, BoxError>(Receipt::new(format!("to-{}", m.to()[0]), "smtp"))
+/// });
+/// let mut service = PerMessage::new(one_at_a_time);
+/// let m = |to: &str| Message::builder().from("a@example.com").to(to).text("hi").build();
+/// let outcomes = ServiceExt::<Batch>::ready(&mut service)
+///     .await?
+///     .call(Batch::from(vec![m("b@example.com")?, m("c@example.com")?]))
+///     .await?;
+/// assert_eq!(outcomes[1].as_ref().unwrap().id, "to-c@example.com");
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct PerMessage<S> {
+    inner: S,
+}
+
+impl<S> PerMessage<S> {
+    /// Sends the messages of each batch through `inner`, one call each.
+    pub fn new(inner: S) -> Self {
+        Self { inner }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+macro_rules! per_message {
+    ($request:ty) => {
+        impl<S> tower_service::Service<$request> for PerMessage<S>
+        where
+            S: tower_service::Service<$request, Response = Receipt>,
+        {
+            type Response = Receipt;
+            type Error = S::Error;
+            type Future = S::Future;
+
+            fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+                self.inner.poll_ready(cx)
+            }
+
+            fn call(&mut self, request: $request) -> Self::Future {
+                self.inner.call(request)
+            }
+        }
+
+        impl<S> tower_service::Service<Batch<$request>> for PerMessage<S>
+        where
+            S: tower_service::Service<$request, Response = Receipt> + Clone + Send + 'static,
+            S::Error: Into<crate::BoxError>,
+            S::Future: Send + 'static,
+        {
+            type Response = BatchOutcomes;
+            type Error = SendError;
+            type Future = BatchFuture;
+
+            fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+                self.inner
+                    .poll_ready(cx)
+                    .map_err(|e| into_send_error(&Classifier::default(), e.into()))
+            }
+
+            fn call(&mut self, batch: Batch<$request>) -> Self::Future {
+                // The ready clone goes into the future; the first message uses its readiness.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                BatchFuture::new(Box::pin(async move {
+                    let mut outcomes = Vec::with_capacity(batch.len());
+                    for (i, request) in batch.into_iter().enumerate() {
+                        if i > 0 {
+                            let ready = futures_util::future::poll_fn(|cx| inner.poll_ready(cx));
+                            if let Err(e) = ready.await {
+                                let error = into_send_error(&Classifier::default(), e.into());
+                                outcomes.push(Err(error));
+                                continue;
+                            }
+                        }
+                        let outcome = inner
+                            .call(request)
+                            .await
+                            .map_err(|e| into_send_error(&Classifier::default(), e.into()));
+                        outcomes.push(outcome);
+                    }
+                    Ok(outcomes)
+                }))
+            }
+        }
+    };
+}
+
+per_message!(Message);
+per_message!(crate::message::RawMessage);

@@ -232,11 +232,15 @@ mod hex;
 pub mod http;
 pub mod layer;
 pub mod message;
+#[cfg(any(feature = "ses", feature = "smtp"))]
+mod mime;
 #[cfg(feature = "postgres")]
 pub mod outbox;
 pub mod outcome;
 pub mod reconcile;
 pub mod retry;
+#[cfg(feature = "smtp")]
+pub mod smtp;
 pub mod store;
 pub mod verify;
 

@@ -198,9 +198,13 @@
 
 mod codec;
 mod future;
+#[cfg(feature = "ses")]
+mod sigv4;
 mod status;
 mod transport;
 
+#[cfg(feature = "ses")]
+pub use codec::ses;
 pub use codec::{BatchCodec, Codec, postmark, resend, twilio};
 pub use future::{BatchResponseFuture, ResponseFuture};
 pub use status::parse_retry_after;

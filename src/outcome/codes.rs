@@ -122,6 +122,20 @@ pub const QUOTA_EXCEEDED: &str = "provider.quota_exceeded";
 pub const INACTIVE_RECIPIENT: &str = "provider.inactive_recipient";
 /// The recipient opted out (replied STOP; Twilio error 21610). Permanent.
 pub const RECIPIENT_UNSUBSCRIBED: &str = "provider.recipient_unsubscribed";
+/// The account may not send now: Amazon SES's `AccountSuspendedException` or
+/// `SendingPausedException`. Permanent: not sent, and no retry within seconds can help.
+pub const SENDING_PAUSED: &str = "provider.sending_paused";
+/// The sender's identity or MAIL FROM domain is not verified (Amazon SES's
+/// `MailFromDomainNotVerifiedException`, `MessageRejected` for an unverified address).
+/// Permanent.
+pub const IDENTITY_NOT_VERIFIED: &str = "provider.identity_not_verified";
+/// An SMTP server answered a 4xx (other than 421): it did not take the message this time.
+/// Retryable.
+pub const DEFERRED: &str = "provider.deferred";
+/// The connection to an SMTP server was lost while the message's body or its final `.` was
+/// written, or before the server answered it: the server may have taken the message. Unknown
+/// delivery.
+pub const CONNECTION_LOST: &str = "provider.connection_lost";
 
 // A circuit breaker's.
 

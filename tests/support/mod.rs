@@ -3,7 +3,8 @@
 //! bounded wait. [`stores`]: the backend tests' servers and admin connections. [`probe`]: which
 //! servers and server binaries this machine has (read by build.rs too).
 //! [`servers`]: servers of the tests' own, for the tests that kill connections.
-//! [`http`]: the one fake HTTP provider and the real clients.
+//! [`http`]: the one fake HTTP provider and the real clients. [`python`]: the Python fakes of
+//! SES (moto) and SMTP (aiosmtpd).
 //!
 //! Every test binary declares `mod support;` and uses the part it needs.
 // Each binary uses a part of this module; the rest would be dead code in that binary.
@@ -12,6 +13,8 @@
 #[cfg(feature = "http")]
 pub mod http;
 pub mod probe;
+#[cfg(any(feature = "ses", feature = "smtp"))]
+pub mod python;
 pub mod servers;
 pub mod stores;
 

@@ -155,3 +155,37 @@ pub fn postgres_bindir() -> Option<PathBuf> {
     }
     on_path("initdb").and_then(|p| p.parent().map(Path::to_path_buf))
 }
+
+/// The `cfg` flag set when the Python fakes of the SES tests (moto's server mode) run.
+pub const MOTO_CFG: &str = "backend_moto";
+/// The `cfg` flag set when the Python fakes of the SMTP tests (aiosmtpd) run.
+pub const AIOSMTPD_CFG: &str = "backend_aiosmtpd";
+/// Names the Python that has the fakes, instead of `target/python-fakes/bin/python`.
+pub const PYTHON_VAR: &str = "TOWER_IDEMPOTENCY_PYTHON";
+
+/// The Python that `.ci/python-fakes.sh` installs the fakes into: [`PYTHON_VAR`], else the
+/// repository's `target/python-fakes` venv.
+pub fn python() -> PathBuf {
+    match std::env::var_os(PYTHON_VAR) {
+        Some(python) if !python.is_empty() => PathBuf::from(python),
+        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/python-fakes/bin/python"),
+    }
+}
+
+/// Whether [`python`] runs and imports `module`.
+pub fn python_has(module: &str) -> bool {
+    Command::new(python())
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
+/// Whether moto's server mode can be started.
+pub fn moto() -> bool {
+    python_has("moto.server")
+}
+
+/// Whether aiosmtpd can be started.
+pub fn aiosmtpd() -> bool {
+    python_has("aiosmtpd.smtp")
+}

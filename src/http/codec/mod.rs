@@ -5,6 +5,8 @@
 pub mod postmark;
 pub mod resend;
 mod segments;
+#[cfg(feature = "ses")]
+pub mod ses;
 pub mod twilio;
 mod wire;
 
