@@ -228,6 +228,13 @@ pub enum StoreErrorKind {
     InvalidInput,
     /// The store does not offer this operation (a trait method the store keeps the default of).
     Unsupported,
+    /// The store is set up wrong and stays so until someone changes its configuration: an
+    /// invalid URL, a SQLite path that is a directory or a file that is not a database.
+    /// Never retried: the layer answers a reserve that fails with it
+    /// `idempotency.store_misconfigured` (not sent, category
+    /// [`Permanent`](crate::Category::Permanent), not retryable), and a settlement gives up
+    /// at once.
+    Misconfigured,
 }
 
 /// Why a store operation failed. The source error is kept.
@@ -251,6 +258,12 @@ impl StoreError {
     /// The backend failed; `source` is its error.
     pub fn unavailable(source: impl Into<BoxError>) -> Self {
         Self::new(StoreErrorKind::Unavailable, "the store backend failed").with_source(source)
+    }
+
+    /// The store is set up wrong (see [`StoreErrorKind::Misconfigured`]); `detail` says what
+    /// to change.
+    pub fn misconfigured(detail: impl Into<String>) -> Self {
+        Self::new(StoreErrorKind::Misconfigured, detail)
     }
 
     /// The operation timed out.
