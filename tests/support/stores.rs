@@ -23,7 +23,9 @@ use super::probe::SERVERS;
 pub const REQUIRE_BACKENDS_VAR: &str = "TOWER_IDEMPOTENCY_REQUIRE_BACKENDS";
 
 /// The URL of the server that `var` names (`REDIS_URL`, `REDIS_CLUSTER_URLS`, `DATABASE_URL`):
-/// the variable's, else the default local address where the build found one answering.
+/// the variable's, else the default local address where the build found one answering; for
+/// a Redis Cluster with neither, the URLs of this test binary's own cluster
+/// ([`super::servers::RedisCluster::shared`]), started on first use.
 ///
 /// Always `Some`: the `Option` lets a test read `let Some(url) = backend_url(..) else
 /// { return }`. A test whose server was not found is ignored, so it gets here only when it
@@ -41,6 +43,11 @@ pub fn backend_url(var: &str) -> Option<String> {
         ("backend_postgres", cfg!(backend_postgres)),
     ]
     .contains(&(server.cfg, true));
+    // No cluster configured or running: the binary's own, started on first use.
+    if found && server.own_instead() && !server.answers() {
+        let cluster = super::servers::RedisCluster::shared()?;
+        return Some(cluster.urls().join(","));
+    }
     assert!(
         found,
         "no server answered at {} ({var}) when the suite was built: a test that needs it \

@@ -218,10 +218,13 @@ const MIN_MIGRATE_TIMEOUT: Duration = Duration::from_secs(30);
 /// let purge = store.spawn_purge(Duration::from_secs(600))?;
 ///
 /// let fingerprint = Fingerprint::from_bytes([7; 32]);
-/// match store.reserve("welcome:42", fingerprint, Duration::from_secs(600)).await? {
-///     Reservation::Reserved { token } => { /* send, then complete or release */ }
-///     Reservation::Held { record } => { /* in flight, or replay record.outcome */ }
-///     _ => { /* an answer of a later release */ }
+/// let reservation = store.reserve("welcome:42", fingerprint, Duration::from_secs(600)).await?;
+/// // `token()` says whether we hold the key: `Reserved`, or `TakenOver` from a holder that
+/// // crashed (which the layer may check with the provider first).
+/// if let Some(token) = reservation.token() {
+///     /* send, then complete or release under `token` */
+/// } else if let Reservation::Held { record } = reservation {
+///     /* in flight, or replay record.outcome */
 /// }
 /// # drop(purge);
 /// # Ok(()) }

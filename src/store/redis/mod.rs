@@ -207,10 +207,12 @@ pub const DEFAULT_PENDING_KEPT: Duration = Duration::from_secs(24 * 60 * 60);
 ///     .timeout(Duration::from_millis(500));
 ///
 /// let fingerprint = Fingerprint::from_bytes([0; 32]);
-/// match store.reserve("invoice:42:email", fingerprint, Duration::from_secs(600)).await? {
-///     Reservation::Reserved { token } => println!("ours to send, token {token}"),
-///     Reservation::Held { record } => println!("already {:?}", record.state),
-///     other => println!("{other:?}"),
+/// let reservation = store.reserve("invoice:42:email", fingerprint, Duration::from_secs(600)).await?;
+/// // `token()` says whether we hold the key: `Reserved`, or `TakenOver` from a crashed holder.
+/// if let Some(token) = reservation.token() {
+///     println!("ours to send, then complete or release under {token}");
+/// } else if let Reservation::Held { record } = reservation {
+///     println!("held by another send: {:?}", record.state);
 /// }
 /// # Ok(()) }
 /// ```
