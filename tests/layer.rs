@@ -809,7 +809,10 @@ fn a_config_error_printed_by_main_shows_its_advice() {
             .build()
             .unwrap_err()
     );
-    assert!(printed.contains("the ttl must be at least the lease"), "{printed}");
+    assert!(
+        printed.contains("the ttl must be at least the lease"),
+        "{printed}"
+    );
 }
 
 #[test]

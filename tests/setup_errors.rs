@@ -1,7 +1,7 @@
 //! Errors of a store set up wrong: they name what is wrong (the address and the cause, the
 //! path), and a configuration that no retry mends is `Misconfigured`, answered
 //! `idempotency.store_misconfigured` and never retried.
-#![cfg(all(feature = "redis", feature = "sqlite"))]
+#![cfg(all(feature = "redis", feature = "sqlite", feature = "postgres"))]
 
 mod support;
 
@@ -16,7 +16,9 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Category, Outcome, codes};
 use tower_idempotency::store::{Reservation, Store, StoreError, StoreErrorKind, Token};
-use tower_idempotency::{BoxError, IdempotencyLayer, Message, Receipt, RedisStore, SqliteStore};
+use tower_idempotency::{
+    BoxError, IdempotencyLayer, Message, PostgresStore, Receipt, RedisStore, SqliteStore,
+};
 
 /// The whole chain of `error`'s messages, as a `main` that returns it prints them.
 fn chain(error: &(dyn std::error::Error + 'static)) -> String {
@@ -50,6 +52,37 @@ async fn redis_connect_to_a_closed_port_is_unavailable_naming_the_address_and_th
     assert!(text.to_lowercase().contains("refused"), "{text}");
 }
 
+/// A loopback port the kernel just handed out and that nothing listens on any more.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn postgres_connect_to_a_closed_port_is_unavailable_naming_the_address_and_the_refusal() {
+    let port = closed_port();
+    let url = format!("postgres://postgres:s3cret@127.0.0.1:{port}/test");
+    let error = tokio::time::timeout(Duration::from_millis(1500), PostgresStore::connect(&url))
+        .await
+        .expect("a refused connect answers before the timeout")
+        .expect_err("nothing listens there");
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    let text = chain(&error);
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+    assert!(!text.contains("s3cret"), "{text}");
+}
+
+#[tokio::test]
+async fn postgres_connect_with_an_invalid_url_is_misconfigured() {
+    let error = PostgresStore::connect("postgres://127.0.0.1:notaport/test")
+        .await
+        .expect_err("not a PostgreSQL URL");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+}
+
 #[tokio::test]
 async fn redis_connect_with_an_invalid_url_is_misconfigured_and_hides_the_password() {
     let error = RedisStore::connect("http://user:s3cret@127.0.0.1:6379")
@@ -75,8 +108,11 @@ async fn sqlite_path_that_is_a_directory_is_misconfigured() {
 async fn sqlite_file_that_is_not_a_database_is_misconfigured() {
     let dir = SqliteDir::new("not-a-database");
     let file = dir.file();
-    std::fs::write(&file, "these are the notes of an operator, not a database\n".repeat(100))
-        .unwrap();
+    std::fs::write(
+        &file,
+        "these are the notes of an operator, not a database\n".repeat(100),
+    )
+    .unwrap();
     let error = SqliteStore::open(&file).await.expect_err("not a database");
     assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
     let text = chain(&error);
@@ -88,7 +124,9 @@ async fn sqlite_file_that_is_not_a_database_is_misconfigured() {
 async fn sqlite_file_in_a_missing_directory_is_misconfigured() {
     let dir = SqliteDir::new("missing-parent");
     let file = dir.0.join("no-such-directory").join("keys.sqlite3");
-    let error = SqliteStore::open(&file).await.expect_err("no such directory");
+    let error = SqliteStore::open(&file)
+        .await
+        .expect_err("no such directory");
     assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
 }
 
@@ -107,7 +145,12 @@ impl Store for SetUpWrong {
         _lease: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
         self.reserves.fetch_add(1, Ordering::SeqCst);
-        async { Err(StoreError::misconfigured("the store's file is not a database")) }.boxed()
+        async {
+            Err(StoreError::misconfigured(
+                "the store's file is not a database",
+            ))
+        }
+        .boxed()
     }
 
     fn complete<'a>(
@@ -118,11 +161,25 @@ impl Store for SetUpWrong {
         _outcome: &'a Outcome,
         _ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        async { Err(StoreError::misconfigured("the store's file is not a database")) }.boxed()
+        async {
+            Err(StoreError::misconfigured(
+                "the store's file is not a database",
+            ))
+        }
+        .boxed()
     }
 
-    fn release<'a>(&'a self, _key: &'a str, _token: Token) -> BoxFuture<'a, Result<bool, StoreError>> {
-        async { Err(StoreError::misconfigured("the store's file is not a database")) }.boxed()
+    fn release<'a>(
+        &'a self,
+        _key: &'a str,
+        _token: Token,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        async {
+            Err(StoreError::misconfigured(
+                "the store's file is not a database",
+            ))
+        }
+        .boxed()
     }
 }
 

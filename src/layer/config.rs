@@ -301,7 +301,7 @@ impl fmt::Debug for WithStore {
 /// `IdempotencyLayerBuilder<WithStore>`, which builds. A builder without a store does not
 /// compile:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0599
 /// use tower_idempotency::IdempotencyLayer;
 ///
 /// let layer = IdempotencyLayer::builder().namespace("alerts").build();
@@ -751,7 +751,6 @@ impl<S> IdempotencyLayerBuilder<S> {
         self.classifier = classifier;
         self
     }
-
 }
 
 impl IdempotencyLayerBuilder<WithStore> {

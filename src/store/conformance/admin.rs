@@ -196,7 +196,10 @@ impl Conformance {
         let Some(admin) = self.admin() else { return };
         let late = Outcome::sent(Receipt::new("msg-late", "conformance"));
         let not_sent = Resolution::not_sent();
-        for (name, forced) in [("admin-forced-forget", false), ("admin-forced-not-sent", true)] {
+        for (name, forced) in [
+            ("admin-forced-forget", false),
+            ("admin-forced-not-sent", true),
+        ] {
             let key = self.key(name);
             let holder = self.reserved(&key, fp(1)).await;
             let answer = if forced {

@@ -294,8 +294,10 @@ impl RedisStore {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         // The URL may hold a password: errors name the address only.
         let client = redis::Client::open(url).map_err(|e| {
-            StoreError::misconfigured("the Redis URL is invalid (redis://[user:password@]host:port[/db])")
-                .with_source(e)
+            StoreError::misconfigured(
+                "the Redis URL is invalid (redis://[user:password@]host:port[/db])",
+            )
+            .with_source(e)
         })?;
         let address = client.get_connection_info().addr().to_string();
         let failed = |error: RedisError| {
@@ -326,7 +328,8 @@ impl RedisStore {
         };
         // One attempt first: the manager retries a refused first connection with backoff
         // until our timeout, which would hide the refusal behind a timeout.
-        let first = redis::AsyncConnectionConfig::new().set_connection_timeout(Some(DEFAULT_TIMEOUT));
+        let first =
+            redis::AsyncConnectionConfig::new().set_connection_timeout(Some(DEFAULT_TIMEOUT));
         tokio::time::timeout(
             DEFAULT_TIMEOUT,
             client.get_multiplexed_async_connection_with_config(&first),
