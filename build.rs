@@ -56,8 +56,13 @@ fn main() {
                 // The tests start a private one (tests/support/servers.rs).
                 println!("cargo::rustc-cfg={}", server.cfg);
             } else {
+                let instead = if server.cfg == "backend_redis_cluster" && !server.configured() {
+                    ", and no redis-server and redis-cli to start one"
+                } else {
+                    ""
+                };
                 println!(
-                    "cargo::warning=no server answers at {} ({}): its tests are ignored",
+                    "cargo::warning=no server answers at {} ({}){instead}: its tests are ignored",
                     server.url(),
                     server.var
                 );

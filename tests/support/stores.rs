@@ -8,6 +8,7 @@
 //! ```text
 //! #[cfg_attr(not(backend_redis), ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379")]
 //! #[cfg_attr(not(backend_redis_cluster), ignore = "no Redis Cluster at REDIS_CLUSTER_URLS or 127.0.0.1:7001-7003")]
+//! // (set too when redis-server and redis-cli are installed: the tests then start their own)
 //! #[cfg_attr(not(backend_postgres), ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test")]
 //! #[cfg_attr(not(backend_redis_binaries), ignore = "no redis-server and redis-cli on PATH")]
 //! #[cfg_attr(not(backend_postgres_binaries), ignore = "no PostgreSQL server binaries")]
