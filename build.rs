@@ -6,7 +6,10 @@
 //! `REDIS_CLUSTER_URLS`, `DATABASE_URL`) or else its default local address is tried with a
 //! short connect timeout, and the server binaries for the tests' own servers are looked for.
 //! Each that is there sets a `cfg` flag; each backend test carries
-//! `#[cfg_attr(not(<flag>), ignore = "...")]`.
+//! `#[cfg_attr(not(<flag>), ignore = "...")]`. A Redis Cluster is the one shared server the
+//! tests can stand in for: with `REDIS_CLUSTER_URLS` unset, nothing on 7001-7003 and
+//! `redis-server` and `redis-cli` installed, its flag is set too, and the tests start a
+//! private 3-node cluster on free ports when they first need it.
 //!
 //! Only a build with the feature a server serves looks for it (`CARGO_FEATURE_REDIS` for
 //! Redis and `redis-server`, `CARGO_FEATURE_REDIS_CLUSTER`, `CARGO_FEATURE_POSTGRES` for
@@ -52,9 +55,17 @@ fn main() {
             println!("cargo::rerun-if-env-changed={}", server.var);
             if server.answers() {
                 println!("cargo::rustc-cfg={}", server.cfg);
+            } else if server.own_instead() {
+                // The tests start a private one (tests/support/servers.rs).
+                println!("cargo::rustc-cfg={}", server.cfg);
             } else {
+                let instead = if server.cfg == "backend_redis_cluster" && !server.configured() {
+                    ", and no redis-server and redis-cli to start one"
+                } else {
+                    ""
+                };
                 println!(
-                    "cargo::warning=no server answers at {} ({}): its tests are ignored",
+                    "cargo::warning=no server answers at {} ({}){instead}: its tests are ignored",
                     server.url(),
                     server.var
                 );

@@ -140,10 +140,10 @@
 //!   restores them from the repeated message, whose fingerprint proves it has the same ones.
 //! - **Readiness.** `poll_ready` is the inner service's; a replay still waits for the inner
 //!   service to be ready.
-//! - **The store is chosen, never defaulted.** [`IdempotencyLayerBuilder::build`] without a
-//!   store is [`ConfigError::MissingStore`](layer::ConfigError::MissingStore): a store local
-//!   to one process deduplicates nothing across processes. [`IdempotencyLayer::in_memory`]
-//!   is the explicit one-process choice.
+//! - **The store is chosen, never defaulted.** [`IdempotencyLayerBuilder::build`] exists only
+//!   once a store is given (the builder's type says so): a store local to one process
+//!   deduplicates nothing across processes. [`IdempotencyLayer::in_memory`] is the explicit
+//!   one-process choice.
 //! - **Settlements the caller does not wait for.** The caller waits for its key to be
 //!   settled at most the settle timeout (5 s, like the reserve timeout), then gets the
 //!   provider's answer; the settlement goes on in a task of its own, so a repeat right after

@@ -283,8 +283,25 @@ impl SendError {
     /// The layer's answer when the store could not reserve the key; the message was not sent.
     ///
     /// `error` is the store's error (a [`StoreError`](crate::store::StoreError) from a
-    /// [`Store`](crate::store::Store)), kept as the [source](Error::source).
+    /// [`Store`](crate::store::Store)), kept as the [source](Error::source). Code
+    /// `idempotency.store_failed`, retryable; but a store error of kind
+    /// [`Misconfigured`](crate::store::StoreErrorKind::Misconfigured) gives code
+    /// `idempotency.store_misconfigured`, category [`Permanent`](Category::Permanent), not
+    /// retryable: no retry mends a configuration.
     pub fn store_failed(error: impl Into<BoxError>) -> Self {
+        let error = error.into();
+        let misconfigured = error
+            .downcast_ref::<crate::store::StoreError>()
+            .is_some_and(|e| e.kind() == crate::store::StoreErrorKind::Misconfigured);
+        if misconfigured {
+            return Self::new(
+                codes::STORE_MISCONFIGURED,
+                Category::Permanent,
+                false,
+                "the idempotency store is misconfigured; the message was not sent",
+            )
+            .with_source(error);
+        }
         Self::new(
             codes::STORE_FAILED,
             Category::Unknown,
@@ -622,6 +639,20 @@ mod tests {
 
         let given = Outcome::sent(Receipt::new("m2", "fake").with_accepted(["c@x"]));
         assert_eq!(given.into_replay_for(&["a@x"]).unwrap().accepted, ["c@x"]);
+    }
+
+    #[test]
+    fn a_misconfigured_store_is_a_permanent_answer_never_retried() {
+        use crate::store::StoreError;
+        let error = SendError::store_failed(StoreError::misconfigured("not a database"));
+        assert_eq!(error.code(), codes::STORE_MISCONFIGURED);
+        assert_eq!(error.category(), Category::Permanent);
+        assert!(!error.is_retryable());
+        assert!(error.is_idempotency_answer());
+        assert!(!error.counts_against_provider());
+        let passing = SendError::store_failed(StoreError::timeout());
+        assert_eq!(passing.code(), codes::STORE_FAILED);
+        assert!(passing.is_retryable());
     }
 
     #[test]

@@ -768,25 +768,50 @@ fn builder_refuses_invalid_options_with_typed_errors() {
 }
 
 #[test]
-fn builder_without_a_store_refuses_to_build_and_says_how_to_choose_one() {
-    let err = IdempotencyLayer::builder()
+fn options_set_before_the_store_are_kept_and_checked() {
+    // A builder without a store has no `build` (a doctest of `IdempotencyLayerBuilder` shows
+    // it does not compile); the options set before `.store(..)` carry over.
+    let layer = IdempotencyLayer::builder()
         .namespace("orders")
+        .lease(Duration::from_secs(30))
+        .shared_store(std::sync::Arc::new(MemoryStore::new()))
         .build()
-        .unwrap_err();
-    assert_eq!(err, ConfigError::MissingStore);
-    let text = err.to_string();
-    assert!(text.contains(".store(..)"), "{text}");
-    assert!(text.contains("IdempotencyLayer::in_memory()"), "{text}");
-    // The other options are still checked first, whatever the store.
+        .unwrap();
+    assert_eq!(layer.namespace(), "orders");
+    assert!(format!("{layer:?}").contains("30s"), "{layer:?}");
     assert!(matches!(
-        IdempotencyLayer::builder().namespace("").build(),
+        IdempotencyLayer::builder()
+            .namespace("")
+            .store(MemoryStore::new())
+            .build(),
         Err(ConfigError::InvalidNamespace(_))
     ));
-    assert!(
+}
+
+#[test]
+fn a_config_error_printed_by_main_shows_its_advice() {
+    // `main() -> Result<(), BoxError>` prints the error with `Debug`.
+    let error: tower_idempotency::BoxError = IdempotencyLayer::builder()
+        .store(MemoryStore::new())
+        .namespace("a:b")
+        .build()
+        .unwrap_err()
+        .into();
+    let printed = format!("{error:?}");
+    assert!(printed.contains("InvalidNamespace(\"a:b\")"), "{printed}");
+    assert!(printed.contains("1 to 64 bytes, no ':'"), "{printed}");
+    let printed = format!(
+        "{:?}",
         IdempotencyLayer::builder()
-            .shared_store(std::sync::Arc::new(MemoryStore::new()))
+            .store(MemoryStore::new())
+            .lease(Duration::from_secs(10))
+            .ttl(Duration::from_secs(5))
             .build()
-            .is_ok()
+            .unwrap_err()
+    );
+    assert!(
+        printed.contains("the ttl must be at least the lease"),
+        "{printed}"
     );
 }
 

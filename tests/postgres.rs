@@ -903,14 +903,15 @@ async fn concurrent_migrations_of_one_schema_qualified_table_all_succeed() {
     not(backend_postgres),
     ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
 )]
-async fn connecting_to_nothing_or_with_a_bad_url_is_an_unavailable_error() {
+async fn connecting_to_nothing_is_unavailable_and_a_bad_url_misconfigured() {
     let Some(_) = database_url() else { return };
     let error = PostgresStore::connect("postgres://postgres@127.0.0.1:1/test")
         .await
         .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    assert!(error.to_string().contains("127.0.0.1:1"), "{error}");
     let error = PostgresStore::connect("postgres://[::1").await.unwrap_err();
-    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
 }
 
 #[test]

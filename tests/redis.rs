@@ -601,7 +601,7 @@ async fn connecting_to_nothing_fails_with_a_store_error() {
         "{err}"
     );
     let err = RedisStore::connect("not a url").await.unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    assert_eq!(err.kind(), StoreErrorKind::Misconfigured, "{err}");
 }
 
 /// Runs `op` until it succeeds, at most `attempts` times, each bounded by the store's own

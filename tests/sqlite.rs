@@ -303,12 +303,12 @@ async fn a_file_that_is_not_a_database_fails_open_with_a_store_error() {
     let dir = SqliteDir::new("garbage");
     std::fs::write(dir.file(), vec![0x5a; 8192]).unwrap();
     let error = SqliteStore::open(dir.file()).await.unwrap_err();
-    assert_eq!(error.kind(), StoreErrorKind::Unavailable);
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured);
     assert!(error.to_string().contains("is not a database"), "{error}");
 
     // A directory where the file should be.
     let error = SqliteStore::open(&dir.0).await.unwrap_err();
-    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
 }
 
 /// Keeps `key` done for a millisecond.

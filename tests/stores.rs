@@ -23,6 +23,81 @@ mod memory_conformance {
     );
 }
 
+/// A setup that answers `None` (a server missing) fails every case as not run: none of
+/// them passes without checking anything.
+mod a_setup_that_answers_none_runs_nothing {
+    tower_idempotency::store_conformance_tests!(
+        #[tokio::test]
+        #[should_panic(expected = "not run: ")]
+        async {
+            None::<tower_idempotency::store::conformance::Conformance>
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_suite_without_admin_reports_the_admin_cases_as_not_run() {
+    let report = Conformance::new(MemoryStore::new())
+        .paused_clock()
+        .run_all()
+        .await;
+    assert!(!report.is_complete());
+    let not_run: Vec<&str> = report.not_run.iter().map(|n| n.case).collect();
+    assert!(
+        not_run.contains(&"admin_list_pages_through_unknown_keys_oldest_first"),
+        "{report}"
+    );
+    assert!(
+        not_run.iter().all(|case| case.starts_with("admin_")),
+        "{report}"
+    );
+    assert!(
+        !report.passed.iter().any(|case| case.starts_with("admin_")),
+        "{report}"
+    );
+    assert!(report.passed.contains(&"reserve_on_nothing_reserves"));
+    assert!(report.to_string().contains("not run: admin_"), "{report}");
+    let incomplete = std::panic::catch_unwind(|| report.assert_complete());
+    assert!(
+        incomplete.is_err(),
+        "a report with cases not run is not complete"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_suite_on_the_memory_store_runs_every_case() {
+    let report = Conformance::with_admin(MemoryStore::new())
+        .paused_clock()
+        .run_all()
+        .await;
+    report.assert_complete();
+    assert!(
+        report
+            .passed
+            .contains(&"admin_a_forced_out_send_keeps_its_outcome_unless_another_holds_the_key")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_suite_without_resend_reports_those_cases_as_not_run() {
+    let report = Conformance::with_admin(MemoryStore::new())
+        .paused_clock()
+        .without_resend()
+        .run_all()
+        .await;
+    let not_run: Vec<&str> = report.not_run.iter().map(|n| n.case).collect();
+    assert!(
+        not_run.contains(&"concurrent_retakes_of_one_key_take_it_back_once"),
+        "{report}"
+    );
+    assert!(
+        !report
+            .passed
+            .contains(&"concurrent_retakes_of_one_key_take_it_back_once"),
+        "{report}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store_passes_the_suite_under_real_threads() {
     // The race case again, with the reserves spread across OS threads.

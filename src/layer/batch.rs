@@ -276,14 +276,14 @@ async fn reserve_keyed<R: IdempotentRequest>(
             }
             Err(error) => {
                 bump(&config.counters.store_failed);
+                let error = SendError::store_failed(error);
                 tracing::warn!(
                     namespace = %config.namespace,
                     key_hash = %key_hash(key),
-                    code = codes::STORE_FAILED,
+                    code = error.code(),
                     error = %error,
                     "idempotency store failed to reserve; message not sent"
                 );
-                let error = SendError::store_failed(error);
                 judged[k] = Some(Judged::Failed(error.clone()));
                 answers[i] = Some(Err(error));
                 Plan::Answered
@@ -346,7 +346,7 @@ fn fail_unsent(
     let error = SendError::store_failed(error);
     tracing::warn!(
         namespace = %config.namespace,
-        code = codes::STORE_FAILED,
+        code = error.code(),
         error = %error,
         "idempotency store failed to reserve a batch; its keyed messages were not sent"
     );

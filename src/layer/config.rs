@@ -221,12 +221,25 @@ impl fmt::Debug for Config {
 }
 
 /// Why a layer could not be built.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// A layer without a store is not among them: [`build`](IdempotencyLayerBuilder::build)
+/// exists only once a store is set. Its `Debug` form says what to do as its `Display` form
+/// does, so a `main` that returns the error prints the advice.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+///
+/// let error = IdempotencyLayer::builder()
+///     .store(MemoryStore::new())
+///     .lease(Duration::ZERO)
+///     .build()
+///     .unwrap_err();
+/// assert!(format!("{error:?}").contains("must be longer than zero"));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// No store was given: the builder does not choose one, as a store local to the process
-    /// deduplicates nothing across processes.
-    MissingStore,
     /// The namespace is empty, longer than 64 bytes, or holds `:` or a control character.
     InvalidNamespace(String),
     /// A duration option is zero.
@@ -238,10 +251,6 @@ pub enum ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::MissingStore => f.write_str(
-                "no idempotency store: call `.store(..)` on the builder (a store shared by every \
-                 process that sends), or use `IdempotencyLayer::in_memory()` for one process",
-            ),
             Self::InvalidNamespace(ns) => write!(
                 f,
                 "invalid namespace {ns:?}: 1 to 64 bytes, no ':' and no control characters"
@@ -252,14 +261,66 @@ impl fmt::Display for ConfigError {
     }
 }
 
+// `main() -> Result<(), BoxError>` prints its error with `Debug`: the advice belongs there too.
+impl fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InvalidNamespace(ns) => write!(f, "InvalidNamespace({ns:?})")?,
+            Self::ZeroDuration(option) => write!(f, "ZeroDuration({option:?})")?,
+            Self::TtlShorterThanLease => f.write_str("TtlShorterThanLease")?,
+        }
+        write!(f, ": {self}")
+    }
+}
+
 impl Error for ConfigError {}
+
+/// The state of an [`IdempotencyLayerBuilder`] that has no store yet: it has no
+/// [`build`](IdempotencyLayerBuilder::build) until [`store`](IdempotencyLayerBuilder::store)
+/// gives it one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoStore;
+
+/// The state of an [`IdempotencyLayerBuilder`] given a store: it can
+/// [`build`](IdempotencyLayerBuilder::build).
+#[derive(Clone)]
+pub struct WithStore(Arc<dyn Store>);
+
+impl fmt::Debug for WithStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WithStore")
+    }
+}
 
 /// Builds an [`IdempotencyLayer`](super::IdempotencyLayer);
 /// [`build`](Self::build) checks the options.
 ///
+/// The store is required, and the type says so: [`IdempotencyLayer::builder`](super::IdempotencyLayer::builder)
+/// starts an `IdempotencyLayerBuilder<NoStore>`, which has every setter but no `build`;
+/// [`store`](Self::store) (or [`shared_store`](Self::shared_store)) makes it an
+/// `IdempotencyLayerBuilder<WithStore>`, which builds. A builder without a store does not
+/// compile:
+///
+/// ```compile_fail,E0599
+/// use tower_idempotency::IdempotencyLayer;
+///
+/// let layer = IdempotencyLayer::builder().namespace("alerts").build();
+/// ```
+///
+/// ```
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+///
+/// let layer = IdempotencyLayer::builder()
+///     .namespace("alerts")
+///     .store(MemoryStore::new())
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), tower_idempotency::layer::ConfigError>(())
+/// ```
+///
 /// | option | default |
 /// |---|---|
-/// | [`store`](Self::store) | none: required, [`build`](Self::build) fails with [`ConfigError::MissingStore`] without it |
+/// | [`store`](Self::store) | none: required, [`build`](Self::build) exists only once it is set |
 /// | [`lease`](Self::lease) | [`DEFAULT_LEASE`] (2 minutes, renewed every 40 s while the send runs) |
 /// | [`renew`](Self::renew) | on |
 /// | [`max_hold`](Self::max_hold) | [`DEFAULT_MAX_HOLD`] (15 minutes) |
@@ -276,9 +337,12 @@ impl Error for ConfigError {}
 ///
 /// For one process, [`IdempotencyLayer::in_memory`](super::IdempotencyLayer::in_memory) is
 /// the explicit choice of a [`MemoryStore`](crate::MemoryStore).
+///
+/// `S` defaults to [`WithStore`], so a function that takes a builder ready to build names it
+/// `IdempotencyLayerBuilder`.
 #[must_use]
-pub struct IdempotencyLayerBuilder {
-    store: Option<Arc<dyn Store>>,
+pub struct IdempotencyLayerBuilder<S = WithStore> {
+    store: S,
     lease: Duration,
     ttl: Duration,
     reserve_timeout: Duration,
@@ -295,10 +359,10 @@ pub struct IdempotencyLayerBuilder {
     classifier: Classifier,
 }
 
-impl Default for IdempotencyLayerBuilder {
+impl Default for IdempotencyLayerBuilder<NoStore> {
     fn default() -> Self {
         Self {
-            store: None,
+            store: NoStore,
             lease: DEFAULT_LEASE,
             ttl: DEFAULT_TTL,
             reserve_timeout: DEFAULT_RESERVE_TIMEOUT,
@@ -317,10 +381,10 @@ impl Default for IdempotencyLayerBuilder {
     }
 }
 
-impl fmt::Debug for IdempotencyLayerBuilder {
+impl<S: fmt::Debug> fmt::Debug for IdempotencyLayerBuilder<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayerBuilder")
-            .field("store", &self.store.is_some())
+            .field("store", &self.store)
             .field("namespace", &self.namespace)
             .field("key_form", &self.key_form)
             .field("lease", &self.lease)
@@ -337,18 +401,49 @@ impl fmt::Debug for IdempotencyLayerBuilder {
     }
 }
 
-impl IdempotencyLayerBuilder {
+impl<S> IdempotencyLayerBuilder<S> {
     /// The store of keys (required). Layers given the same store (or clones of it)
     /// deduplicate together; give every process that sends the same networked store.
-    pub fn store(mut self, store: impl Store) -> Self {
-        self.store = Some(Arc::new(store));
-        self
+    pub fn store(self, store: impl Store) -> IdempotencyLayerBuilder<WithStore> {
+        self.shared_store(Arc::new(store))
     }
 
     /// A store already shared as `Arc<dyn Store>`.
-    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
-        self.store = Some(store);
-        self
+    pub fn shared_store(self, store: Arc<dyn Store>) -> IdempotencyLayerBuilder<WithStore> {
+        let Self {
+            store: _,
+            lease,
+            ttl,
+            reserve_timeout,
+            settle_timeout,
+            renew,
+            max_hold,
+            wait_for_in_flight,
+            provider_window,
+            verifier,
+            verify_timeout,
+            namespace,
+            key_form,
+            keys,
+            classifier,
+        } = self;
+        IdempotencyLayerBuilder {
+            store: WithStore(store),
+            lease,
+            ttl,
+            reserve_timeout,
+            settle_timeout,
+            renew,
+            max_hold,
+            wait_for_in_flight,
+            provider_window,
+            verifier,
+            verify_timeout,
+            namespace,
+            key_form,
+            keys,
+            classifier,
+        }
     }
 
     /// How long a reservation holds a key without renewal, by the store's clock: it bounds
@@ -656,7 +751,9 @@ impl IdempotencyLayerBuilder {
         self.classifier = classifier;
         self
     }
+}
 
+impl IdempotencyLayerBuilder<WithStore> {
     /// Checks the options: what [`build`](Self::build) does before it makes the layer.
     pub(crate) fn into_config(self) -> Result<Config, ConfigError> {
         validate_namespace(&self.namespace)?;
@@ -675,7 +772,6 @@ impl IdempotencyLayerBuilder {
         if self.ttl < self.lease {
             return Err(ConfigError::TtlShorterThanLease);
         }
-        let store = self.store.ok_or(ConfigError::MissingStore)?;
         Ok(Config {
             lease: self.lease,
             ttl: self.ttl,
@@ -691,7 +787,7 @@ impl IdempotencyLayerBuilder {
             key_form: self.key_form,
             keys: self.keys,
             classifier: self.classifier,
-            ..Config::new(store)
+            ..Config::new(self.store.0)
         })
     }
 }

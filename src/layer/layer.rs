@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::config::{Config, ConfigError, IdempotencyLayerBuilder, KeyForm};
+use super::config::{Config, ConfigError, IdempotencyLayerBuilder, KeyForm, NoStore, WithStore};
 use super::key::{StoredKeys, derive_key};
 use super::request::IdempotentRequest;
 use super::service::Idempotency;
@@ -68,8 +68,10 @@ impl IdempotencyLayer {
         Self::new(MemoryStore::new())
     }
 
-    /// Starts a builder, for options that may be invalid. The store is required.
-    pub fn builder() -> IdempotencyLayerBuilder {
+    /// Starts a builder, for options that may be invalid. The store is required: the
+    /// builder has no [`build`](IdempotencyLayerBuilder::build) until
+    /// [`store`](IdempotencyLayerBuilder::store) is called.
+    pub fn builder() -> IdempotencyLayerBuilder<NoStore> {
         IdempotencyLayerBuilder::default()
     }
 
@@ -142,13 +144,13 @@ impl IdempotencyLayer {
 
 // `build` lives here, next to the type it makes, so that the builder's module imports nothing
 // from the rest of the layer.
-impl IdempotencyLayerBuilder {
-    /// Checks the options and builds the layer.
+impl IdempotencyLayerBuilder<WithStore> {
+    /// Checks the options and builds the layer. Only a builder given a
+    /// [`store`](Self::store) has it (use [`IdempotencyLayer::in_memory`] for one process).
     ///
     /// # Errors
-    /// [`ConfigError::MissingStore`] when no [`store`](Self::store) was given (use
-    /// [`IdempotencyLayer::in_memory`] for one process); [`ConfigError`] for an invalid
-    /// namespace, a zero duration, or a ttl shorter than the lease.
+    /// [`ConfigError`] for an invalid namespace, a zero duration, or a ttl shorter than the
+    /// lease.
     pub fn build(self) -> Result<IdempotencyLayer, ConfigError> {
         self.into_config().map(IdempotencyLayer::from_config)
     }

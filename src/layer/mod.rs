@@ -48,6 +48,7 @@ mod wait;
 pub use config::{
     ConfigError, DEFAULT_LEASE, DEFAULT_MAX_HOLD, DEFAULT_NAMESPACE, DEFAULT_RESERVE_TIMEOUT,
     DEFAULT_SETTLE_TIMEOUT, DEFAULT_TTL, DEFAULT_VERIFY_TIMEOUT, IdempotencyLayerBuilder, KeyForm,
+    NoStore, WithStore,
 };
 pub use future::ResponseFuture;
 pub use key::StoredKeys;

@@ -21,7 +21,7 @@ use super::stats::bump;
 use super::takeover::{Takeover, after_takeover};
 use super::wait::wait_one;
 use crate::classify::into_send_error;
-use crate::outcome::{BoxError, Receipt, SendError, codes};
+use crate::outcome::{BoxError, Receipt, SendError};
 use crate::store::Reservation;
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer): it wraps a provider
@@ -159,14 +159,15 @@ where
         }
         Err(error) => {
             bump(&counters.store_failed);
+            let answer = SendError::store_failed(error);
             tracing::warn!(
                 namespace = %config.namespace,
                 key_hash = %key_hash(&store_key),
-                code = codes::STORE_FAILED,
-                error = %error,
+                code = answer.code(),
+                error = %answer,
                 "idempotency store failed to reserve; message not sent"
             );
-            return Err(SendError::store_failed(error));
+            return Err(answer);
         }
     };
 

@@ -6,7 +6,7 @@
 //!
 //! | who | codes |
 //! |---|---|
-//! | the idempotency layer, answering for the provider (`idempotency.*`) | [`IN_FLIGHT`], [`KEY_REUSED`], [`ABORTED`], [`MAX_HOLD`], [`UNVERIFIED`], [`STORE_FAILED`], [`INVALID_KEY`]; its warning's code, [`STORE_FAILED_WARNING`] |
+//! | the idempotency layer, answering for the provider (`idempotency.*`) | [`IN_FLIGHT`], [`KEY_REUSED`], [`ABORTED`], [`MAX_HOLD`], [`UNVERIFIED`], [`STORE_FAILED`], [`STORE_MISCONFIGURED`], [`INVALID_KEY`]; its warning's code, [`STORE_FAILED_WARNING`] |
 //! | the crate, judging an inner error without a provider's answer (`provider.*`) | [`TIMEOUT`], [`UNKNOWN`], [`NOT_SENT`] (the [classifier](crate::classify)), [`BATCH_MISMATCH`] (a batch provider's answer of the wrong length) |
 //! | the HTTP transport (feature `http`), from the status of a provider's answer | [`RATE_LIMITED`], [`UNAVAILABLE`], [`CONNECT`], [`REQUEST_TIMEOUT`], [`SERVER_ERROR`], [`BAD_RESPONSE`], [`CONFLICT`], [`REJECTED`], [`UNEXPECTED_STATUS`] |
 //! | the HTTP transport and every codec, for a message the provider's API cannot take | [`INVALID_REQUEST`], [`BATCH_TOO_LARGE`], [`NOT_BATCHABLE`] |
@@ -46,6 +46,11 @@ pub const UNVERIFIED: &str = "idempotency.unverified";
 /// The store could not reserve the key; the message was not sent. Category unknown,
 /// retryable.
 pub const STORE_FAILED: &str = "idempotency.store_failed";
+/// The store is set up wrong ([`StoreErrorKind::Misconfigured`](crate::store::StoreErrorKind::Misconfigured):
+/// an invalid URL, a SQLite path that is no database): the key could not be reserved and the
+/// message was not sent. Category permanent, not retryable: it fails again until the store's
+/// configuration changes.
+pub const STORE_MISCONFIGURED: &str = "idempotency.store_misconfigured";
 /// The key given by the key function breaks the key rules. Category validation.
 pub const INVALID_KEY: &str = "idempotency.invalid_key";
 /// The code of the `tracing` warning emitted when the store fails after a send went.

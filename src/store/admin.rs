@@ -177,8 +177,22 @@ pub enum Force {
     /// Leave a key held by a live send alone (the default).
     #[default]
     No,
-    /// Take it anyway. The live send's own settlement is then fenced out (its token no
-    /// longer holds the key), and it may still reach the provider.
+    /// Take it anyway. The live send is not stopped, and may still reach the provider. What
+    /// its settlement does then depends on what holds the key, on every store of this crate
+    /// alike (the conformance suite checks it):
+    ///
+    /// - after a forced [`forget`](StoreAdmin::forget), or [`resolve`](StoreAdmin::resolve)
+    ///   as [`NotSent`](Resolution::NotSent), nothing holds it: the send's late `complete`
+    ///   keeps its outcome (as any `complete` does on a free key), so a message that went is
+    ///   kept and a repeat is answered with it rather than sent again; its late `release`
+    ///   and `extend` change nothing;
+    /// - after a forced `resolve` as [`Delivered`](Resolution::Delivered), or once another
+    ///   send reserved the key, another token holds it: the late `complete` changes nothing
+    ///   (answers `false`).
+    ///
+    /// So a forced `forget` frees a key for the next send only until the forced-out send
+    /// settles, if no send reserved it meanwhile: to free a key for good, wait for its send
+    /// to settle or its lease to pass.
     Yes,
 }
 

@@ -172,6 +172,32 @@ impl Record {
 
 /// What [`Store::reserve`] found.
 ///
+/// **Whether the reserve holds the key is [`token`](Self::token)**: `Some` for
+/// [`Reserved`](Self::Reserved) and for [`TakenOver`](Self::TakenOver) alike, as a takeover
+/// holds the key as surely as a fresh reservation (and must be completed or released the same
+/// way), `None` when another record holds it. Ask `token()` rather than matching `Reserved`
+/// alone, which would leave a taken-over key held, unsent, until its lease ends.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::store::{Reservation, Store};
+/// use tower_idempotency::{Fingerprint, MemoryStore, Outcome, Receipt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let fingerprint = Fingerprint::from_bytes([7; 32]);
+/// let reservation = store.reserve("welcome:42", fingerprint, Duration::from_secs(60)).await?;
+/// if let Some(token) = reservation.token() {
+///     // Ours, fresh or taken over: send, then keep the outcome (or release on failure).
+///     let sent = Outcome::sent(Receipt::new("msg_1", "resend"));
+///     store.complete("welcome:42", token, fingerprint, &sent, Duration::from_secs(3600)).await?;
+/// } else if let Reservation::Held { record } = reservation {
+///     // Another send's: in flight, or done with `record.outcome` to replay.
+///     println!("held: {:?}", record.state);
+/// }
+/// # Ok(()) }
+/// ```
+///
 /// Later releases may add answers; a `match` outside this crate needs a wildcard arm.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -203,7 +229,11 @@ pub enum Reservation {
 
 impl Reservation {
     /// The token the key is now held under, when this reservation holds it
-    /// ([`Reserved`](Self::Reserved) or [`TakenOver`](Self::TakenOver)).
+    /// ([`Reserved`](Self::Reserved) or [`TakenOver`](Self::TakenOver)); `None` when another
+    /// record holds it ([`Held`](Self::Held)).
+    ///
+    /// The test for "this reserve holds the key": a reservation it answers `Some` for must be
+    /// settled (completed or released) under that token.
     pub fn token(&self) -> Option<Token> {
         match self {
             Self::Reserved { token } | Self::TakenOver { token, .. } => Some(*token),
@@ -228,6 +258,13 @@ pub enum StoreErrorKind {
     InvalidInput,
     /// The store does not offer this operation (a trait method the store keeps the default of).
     Unsupported,
+    /// The store is set up wrong and stays so until someone changes its configuration: an
+    /// invalid URL, a SQLite path that is a directory or a file that is not a database.
+    /// Never retried: the layer answers a reserve that fails with it
+    /// `idempotency.store_misconfigured` (not sent, category
+    /// [`Permanent`](crate::Category::Permanent), not retryable), and a settlement gives up
+    /// at once.
+    Misconfigured,
 }
 
 /// Why a store operation failed. The source error is kept.
@@ -251,6 +288,12 @@ impl StoreError {
     /// The backend failed; `source` is its error.
     pub fn unavailable(source: impl Into<BoxError>) -> Self {
         Self::new(StoreErrorKind::Unavailable, "the store backend failed").with_source(source)
+    }
+
+    /// The store is set up wrong (see [`StoreErrorKind::Misconfigured`]); `detail` says what
+    /// to change.
+    pub fn misconfigured(detail: impl Into<String>) -> Self {
+        Self::new(StoreErrorKind::Misconfigured, detail)
     }
 
     /// The operation timed out.

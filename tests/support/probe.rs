@@ -65,6 +65,19 @@ impl Server {
         }
     }
 
+    /// Whether the variable names the server (set and not empty).
+    pub fn configured(&self) -> bool {
+        std::env::var(self.var).is_ok_and(|url| !url.is_empty())
+    }
+
+    /// Whether the tests start a server of their own in its place when none answers at the
+    /// default address and the variable is unset: a Redis Cluster, from `redis-server` and
+    /// `redis-cli` ([`super::servers::RedisCluster`]), so that its tests run on a machine
+    /// with Redis installed and no cluster set up.
+    pub fn own_instead(&self) -> bool {
+        self.cfg == "backend_redis_cluster" && !self.configured() && redis_binaries()
+    }
+
     /// Whether every server of [`url`](Self::url) accepts a TCP connection. A URL whose
     /// address cannot be read (a key-value connection string, say) counts as answering: the
     /// test then runs and says what is wrong.

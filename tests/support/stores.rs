@@ -8,6 +8,7 @@
 //! ```text
 //! #[cfg_attr(not(backend_redis), ignore = "no Redis at REDIS_URL or redis://127.0.0.1:6379")]
 //! #[cfg_attr(not(backend_redis_cluster), ignore = "no Redis Cluster at REDIS_CLUSTER_URLS or 127.0.0.1:7001-7003")]
+//! // (set too when redis-server and redis-cli are installed: the tests then start their own)
 //! #[cfg_attr(not(backend_postgres), ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test")]
 //! #[cfg_attr(not(backend_redis_binaries), ignore = "no redis-server and redis-cli on PATH")]
 //! #[cfg_attr(not(backend_postgres_binaries), ignore = "no PostgreSQL server binaries")]
@@ -23,7 +24,9 @@ use super::probe::SERVERS;
 pub const REQUIRE_BACKENDS_VAR: &str = "TOWER_IDEMPOTENCY_REQUIRE_BACKENDS";
 
 /// The URL of the server that `var` names (`REDIS_URL`, `REDIS_CLUSTER_URLS`, `DATABASE_URL`):
-/// the variable's, else the default local address where the build found one answering.
+/// the variable's, else the default local address where the build found one answering; for
+/// a Redis Cluster with neither, the URLs of this test binary's own cluster
+/// ([`super::servers::RedisCluster::shared`]), started on first use.
 ///
 /// Always `Some`: the `Option` lets a test read `let Some(url) = backend_url(..) else
 /// { return }`. A test whose server was not found is ignored, so it gets here only when it
@@ -41,6 +44,11 @@ pub fn backend_url(var: &str) -> Option<String> {
         ("backend_postgres", cfg!(backend_postgres)),
     ]
     .contains(&(server.cfg, true));
+    // No cluster configured or running: the binary's own, started on first use.
+    if found && server.own_instead() && !server.answers() {
+        let cluster = super::servers::RedisCluster::shared()?;
+        return Some(cluster.urls().join(","));
+    }
     assert!(
         found,
         "no server answered at {} ({var}) when the suite was built: a test that needs it \

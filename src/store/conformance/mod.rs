@@ -7,8 +7,8 @@
 //! use tower_idempotency::{store::conformance::Conformance, MemoryStore};
 //!
 //! async fn suite() -> Option<Conformance> {
-//!     // A store on a real server would read its URL here and answer `None` to skip.
-//!     Some(Conformance::new(MemoryStore::new()).paused_clock())
+//!     // A store on a real server would connect here; `None` fails every case as not run.
+//!     Some(Conformance::with_admin(MemoryStore::new()).paused_clock())
 //! }
 //!
 //! tower_idempotency::store_conformance_tests!(#[tokio::test(start_paused = true)] suite());
@@ -19,10 +19,24 @@
 //! [`paused_clock`](Conformance::paused_clock) and time is advanced instantly; a store on a
 //! server runs with the default real clock, short leases, and waits for them to pass.
 //!
-//! The cases on [`StoreAdmin`] (reading, forgetting, resolving and listing keys) run when the
-//! suite is built with [`with_admin`](Conformance::with_admin); built with
-//! [`new`](Conformance::new), for a store that does not implement it, they say so on stderr
-//! and check nothing.
+//! # What it ran
+//!
+//! A case that could not run is reported as **not run**, never as passed. The cases on
+//! [`StoreAdmin`] (reading, forgetting, resolving and listing keys) run when the suite is
+//! built with [`with_admin`](Conformance::with_admin); built with [`new`](Conformance::new),
+//! for a store that does not implement it, they cannot. Nor can the cases on re-sends and
+//! takeovers of a suite built [`without_resend`](Conformance::without_resend). So:
+//!
+//! - [`run_all`](Conformance::run_all) answers a [`Report`]: the cases that passed and those
+//!   not run, with the reason; [`Report::assert_complete`] fails unless every case ran.
+//! - [`store_conformance_tests!`](crate::store_conformance_tests) fails the test of a case
+//!   that did not run (its message starts with `not run:`), as it fails every case when the
+//!   setup answers `None`: libtest cannot mark a test ignored at run time, and a test that
+//!   passed without checking anything would say the store conforms. Mark the tests
+//!   `ignore`d when their server is missing (the macro takes a second attribute, such as
+//!   `#[cfg_attr(not(my_server), ignore = "no server")]`). A store without [`StoreAdmin`]
+//!   calls the cases it runs one by one (each is a public method), or runs
+//!   [`run_all`](Conformance::run_all) and checks [`Report::not_run`] is what it expects.
 //!
 //! The cases on [`Store::extend`] fail for a store that keeps the trait's default (an
 //! [`Unsupported`](super::StoreErrorKind::Unsupported) error): without it the layer cannot
@@ -30,7 +44,8 @@
 //! takeover reports ([`Reservation::TakenOver`], [`Record::first_attempt_age`](super::Record::first_attempt_age)),
 //! unless the suite is built [`without_resend`](Conformance::without_resend).
 
-use std::sync::Arc;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::admin::StoreAdmin;
@@ -59,6 +74,58 @@ pub struct Conformance {
     lease: Duration,
     lists_stale_pending: bool,
     resend: bool,
+    /// Why the case running now cannot run, once it found out.
+    not_run: Mutex<Option<&'static str>>,
+}
+
+/// What [`Conformance::run_all`] ran: the cases that passed, and those it could not run.
+///
+/// A case that fails panics, as a test does; a report is made only when none failed.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct Report {
+    /// The cases that ran and passed, in the order they ran.
+    pub passed: Vec<&'static str>,
+    /// The cases that could not run (so checked nothing), with the reason.
+    pub not_run: Vec<NotRun>,
+}
+
+/// A case of the suite that could not run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NotRun {
+    /// The case's name, its method's.
+    pub case: &'static str,
+    /// Why it could not run.
+    pub reason: &'static str,
+}
+
+impl Report {
+    /// Whether every case ran.
+    pub fn is_complete(&self) -> bool {
+        self.not_run.is_empty()
+    }
+
+    /// Panics, listing the cases not run, unless every case ran.
+    #[track_caller]
+    pub fn assert_complete(&self) {
+        assert!(self.is_complete(), "{self}");
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} conformance cases passed, {} not run",
+            self.passed.len(),
+            self.not_run.len()
+        )?;
+        for not_run in &self.not_run {
+            write!(f, "\nnot run: {}: {}", not_run.case, not_run.reason)?;
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for Conformance {
@@ -92,6 +159,7 @@ impl Conformance {
             lease: Duration::from_millis(300),
             lists_stale_pending: true,
             resend: true,
+            not_run: Mutex::new(None),
         }
     }
 
@@ -131,8 +199,8 @@ impl Conformance {
     }
 
     /// For a store that keeps the trait's default [`Store::retake`] and does not report
-    /// takeovers ([`Reservation::TakenOver`]): the cases on them say so on stderr and check
-    /// nothing. The layer then replays kept outcomes of unknown delivery inside the provider's
+    /// takeovers ([`Reservation::TakenOver`]): the cases on them are reported as not run
+    /// (see [What it ran](self#what-it-ran)). The layer then replays kept outcomes of unknown delivery inside the provider's
     /// window, and sends after a takeover without checking first.
     #[must_use]
     pub fn without_resend(mut self) -> Self {
@@ -145,6 +213,36 @@ impl Conformance {
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
+    }
+
+    /// Why the case that ran last could not run, when it could not (it then checked
+    /// nothing); cleared by asking. [`store_conformance_tests!`](crate::store_conformance_tests)
+    /// asks after each case, and fails the case's test with it.
+    pub fn take_not_run(&self) -> Option<&'static str> {
+        self.not_run
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// This suite for one case of [`run_all`](Self::run_all), under a prefix of its own: a
+    /// case that lists keys sees its own only, as it does in a test of its own.
+    fn for_case(&self, case: &str) -> Self {
+        Self {
+            store: Arc::clone(&self.store),
+            admin: self.admin.clone(),
+            prefix: format!("{}{case}:", self.prefix),
+            clock: self.clock,
+            lease: self.lease,
+            lists_stale_pending: self.lists_stale_pending,
+            resend: self.resend,
+            not_run: Mutex::new(None),
+        }
+    }
+
+    /// Records that the case running now cannot run, and why.
+    fn cannot_run(&self, reason: &'static str) {
+        *self.not_run.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
     }
 
     fn key(&self, name: &str) -> String {
@@ -198,60 +296,67 @@ impl Conformance {
             .unwrap_or_else(|e| panic!("release failed: {e}"))
     }
 
-    /// Every case, one after the other.
-    pub async fn run_all(&self) {
-        self.reserve_on_nothing_reserves().await;
-        self.reserve_while_pending_is_held().await;
-        self.complete_then_reserve_is_held_done_with_outcome().await;
-        self.complete_keeps_an_error_outcome().await;
-        self.release_by_holder_frees_the_key().await;
-        self.release_by_another_token_changes_nothing().await;
-        self.release_of_a_done_key_changes_nothing().await;
-        self.reserve_after_lease_takes_key_with_new_token().await;
-        self.stale_token_cannot_complete_or_release_new_owners_key()
-            .await;
-        self.complete_when_nothing_holds_the_key_writes_done().await;
-        self.done_key_is_free_after_ttl().await;
-        self.keys_are_independent().await;
-        self.concurrent_reserves_of_one_key_reserve_once().await;
-        self.reserve_now_answers_what_reserve_would().await;
-        self.complete_now_keeps_the_outcome_fenced_by_token().await;
-        self.reserve_many_reserves_free_keys_and_reports_held_ones()
-            .await;
-        self.complete_many_and_release_many_are_fenced_by_token()
-            .await;
-        self.batch_calls_with_nothing_in_them_answer_nothing().await;
-        self.concurrent_overlapping_batches_reserve_each_key_once()
-            .await;
-        self.extend_by_the_holder_keeps_the_key_past_its_first_lease()
-            .await;
-        self.an_extended_lease_ends().await;
-        self.extend_sets_the_end_from_now_even_when_sooner().await;
-        self.extend_by_another_token_changes_nothing().await;
-        self.extend_of_a_done_key_changes_nothing().await;
-        self.extend_of_a_released_key_changes_nothing().await;
-        self.extend_after_the_lease_passed_revives_nothing().await;
-        self.admin_inspect_reads_state_fingerprint_outcome_and_time_left()
-            .await;
-        self.admin_forget_and_resolve_leave_a_live_send_alone_unless_forced()
-            .await;
-        self.admin_resolve_as_delivered_answers_repeats_with_the_receipt()
-            .await;
-        self.admin_resolve_as_not_sent_frees_the_key().await;
-        self.admin_forget_deletes_any_record_and_nothing_answers_nothing_there()
-            .await;
-        self.admin_list_pages_through_unknown_keys_oldest_first()
-            .await;
-        self.admin_list_shows_a_pending_key_past_its_lease_only_where_kept()
-            .await;
-        self.records_carry_the_first_attempts_age().await;
-        self.reserve_after_a_lease_passed_reports_the_takeover()
-            .await;
-        self.retake_takes_back_a_key_of_unknown_delivery_inside_the_window()
-            .await;
-        self.retake_leaves_other_messages_old_attempts_and_free_keys_alone()
-            .await;
-        self.concurrent_retakes_of_one_key_take_it_back_once().await;
+    /// Every case, one after the other; answers which passed and which could not run.
+    ///
+    /// A case that fails panics. Call [`Report::assert_complete`] on the answer to fail
+    /// unless every case ran.
+    pub async fn run_all(&self) -> Report {
+        let mut report = Report::default();
+        macro_rules! run {
+            ($($case:ident),* $(,)?) => {$(
+                let suite = self.for_case(stringify!($case));
+                suite.$case().await;
+                match suite.take_not_run() {
+                    Some(reason) => report.not_run.push(NotRun {
+                        case: stringify!($case),
+                        reason,
+                    }),
+                    None => report.passed.push(stringify!($case)),
+                }
+            )*};
+        }
+        run!(
+            reserve_on_nothing_reserves,
+            reserve_while_pending_is_held,
+            complete_then_reserve_is_held_done_with_outcome,
+            complete_keeps_an_error_outcome,
+            release_by_holder_frees_the_key,
+            release_by_another_token_changes_nothing,
+            release_of_a_done_key_changes_nothing,
+            reserve_after_lease_takes_key_with_new_token,
+            stale_token_cannot_complete_or_release_new_owners_key,
+            complete_when_nothing_holds_the_key_writes_done,
+            done_key_is_free_after_ttl,
+            keys_are_independent,
+            concurrent_reserves_of_one_key_reserve_once,
+            reserve_now_answers_what_reserve_would,
+            complete_now_keeps_the_outcome_fenced_by_token,
+            reserve_many_reserves_free_keys_and_reports_held_ones,
+            complete_many_and_release_many_are_fenced_by_token,
+            batch_calls_with_nothing_in_them_answer_nothing,
+            concurrent_overlapping_batches_reserve_each_key_once,
+            extend_by_the_holder_keeps_the_key_past_its_first_lease,
+            an_extended_lease_ends,
+            extend_sets_the_end_from_now_even_when_sooner,
+            extend_by_another_token_changes_nothing,
+            extend_of_a_done_key_changes_nothing,
+            extend_of_a_released_key_changes_nothing,
+            extend_after_the_lease_passed_revives_nothing,
+            admin_inspect_reads_state_fingerprint_outcome_and_time_left,
+            admin_forget_and_resolve_leave_a_live_send_alone_unless_forced,
+            admin_a_forced_out_send_keeps_its_outcome_unless_another_holds_the_key,
+            admin_resolve_as_delivered_answers_repeats_with_the_receipt,
+            admin_resolve_as_not_sent_frees_the_key,
+            admin_forget_deletes_any_record_and_nothing_answers_nothing_there,
+            admin_list_pages_through_unknown_keys_oldest_first,
+            admin_list_shows_a_pending_key_past_its_lease_only_where_kept,
+            records_carry_the_first_attempts_age,
+            reserve_after_a_lease_passed_reports_the_takeover,
+            retake_takes_back_a_key_of_unknown_delivery_inside_the_window,
+            retake_leaves_other_messages_old_attempts_and_free_keys_alone,
+            concurrent_retakes_of_one_key_take_it_back_once,
+        );
+        report
     }
 
     /// Reserve on an empty key answers reserved.
@@ -504,8 +609,11 @@ fn fp(n: u8) -> Fingerprint {
 ///
 /// Give it the test attribute (and optionally one more that every case carries, such as
 /// `#[cfg_attr(not(my_server), ignore = "no server")]`) and an expression that evaluates to a
-/// future of `Option<Conformance>` (`None` skips the case). The expression is evaluated afresh
-/// for each case. See the [module docs](crate::store::conformance).
+/// future of `Option<Conformance>`. The expression is evaluated afresh for each case. A case
+/// that could not run fails its test with a message that starts with `not run:`: when the
+/// expression answers `None`, or the case needs what the suite was built without
+/// ([`with_admin`](crate::store::conformance::Conformance::with_admin), re-sends). See the
+/// [module docs](crate::store::conformance#what-it-ran).
 #[macro_export]
 macro_rules! store_conformance_tests {
     // One arm per count of attributes: an expression may start with an attribute, so a
@@ -546,6 +654,7 @@ macro_rules! store_conformance_tests {
             extend_after_the_lease_passed_revives_nothing,
             admin_inspect_reads_state_fingerprint_outcome_and_time_left,
             admin_forget_and_resolve_leave_a_live_send_alone_unless_forced,
+            admin_a_forced_out_send_keeps_its_outcome_unless_another_holds_the_key,
             admin_resolve_as_delivered_answers_repeats_with_the_receipt,
             admin_resolve_as_not_sent_frees_the_key,
             admin_forget_deletes_any_record_and_nothing_answers_nothing_there,
@@ -567,8 +676,16 @@ macro_rules! __store_conformance_cases {
         $(#[$attr])+
         async fn $case() {
             let suite: ::std::option::Option<$crate::store::conformance::Conformance> = $setup.await;
-            if let ::std::option::Option::Some(suite) = suite {
-                suite.$case().await;
+            let ::std::option::Option::Some(suite) = suite else {
+                ::std::panic!(
+                    "not run: {}: the suite's setup answered None, so the case checked nothing \
+                     (mark the test ignored when its server is missing instead)",
+                    ::std::stringify!($case)
+                );
+            };
+            suite.$case().await;
+            if let ::std::option::Option::Some(reason) = suite.take_not_run() {
+                ::std::panic!("not run: {}: {}", ::std::stringify!($case), reason);
             }
         }
     };

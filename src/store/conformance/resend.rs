@@ -18,10 +18,13 @@ fn unknown() -> Outcome {
 }
 
 impl Conformance {
-    /// Whether the resend cases run; says so on stderr when they do not.
+    /// Whether the resend cases run; a case that cannot is reported as not run.
     fn resend_cases(&self) -> bool {
         if !self.resend {
-            eprintln!("skipped: this store was declared without retake and takeover reports");
+            self.cannot_run(
+                "the suite was built without_resend (no retake, no takeover reports), so the \
+                 re-send cases cannot run",
+            );
         }
         self.resend
     }

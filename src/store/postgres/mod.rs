@@ -230,10 +230,13 @@ const MIN_MIGRATE_TIMEOUT: Duration = Duration::from_secs(30);
 /// let purge = store.spawn_purge(Duration::from_secs(600))?;
 ///
 /// let fingerprint = Fingerprint::from_bytes([7; 32]);
-/// match store.reserve("welcome:42", fingerprint, Duration::from_secs(600)).await? {
-///     Reservation::Reserved { token } => { /* send, then complete or release */ }
-///     Reservation::Held { record } => { /* in flight, or replay record.outcome */ }
-///     _ => { /* an answer of a later release */ }
+/// let reservation = store.reserve("welcome:42", fingerprint, Duration::from_secs(600)).await?;
+/// // `token()` says whether we hold the key: `Reserved`, or `TakenOver` from a holder that
+/// // crashed (which the layer may check with the provider first).
+/// if let Some(token) = reservation.token() {
+///     /* send, then complete or release under `token` */
+/// } else if let Reservation::Held { record } = reservation {
+///     /* in flight, or replay record.outcome */
 /// }
 /// # drop(purge);
 /// # Ok(()) }
@@ -280,12 +283,45 @@ impl PostgresStore {
     /// Sets `application_name` to [`DEFAULT_APPLICATION_NAME`] and the connect timeout to the
     /// operation timeout when the URL sets neither. For TLS or another pool size, build a
     /// pool and use [`new`](Self::new).
+    ///
+    /// Fails with an [`Unavailable`](StoreErrorKind::Unavailable) error naming the address
+    /// and the cause when the first connection fails, a [`Timeout`](StoreErrorKind::Timeout)
+    /// naming the address when it does not open within the timeout, and a
+    /// [`Misconfigured`](StoreErrorKind::Misconfigured) error for a URL that is not one.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let (pool, _) = pool_from_url(url, DEFAULT_TIMEOUT)?;
+        let (pool, config) = pool_from_url(url, DEFAULT_TIMEOUT)?;
         let store = Self::new(pool);
-        store
+        let first = store
             .bounded(|| async { store.client().await.map(drop) })
-            .await?;
+            .await;
+        if let Err(error) = first {
+            // The URL may hold a password: name the address only.
+            let ports = config.get_ports();
+            let address = config
+                .get_hosts()
+                .iter()
+                .enumerate()
+                .map(|(i, host)| {
+                    // One port serves every host; none is PostgreSQL's.
+                    let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                    match host {
+                        tokio_postgres::config::Host::Tcp(host) => format!("{host}:{port}"),
+                        #[cfg(unix)]
+                        tokio_postgres::config::Host::Unix(dir) => {
+                            format!("{}/.s.PGSQL.{port}", dir.display())
+                        }
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let detail = match error.kind() {
+                StoreErrorKind::Timeout => {
+                    format!("PostgreSQL at {address} did not answer within {DEFAULT_TIMEOUT:?}")
+                }
+                _ => format!("cannot connect to PostgreSQL at {address}"),
+            };
+            return Err(StoreError { detail, ..error });
+        }
         Ok(store)
     }
 
@@ -667,9 +703,9 @@ pub(crate) fn pool_from_url(
     url: &str,
     connect_timeout: Duration,
 ) -> Result<(Pool, tokio_postgres::Config), StoreError> {
-    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-        StoreError::new(StoreErrorKind::Unavailable, "invalid PostgreSQL URL").with_source(e)
-    })?;
+    let mut config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| StoreError::misconfigured("invalid PostgreSQL URL").with_source(e))?;
     if config.get_application_name().is_none() {
         config.application_name(DEFAULT_APPLICATION_NAME);
     }

@@ -207,10 +207,12 @@ pub const DEFAULT_PENDING_KEPT: Duration = Duration::from_secs(24 * 60 * 60);
 ///     .timeout(Duration::from_millis(500));
 ///
 /// let fingerprint = Fingerprint::from_bytes([0; 32]);
-/// match store.reserve("invoice:42:email", fingerprint, Duration::from_secs(600)).await? {
-///     Reservation::Reserved { token } => println!("ours to send, token {token}"),
-///     Reservation::Held { record } => println!("already {:?}", record.state),
-///     other => println!("{other:?}"),
+/// let reservation = store.reserve("invoice:42:email", fingerprint, Duration::from_secs(600)).await?;
+/// // `token()` says whether we hold the key: `Reserved`, or `TakenOver` from a crashed holder.
+/// if let Some(token) = reservation.token() {
+///     println!("ours to send, then complete or release under {token}");
+/// } else if let Reservation::Held { record } = reservation {
+///     println!("held by another send: {:?}", record.state);
 /// }
 /// # Ok(()) }
 /// ```
@@ -281,11 +283,60 @@ impl RedisStore {
     /// `rediss://` with the `redis` crate's TLS features) through a reconnecting
     /// [`ConnectionManager`].
     ///
-    /// Fails with an [`Unavailable`](super::StoreErrorKind::Unavailable) error when the URL is
-    /// invalid or the server cannot be reached, and with a
-    /// [`Timeout`](super::StoreErrorKind::Timeout) error after [`DEFAULT_TIMEOUT`].
+    /// The first connection is tried once, so a server that refuses it fails at once rather
+    /// than after the manager's reconnect backoff. Fails with an
+    /// [`Unavailable`](super::StoreErrorKind::Unavailable) error, naming the address and the
+    /// cause (`connection refused`, say), when the server cannot be reached; with a
+    /// [`Timeout`](super::StoreErrorKind::Timeout) error, naming the address, when it does not
+    /// answer within [`DEFAULT_TIMEOUT`]; and with a
+    /// [`Misconfigured`](super::StoreErrorKind::Misconfigured) error for a URL that is not a
+    /// Redis URL or credentials the server refuses.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(unavailable)?;
+        // The URL may hold a password: errors name the address only.
+        let client = redis::Client::open(url).map_err(|e| {
+            StoreError::misconfigured(
+                "the Redis URL is invalid (redis://[user:password@]host:port[/db])",
+            )
+            .with_source(e)
+        })?;
+        let address = client.get_connection_info().addr().to_string();
+        let failed = |error: RedisError| {
+            let refused_credentials = error.kind() == redis::ErrorKind::AuthenticationFailed
+                || matches!(error.code(), Some("WRONGPASS" | "NOAUTH"));
+            if refused_credentials {
+                StoreError::misconfigured(format!("Redis at {address} refused the credentials"))
+                    .with_source(error)
+            } else if error.is_timeout() {
+                StoreError::new(
+                    super::StoreErrorKind::Timeout,
+                    format!("Redis at {address} did not answer within {DEFAULT_TIMEOUT:?}"),
+                )
+                .with_source(error)
+            } else {
+                StoreError::new(
+                    super::StoreErrorKind::Unavailable,
+                    format!("cannot connect to Redis at {address}"),
+                )
+                .with_source(error)
+            }
+        };
+        let timed_out = || {
+            StoreError::new(
+                super::StoreErrorKind::Timeout,
+                format!("Redis at {address} did not answer within {DEFAULT_TIMEOUT:?}"),
+            )
+        };
+        // One attempt first: the manager retries a refused first connection with backoff
+        // until our timeout, which would hide the refusal behind a timeout.
+        let first =
+            redis::AsyncConnectionConfig::new().set_connection_timeout(Some(DEFAULT_TIMEOUT));
+        tokio::time::timeout(
+            DEFAULT_TIMEOUT,
+            client.get_multiplexed_async_connection_with_config(&first),
+        )
+        .await
+        .map_err(|_| timed_out())?
+        .map_err(&failed)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(DEFAULT_TIMEOUT))
             // Our own timeout bounds each operation; the manager's would cut it shorter.
@@ -295,8 +346,8 @@ impl RedisStore {
             ConnectionManager::new_with_config(client, config),
         )
         .await
-        .map_err(|_| StoreError::timeout())?
-        .map_err(unavailable)?;
+        .map_err(|_| timed_out())?
+        .map_err(failed)?;
         Ok(Self::new(manager))
     }
 

@@ -47,7 +47,10 @@
 //! for the store's short transactions, not SQLite's 1 to 100 ms steps), up to the timeout
 //! ([`DEFAULT_TIMEOUT`]): a database locked for longer fails the operation with a
 //! [`Timeout`](super::StoreErrorKind::Timeout) error, and the layer then sends nothing
-//! (`idempotency.store_failed`). A file that is not a database fails [`SqliteStore::open`].
+//! (`idempotency.store_failed`). A path that cannot be a store (a directory, a file that is
+//! not a database, a directory that does not exist or that the process may not write) fails
+//! [`SqliteStore::open`] with a [`Misconfigured`](super::StoreErrorKind::Misconfigured) error,
+//! which nothing retries.
 //!
 //! # Schema
 //!
@@ -149,10 +152,13 @@ pub const DEFAULT_PURGE_BATCH: u32 = 1_000;
 /// let store = SqliteStore::open(&path).await?;
 ///
 /// let fingerprint = Fingerprint::from_bytes([7; 32]);
-/// match store.reserve("welcome:42", fingerprint, Duration::from_secs(60)).await? {
-///     Reservation::Reserved { token } => { /* send, then complete or release */ }
-///     Reservation::Held { record } => { /* in flight, or replay record.outcome */ }
-///     _ => { /* an answer of a later release */ }
+/// let reservation = store.reserve("welcome:42", fingerprint, Duration::from_secs(60)).await?;
+/// // `token()` says whether we hold the key: `Reserved`, or `TakenOver` from a holder that
+/// // crashed (which the layer may check with the provider first).
+/// if let Some(token) = reservation.token() {
+///     /* send, then complete or release under `token` */
+/// } else if let Reservation::Held { record } = reservation {
+///     /* in flight, or replay record.outcome */
 /// }
 /// # drop(store);
 /// # std::fs::remove_dir_all(&dir)?;
@@ -221,8 +227,10 @@ impl SqliteStoreBuilder {
     /// Opens (or creates) the database file, switches it to WAL, creates the table when
     /// absent, and starts the store's thread.
     ///
-    /// Fails when the file cannot be opened or written, is not a database, cannot use WAL
-    /// (as on some network file systems), or stays locked longer than the timeout.
+    /// Fails with a [`Misconfigured`](StoreErrorKind::Misconfigured) error, naming the path,
+    /// when it is a directory, is not a database, cannot be opened or written, or cannot use
+    /// WAL (as on some network file systems); with a [`Timeout`](StoreErrorKind::Timeout)
+    /// when the file stays locked longer than the timeout.
     pub async fn open(self) -> Result<SqliteStore, StoreError> {
         let (ready, opened) = oneshot::channel();
         let (jobs, queue) = std::sync::mpsc::channel::<Box<dyn Job>>();

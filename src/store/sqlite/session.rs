@@ -56,7 +56,8 @@ pub(super) fn failure(error: &rusqlite::Error, path: &Path) -> StoreError {
             StoreErrorKind::Timeout,
             "stayed locked by another connection for longer than the timeout",
         ),
-        Some(ErrorCode::NotADatabase) => (StoreErrorKind::Unavailable, "is not a database"),
+        // Replaced under the store by a file that is no database: no retry mends it.
+        Some(ErrorCode::NotADatabase) => (StoreErrorKind::Misconfigured, "is not a database"),
         Some(ErrorCode::DatabaseCorrupt) => (StoreErrorKind::Corrupt, "is damaged"),
         Some(ErrorCode::CannotOpen | ErrorCode::PermissionDenied | ErrorCode::ReadOnly) => {
             (StoreErrorKind::Unavailable, "cannot be written")

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, ErrorCode, OpenFlags};
 use tokio::sync::oneshot;
 
 use super::session::{Session, failure};
@@ -86,13 +86,15 @@ pub(super) fn open(path: &Path, busy_timeout: Duration) -> Result<Connection, St
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let connection = Connection::open_with_flags(path, flags).map_err(|e| {
-        StoreError::new(
-            StoreErrorKind::Unavailable,
-            format!("could not open the SQLite database {}", path.display()),
-        )
-        .with_source(e)
-    })?;
+    if path.is_dir() {
+        return Err(StoreError::misconfigured(format!(
+            "the SQLite database {} is a directory: give the path of a database file (it is \
+             created when absent)",
+            path.display()
+        )));
+    }
+    let connection =
+        Connection::open_with_flags(path, flags).map_err(|e| opening_failure(&e, path))?;
     let setup = |connection: &Connection| -> rusqlite::Result<String> {
         BUSY_BOUND.with(|bound| bound.set(busy_timeout));
         connection.busy_handler(Some(wait_for_the_lock))?;
@@ -111,10 +113,10 @@ pub(super) fn open(path: &Path, busy_timeout: Duration) -> Result<Connection, St
         }
         Ok(mode)
     };
-    let mode = setup(&connection).map_err(|e| failure(&e, path))?;
+    let mode = setup(&connection).map_err(|e| opening_failure(&e, path))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(StoreError::new(
-            StoreErrorKind::Unavailable,
+            StoreErrorKind::Misconfigured,
             format!(
                 "the SQLite database {} cannot use WAL (journal mode {mode:?}): the store needs \
                  a file on a local file system",
@@ -123,6 +125,31 @@ pub(super) fn open(path: &Path, busy_timeout: Duration) -> Result<Connection, St
         ));
     }
     Ok(connection)
+}
+
+/// The store error for a database that could not be opened: a file that is no database, or
+/// a path the process cannot open or write, stays so until someone changes the path or the
+/// file's permissions, so it is [`Misconfigured`](StoreErrorKind::Misconfigured); a lock held
+/// too long is still a timeout.
+fn opening_failure(error: &rusqlite::Error, path: &Path) -> StoreError {
+    let failure = failure(error, path);
+    let set_up_wrong = matches!(
+        error.sqlite_error_code(),
+        Some(
+            ErrorCode::NotADatabase
+                | ErrorCode::CannotOpen
+                | ErrorCode::PermissionDenied
+                | ErrorCode::ReadOnly
+        )
+    );
+    if set_up_wrong {
+        StoreError {
+            kind: StoreErrorKind::Misconfigured,
+            ..failure
+        }
+    } else {
+        failure
+    }
 }
 
 thread_local! {
