@@ -198,6 +198,7 @@
 
 mod codec;
 mod future;
+pub mod mark;
 mod status;
 mod transport;
 
