@@ -51,7 +51,11 @@ pub(crate) fn message_id(digest: &str, from: &str) -> String {
     let domain = address
         .rsplit_once('@')
         .map(|(_, domain)| domain.trim())
-        .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-'))
+        .filter(|d| {
+            !d.is_empty()
+                && d.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        })
         .unwrap_or("idempotency.invalid");
     format!("<ti-{digest}@{domain}>")
 }
@@ -73,8 +77,14 @@ mod tests {
         let id = message_id(&digest, "Shop <hello@shop.example>");
         assert_eq!(id, format!("<ti-{digest}@shop.example>"));
         assert_eq!(digest_of_message_id(&id), Some(digest.as_str()));
-        assert_eq!(digest_of_message_id(id.trim_matches(['<', '>'])), Some(digest.as_str()));
+        assert_eq!(
+            digest_of_message_id(id.trim_matches(['<', '>'])),
+            Some(digest.as_str())
+        );
         assert!(message_id(&digest, "no address").ends_with("@idempotency.invalid>"));
-        assert_eq!(digest_of_message_id("<202301010000.4ef9a417@email.example.com>"), None);
+        assert_eq!(
+            digest_of_message_id("<202301010000.4ef9a417@email.example.com>"),
+            None
+        );
     }
 }

@@ -196,8 +196,9 @@
 //!   the stack chose, and its redirects (`redirect::Policy::none()`), which turn a POST into a
 //!   GET.
 
-mod codec;
+pub(crate) mod codec;
 mod future;
+pub mod lookup;
 pub mod mark;
 mod status;
 mod transport;

@@ -56,8 +56,8 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{self, refused, truncate};
 use super::{BatchCodec, Codec};
-use crate::http::mark;
 use crate::base64::encode as base64;
+use crate::http::mark;
 use crate::message::{Channel, Message};
 use crate::outcome::{BoxError, Receipt, SendError, codes};
 

@@ -64,8 +64,8 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{self, refused, rfc3339, truncate};
 use super::{BatchCodec, Codec};
-use crate::http::mark;
 use crate::base64::encode as base64;
+use crate::http::mark;
 use crate::message::{Channel, Message};
 use crate::outcome::{BoxError, Category, Receipt, SendError, codes};
 
@@ -316,7 +316,10 @@ impl ResendCodec {
             .collect();
         if let Some(key) = message.provider_key() {
             let digest = mark::key_digest(key);
-            if !headers.keys().any(|name| name.eq_ignore_ascii_case("message-id")) {
+            if !headers
+                .keys()
+                .any(|name| name.eq_ignore_ascii_case("message-id"))
+            {
                 headers.insert(
                     "Message-ID",
                     Cow::Owned(mark::message_id(&digest, message.from())),

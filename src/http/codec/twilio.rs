@@ -194,14 +194,20 @@ impl TwilioCodec {
         });
         fields.push(("Body", Cow::Borrowed(body)));
         if let Some(url) = &self.status_callback {
-            fields.push(("StatusCallback", match message.provider_key() {
-                Some(key) => {
-                    let separator = if url.contains('?') { '&' } else { '?' };
-                    let digest = crate::http::mark::key_digest(key);
-                    Cow::Owned(format!("{url}{separator}{}={digest}", crate::http::mark::KEY_DIGEST))
-                }
-                None => Cow::Owned(url.clone()),
-            }));
+            fields.push((
+                "StatusCallback",
+                match message.provider_key() {
+                    Some(key) => {
+                        let separator = if url.contains('?') { '&' } else { '?' };
+                        let digest = crate::http::mark::key_digest(key);
+                        Cow::Owned(format!(
+                            "{url}{separator}{}={digest}",
+                            crate::http::mark::KEY_DIGEST
+                        ))
+                    }
+                    None => Cow::Owned(url.clone()),
+                },
+            ));
         }
         if let Some(at) = message.send_at() {
             if sender != SmsSender::MessagingService {

@@ -8,6 +8,7 @@
 //! violation ([`FakeProvider::violations`]). One module per provider holds its schema:
 //! [`resend`], [`twilio`], [`postmark`].
 
+pub mod listing;
 pub mod postmark;
 pub mod resend;
 pub mod tls;

@@ -1,0 +1,194 @@
+//! The shipped lookups settle the keys a send left unknown, from the provider's listing: a
+//! message the provider took is never sent again and its repeat replays the provider's id;
+//! one it never took goes once, but only after the listing delay; inside it the key is left.
+//! A reconciler pass over a thousand keys costs the pages of one listing, not a request per
+//! key. Against a fake Resend that keeps and lists what it took (tests/support/http/listing.rs).
+#![cfg(feature = "http")]
+
+mod support;
+
+use std::time::Duration;
+
+use support::http::listing::{ListingResend, Take};
+use support::http::{HyperClient, hyper_client};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::lookup::ListingLookup;
+use tower_idempotency::http::lookup::resend::ResendListing;
+use tower_idempotency::http::mark::{KEY_DIGEST, key_digest};
+use tower_idempotency::http::resend::ResendCodec;
+use tower_idempotency::reconcile::Reconciler;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
+
+const NAMESPACE: &str = "orders";
+const DELAY: Duration = Duration::from_secs(10 * 60);
+
+fn email(key: &str) -> Message {
+    Message::builder()
+        .from("Shop <hello@shop.example>")
+        .to("seller@example.com")
+        .subject("New order")
+        .text("Sold.")
+        .idempotency_key(key)
+        .build()
+        .unwrap()
+}
+
+struct Stack {
+    store: MemoryStore,
+    layer: IdempotencyLayer,
+    resend: ListingResend,
+}
+
+impl Stack {
+    async fn new() -> Self {
+        let store = MemoryStore::new();
+        let layer = IdempotencyLayer::builder()
+            .store(store.clone())
+            .namespace(NAMESPACE)
+            .build()
+            .unwrap();
+        Self {
+            store,
+            layer,
+            resend: ListingResend::start().await,
+        }
+    }
+
+    async fn send(&self, key: &str) -> Result<Receipt, SendError> {
+        let transport = HttpTransport::new(
+            hyper_client(),
+            ResendCodec::new("re_test").base_url(self.resend.base_url()),
+        );
+        ServiceBuilder::new()
+            .layer(self.layer.clone())
+            .service(transport)
+            .oneshot(email(key))
+            .await
+    }
+
+    fn lookup(&self) -> ListingLookup<HyperClient, ResendListing> {
+        ListingLookup::new(
+            hyper_client(),
+            ResendListing::new("re_test").base_url(self.resend.base_url()),
+        )
+        .listing_delay(DELAY)
+    }
+
+    fn reconciler(
+        &self,
+        lookup: ListingLookup<HyperClient, ResendListing>,
+    ) -> Reconciler<MemoryStore, ListingLookup<HyperClient, ResendListing>> {
+        Reconciler::new(self.store.clone(), lookup)
+            .stored_keys(self.layer.stored_keys())
+            .max_keys_per_pass(2_000)
+    }
+}
+
+#[tokio::test]
+async fn the_codec_marks_each_send_with_the_digest_of_its_stored_key() {
+    let stack = Stack::new().await;
+    stack.send("order:1").await.unwrap();
+    let taken = stack.resend.taken();
+    let digest = key_digest(&format!("{NAMESPACE}:order:1"));
+    assert_eq!(taken[0].tags, vec![(KEY_DIGEST.to_owned(), digest.clone())]);
+    assert_eq!(
+        taken[0].message_id.as_deref(),
+        Some(format!("<ti-{digest}@shop.example>").as_str())
+    );
+}
+
+#[tokio::test]
+async fn a_key_the_provider_took_is_settled_delivered_and_never_sent_again() {
+    let stack = Stack::new().await;
+    stack.resend.script([Take::TakeThen500]);
+    let unknown = stack.send("order:took").await.unwrap_err();
+    assert!(unknown.delivery_unknown());
+    stack.resend.take_unmarked(3);
+
+    let mut reconciler = stack.reconciler(stack.lookup());
+    let report = reconciler.run_once().await;
+    assert_eq!(
+        (report.delivered, report.not_sent, report.unknown),
+        (1, 0, 0)
+    );
+
+    let again = stack.send("order:took").await.unwrap();
+    assert_eq!(again.id, "re-0", "the provider's id, replayed");
+    assert!(again.replayed);
+    assert_eq!(stack.resend.sends(), 1, "never sent twice");
+}
+
+#[tokio::test]
+async fn a_key_the_provider_never_took_is_left_inside_the_listing_delay_and_freed_after() {
+    let stack = Stack::new().await;
+    stack.resend.script([Take::Only500]);
+    let unknown = stack.send("order:lost").await.unwrap_err();
+    assert!(unknown.delivery_unknown());
+
+    let lookup = stack.lookup();
+    let mut reconciler = stack.reconciler(lookup.clone());
+    let inside = reconciler.run_once().await;
+    assert_eq!(
+        (inside.delivered, inside.not_sent, inside.unknown),
+        (0, 0, 1)
+    );
+    let still = stack.send("order:lost").await.unwrap_err();
+    assert!(still.delivery_unknown(), "left as it was: {still:?}");
+    assert_eq!(stack.resend.sends(), 1);
+
+    // Past the listing delay, a new listing proves the message missing.
+    tokio::time::pause();
+    tokio::time::advance(DELAY + Duration::from_secs(1)).await;
+    tokio::time::resume();
+    let after = reconciler.run_once().await;
+    assert_eq!((after.delivered, after.not_sent, after.unknown), (0, 1, 0));
+
+    let sent = stack.send("order:lost").await.unwrap();
+    assert!(!sent.replayed);
+    let repeat = stack.send("order:lost").await.unwrap();
+    assert_eq!(repeat.id, sent.id);
+    assert!(repeat.replayed);
+    assert_eq!(stack.resend.sends(), 2, "sent once more, and only once");
+}
+
+#[tokio::test]
+async fn a_pass_over_a_thousand_unknown_keys_reads_one_paged_listing() {
+    let stack = Stack::new().await;
+    const KEYS: usize = 1_000;
+    stack
+        .resend
+        .script(std::iter::repeat_n(Take::TakeThen500, KEYS));
+    for i in 0..KEYS {
+        let error = stack.send(&format!("order:{i}")).await.unwrap_err();
+        assert!(error.delivery_unknown());
+    }
+    let lookup = stack.lookup();
+    let mut reconciler = stack.reconciler(lookup.clone());
+    let report = reconciler.run_once().await;
+    assert_eq!(report.delivered, KEYS as u64);
+    assert_eq!(report.unknown + report.not_sent + report.errors, 0);
+    // 1,000 emails at 100 a page: ten requests, not a thousand.
+    assert_eq!(stack.resend.listings(), KEYS / 100);
+    assert_eq!(lookup.requests().await, (KEYS / 100) as u64);
+
+    for i in [0, 499, 999] {
+        let again = stack.send(&format!("order:{i}")).await.unwrap();
+        assert!(again.replayed);
+        assert_eq!(again.id, format!("re-{i}"));
+    }
+    assert_eq!(stack.resend.sends(), KEYS);
+}
+
+#[tokio::test]
+async fn a_listing_cut_off_by_max_pages_never_answers_not_sent() {
+    let stack = Stack::new().await;
+    stack.resend.script([Take::Only500]);
+    stack.send("order:lost").await.unwrap_err();
+    stack.resend.take_unmarked(250);
+    let lookup = stack.lookup().max_pages(2).listing_delay(Duration::ZERO);
+    let mut reconciler = stack.reconciler(lookup);
+    let report = reconciler.run_once().await;
+    assert_eq!((report.not_sent, report.unknown), (0, 1));
+    assert_eq!(stack.resend.listings(), 2);
+}
