@@ -202,6 +202,7 @@ pub mod lookup;
 pub mod mark;
 mod status;
 mod transport;
+pub mod webhook;
 
 pub use codec::{BatchCodec, Codec, postmark, resend, twilio};
 pub use future::{BatchResponseFuture, ResponseFuture};
