@@ -25,6 +25,8 @@ pub enum Take {
     TakeThen500,
     /// Answers 500 without taking it.
     Only500,
+    /// Takes the message and answers only after a minute: the client times out.
+    TakeThenHang,
 }
 
 /// One email the fake took.
@@ -114,28 +116,34 @@ async fn send(
         .pop_front()
         .unwrap_or(Take::Answer);
     let email: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let mut taken = inner.taken.lock().unwrap();
-    let id = format!("re-{}", taken.len());
-    if take != Take::Only500 {
-        let tags = email["tags"]
-            .as_array()
-            .map(|tags| {
-                tags.iter()
-                    .map(|t| {
-                        (
-                            t["name"].as_str().unwrap_or_default().to_owned(),
-                            t["value"].as_str().unwrap_or_default().to_owned(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        taken.push(Taken {
-            id: id.clone(),
-            message_id: email["headers"]["Message-ID"].as_str().map(str::to_owned),
-            tags,
-            created_at: resend_time(SystemTime::now()),
-        });
+    let id = {
+        let mut taken = inner.taken.lock().unwrap();
+        let id = format!("re-{}", taken.len());
+        if take != Take::Only500 {
+            let tags = email["tags"]
+                .as_array()
+                .map(|tags| {
+                    tags.iter()
+                        .map(|t| {
+                            (
+                                t["name"].as_str().unwrap_or_default().to_owned(),
+                                t["value"].as_str().unwrap_or_default().to_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            taken.push(Taken {
+                id: id.clone(),
+                message_id: email["headers"]["Message-ID"].as_str().map(str::to_owned),
+                tags,
+                created_at: resend_time(SystemTime::now()),
+            });
+        }
+        id
+    };
+    if take == Take::TakeThenHang {
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
     }
     match take {
         Take::Answer => (StatusCode::OK, json!({ "id": id }).to_string()),

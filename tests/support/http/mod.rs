@@ -11,6 +11,7 @@
 pub mod listing;
 pub mod postmark;
 pub mod resend;
+pub mod signing;
 pub mod tls;
 pub mod twilio;
 
