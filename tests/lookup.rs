@@ -17,8 +17,11 @@ use tower_idempotency::http::lookup::ListingLookup;
 use tower_idempotency::http::lookup::resend::ResendListing;
 use tower_idempotency::http::mark::{KEY_DIGEST, key_digest};
 use tower_idempotency::http::resend::ResendCodec;
+use tower_idempotency::outcome::codes;
 use tower_idempotency::reconcile::Reconciler;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
+use tower_idempotency::store::Store;
+use tower_idempotency::store::admin::StoreAdmin;
+use tower_idempotency::{Fingerprint, IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
 
 const NAMESPACE: &str = "orders";
 const DELAY: Duration = Duration::from_secs(10 * 60);
@@ -191,4 +194,83 @@ async fn a_listing_cut_off_by_max_pages_never_answers_not_sent() {
     let report = reconciler.run_once().await;
     assert_eq!((report.not_sent, report.unknown), (0, 1));
     assert_eq!(stack.resend.listings(), 2);
+}
+
+/// What a process that crashed mid-send leaves: the key pending under its lease.
+async fn crash_mid_send(store: &MemoryStore, key: &str) {
+    let stored = format!("{NAMESPACE}:{key}");
+    store
+        .reserve(&stored, Fingerprint::of(&email(key)), LEASE)
+        .await
+        .unwrap();
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn keys_a_crash_left_are_settled_by_the_lookup_before_any_takeover_sends() {
+    let resend = ListingResend::start().await;
+    let store = MemoryStore::new();
+    let lookup = ListingLookup::new(
+        hyper_client(),
+        ResendListing::new("re_test").base_url(resend.base_url()),
+    )
+    .listing_delay(DELAY);
+    let layer = IdempotencyLayer::builder()
+        .store(store.clone())
+        .namespace(NAMESPACE)
+        .lease(LEASE)
+        .verify_takeovers(lookup.clone())
+        .build()
+        .unwrap();
+    let send = |key: &'static str| {
+        let transport = HttpTransport::new(
+            hyper_client(),
+            ResendCodec::new("re_test").base_url(resend.base_url()),
+        );
+        ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(transport)
+            .oneshot(email(key))
+    };
+
+    // Two processes crashed mid-send: one after Resend took its message, one before.
+    tokio::time::pause();
+    crash_mid_send(&store, "order:went").await;
+    let went_id = resend.take_marked(&format!("{NAMESPACE}:order:went"));
+    crash_mid_send(&store, "order:lost").await;
+    tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+    tokio::time::resume();
+
+    // The message that went is found and never sent again.
+    let went = send("order:went").await.unwrap();
+    assert_eq!(went.id, went_id);
+    assert!(went.replayed);
+    // Inside the listing delay, the one that did not go is left: not sent, not freed.
+    let held = send("order:lost").await.unwrap_err();
+    assert_eq!(held.code(), codes::UNVERIFIED, "{held:?}");
+    assert_eq!(resend.sends(), 0);
+
+    // Past the listing delay, the reconciler frees it, and it goes once.
+    tokio::time::pause();
+    tokio::time::advance(DELAY).await;
+    tokio::time::resume();
+    let mut reconciler = Reconciler::new(store.clone(), lookup).stored_keys(layer.stored_keys());
+    let report = reconciler.run_once().await;
+    assert_eq!(
+        (report.delivered, report.not_sent, report.unknown),
+        (0, 1, 0)
+    );
+    assert!(
+        store
+            .inspect(&format!("{NAMESPACE}:order:lost"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let sent = send("order:lost").await.unwrap();
+    assert!(!sent.replayed);
+    let repeat = send("order:lost").await.unwrap();
+    assert_eq!(repeat.id, sent.id);
+    assert_eq!(resend.sends(), 1, "sent once");
 }

@@ -88,6 +88,21 @@ impl ListingResend {
         self.inner.taken.lock().unwrap().clone()
     }
 
+    /// Takes an email marked with the digest of `stored_key`, as the codec marks it: what a
+    /// process that crashed after its send left at the provider. Answers its id.
+    pub fn take_marked(&self, stored_key: &str) -> String {
+        let digest = tower_idempotency::http::mark::key_digest(stored_key);
+        let mut taken = self.inner.taken.lock().unwrap();
+        let id = format!("re-{}", taken.len());
+        taken.push(Taken {
+            id: id.clone(),
+            message_id: Some(format!("<ti-{digest}@shop.example>")),
+            tags: vec![("idempotency_digest".into(), digest)],
+            created_at: resend_time(SystemTime::now()),
+        });
+        id
+    }
+
     /// Takes an email as if sent by someone else (no mark).
     pub fn take_unmarked(&self, n: usize) {
         let mut taken = self.inner.taken.lock().unwrap();
