@@ -274,3 +274,124 @@ async fn keys_a_crash_left_are_settled_by_the_lookup_before_any_takeover_sends()
     assert_eq!(repeat.id, sent.id);
     assert_eq!(resend.sends(), 1, "sent once");
 }
+
+const ACCOUNT: &str = "AC0123456789abcdef0123456789abcdef";
+
+fn sms(key: &str, text: &str) -> Message {
+    Message::sms()
+        .from_number("+15005550006")
+        .to("+15005550010")
+        .text(text)
+        .idempotency_key(key)
+        .build()
+        .unwrap()
+}
+
+/// The texts the app sent, by key: what `recall` rebuilds a key's message from.
+fn text_of(key: &str) -> Option<String> {
+    Some(format!("Your code for {}", key.strip_prefix("otp:")?))
+}
+
+#[tokio::test]
+async fn the_twilio_lookup_matches_the_rebuilt_message_and_guesses_nothing() {
+    let twilio = support::http::twilio_list::TwilioList::start().await;
+    let store = MemoryStore::new();
+    let layer = IdempotencyLayer::builder()
+        .store(store.clone())
+        .namespace("sms")
+        .build()
+        .unwrap();
+    // Four SMS whose sends left their keys unknown.
+    let provider = tower::service_fn(|_: Message| async {
+        Err::<Receipt, _>(SendError::unknown_delivery("provider.timeout", "timed out"))
+    });
+    for key in ["otp:went", "otp:lost", "otp:twice", "otp:other"] {
+        let text = text_of(key).unwrap();
+        let error = ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(provider.clone())
+            .oneshot(sms(key, &text))
+            .await
+            .unwrap_err();
+        assert!(error.delivery_unknown());
+    }
+    // What Twilio took: "went" once, "twice" twice (ambiguous), and 150 others on two pages.
+    for i in 0..150 {
+        twilio.push(
+            "+15005550010",
+            "+15005550006",
+            &format!("noise {i}"),
+            "delivered",
+        );
+    }
+    let went = twilio.push(
+        "+15005550010",
+        "+15005550006",
+        "Your code for went",
+        "delivered",
+    );
+    twilio.push(
+        "+15005550010",
+        "+15005550006",
+        "Your code for twice",
+        "sent",
+    );
+    twilio.push(
+        "+15005550010",
+        "+15005550006",
+        "Your code for twice",
+        "sent",
+    );
+    twilio.push(
+        "+15005550010",
+        "+15005550006",
+        "Your code for lost",
+        "failed",
+    );
+
+    let recall = |question: &tower_idempotency::verify::Verify| {
+        let key = question.raw_key.as_deref()?;
+        // "other" is rebuilt wrong: not the message that holds its key.
+        let text = if key == "otp:other" {
+            "changed".to_owned()
+        } else {
+            text_of(key)?
+        };
+        Some(sms(key, &text))
+    };
+    let lookup = tower_idempotency::http::lookup::twilio::TwilioLookup::new(
+        hyper_client(),
+        ACCOUNT,
+        "auth-token",
+        recall,
+    )
+    .base_url(twilio.base_url())
+    .listing_delay(DELAY);
+    let mut reconciler = Reconciler::new(store.clone(), lookup).stored_keys(layer.stored_keys());
+
+    let first = reconciler.run_once().await;
+    assert_eq!((first.delivered, first.not_sent, first.unknown), (1, 0, 3));
+    let record = store.inspect("sms:otp:went").await.unwrap().unwrap();
+    assert_eq!(record.outcome.unwrap().receipt().unwrap().id, went);
+
+    tokio::time::pause();
+    tokio::time::advance(DELAY).await;
+    tokio::time::resume();
+    let second = reconciler.run_once().await;
+    // "lost" failed at Twilio: not sent, freed; "twice" and "other" stay unknown.
+    assert_eq!(
+        (second.delivered, second.not_sent, second.unknown),
+        (0, 1, 2)
+    );
+    assert!(store.inspect("sms:otp:lost").await.unwrap().is_none());
+    assert!(
+        store
+            .inspect("sms:otp:twice")
+            .await
+            .unwrap()
+            .unwrap()
+            .is_unknown_delivery()
+    );
+    // Two pages per key that reached the listing ("other" never does).
+    assert_eq!(twilio.requests(), 2 * 3 + 2 * 2);
+}

@@ -24,6 +24,7 @@
 //! | provider | listing | found by | listing delay (default) |
 //! |---|---|---|---|
 //! | Resend ([`resend::ResendListing`]) | `GET /emails?limit=100&after=…` | `message_id`, the `Message-ID` the codec set | [`DEFAULT_LISTING_DELAY`] (5 min): Resend documents none |
+//! | Twilio ([`twilio::TwilioLookup`], one listing per key: no mark to list by) | `GET …/Messages.json?To=…&From=…` | `To`, `From` and `Body` of the message you rebuild | [`DEFAULT_LISTING_DELAY`] (5 min): Twilio documents none |
 //! | Postmark ([`postmark::PostmarkListing`]) | `GET /messages/outbound?count=500&offset=…` (at most 10,000 back) | `Metadata.idempotency_digest` | [`DEFAULT_LISTING_DELAY`] (5 min): Postmark documents none |
 //!
 //! A message that sets a `Message-ID` of its own is not marked at Resend (its header is
@@ -34,6 +35,7 @@ mod listing;
 pub mod postmark;
 pub mod resend;
 pub(crate) mod time;
+pub mod twilio;
 
 pub use listing::{
     DEFAULT_LISTING_DELAY, DEFAULT_LOOKBACK, DEFAULT_MAX_PAGES, DEFAULT_REFRESH, Listed,

@@ -1,5 +1,5 @@
 //! The providers' timestamps, read into `SystemTime`: Resend's `2023-04-03 22:13:42.674981+00`,
-//! Postmark's `2014-02-14T11:12:42.6327538-05:00`.
+//! Postmark's `2014-02-14T11:12:42.6327538-05:00`, Twilio's `Thu, 30 Jul 2015 20:12:31 +0000`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -61,6 +61,15 @@ pub(crate) fn iso8601(text: &str) -> Option<SystemTime> {
         days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offset;
     let secs = u64::try_from(secs).ok()?;
     UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
+}
+
+/// An RFC 2822 date as Twilio writes it (`Thu, 30 Jul 2015 20:12:31 +0000`), or an HTTP date.
+pub(crate) fn rfc2822(text: &str) -> Option<SystemTime> {
+    let text = text.trim();
+    let text = text
+        .strip_suffix("+0000")
+        .map_or_else(|| text.to_owned(), |t| format!("{t}GMT"));
+    httpdate::parse_http_date(&text).ok()
 }
 
 /// Days from 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).

@@ -14,6 +14,7 @@ pub mod resend;
 pub mod signing;
 pub mod tls;
 pub mod twilio;
+pub mod twilio_list;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
