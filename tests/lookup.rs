@@ -9,7 +9,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::http::listing::{ListingResend, Take};
+use support::http::listing::{ListingResend, OnSend};
 use support::http::{HyperClient, hyper_client};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::http::HttpTransport;
@@ -104,7 +104,7 @@ async fn the_codec_marks_each_send_with_the_digest_of_its_stored_key() {
 #[tokio::test]
 async fn a_key_the_provider_took_is_settled_delivered_and_never_sent_again() {
     let stack = Stack::new().await;
-    stack.resend.script([Take::TakeThen500]);
+    stack.resend.script([OnSend::TakeThen500]);
     let unknown = stack.send("order:took").await.unwrap_err();
     assert!(unknown.delivery_unknown());
     stack.resend.take_unmarked(3);
@@ -125,7 +125,7 @@ async fn a_key_the_provider_took_is_settled_delivered_and_never_sent_again() {
 #[tokio::test]
 async fn a_key_the_provider_never_took_is_left_inside_the_listing_delay_and_freed_after() {
     let stack = Stack::new().await;
-    stack.resend.script([Take::Only500]);
+    stack.resend.script([OnSend::Only500]);
     let unknown = stack.send("order:lost").await.unwrap_err();
     assert!(unknown.delivery_unknown());
 
@@ -161,7 +161,7 @@ async fn a_pass_over_a_thousand_unknown_keys_reads_one_paged_listing() {
     const KEYS: usize = 1_000;
     stack
         .resend
-        .script(std::iter::repeat_n(Take::TakeThen500, KEYS));
+        .script(std::iter::repeat_n(OnSend::TakeThen500, KEYS));
     for i in 0..KEYS {
         let error = stack.send(&format!("order:{i}")).await.unwrap_err();
         assert!(error.delivery_unknown());
@@ -186,7 +186,7 @@ async fn a_pass_over_a_thousand_unknown_keys_reads_one_paged_listing() {
 #[tokio::test]
 async fn a_listing_cut_off_by_max_pages_never_answers_not_sent() {
     let stack = Stack::new().await;
-    stack.resend.script([Take::Only500]);
+    stack.resend.script([OnSend::Only500]);
     stack.send("order:lost").await.unwrap_err();
     stack.resend.take_unmarked(250);
     let lookup = stack.lookup().max_pages(2).listing_delay(Duration::ZERO);
@@ -309,7 +309,7 @@ async fn the_twilio_lookup_matches_the_rebuilt_message_and_guesses_nothing() {
         let text = text_of(key).unwrap();
         let error = ServiceBuilder::new()
             .layer(layer.clone())
-            .service(provider.clone())
+            .service(provider)
             .oneshot(sms(key, &text))
             .await
             .unwrap_err();
@@ -394,4 +394,81 @@ async fn the_twilio_lookup_matches_the_rebuilt_message_and_guesses_nothing() {
     );
     // Two pages per key that reached the listing ("other" never does).
     assert_eq!(twilio.requests(), 2 * 3 + 2 * 2);
+}
+
+#[test]
+fn postmark_and_twilio_codecs_mark_what_they_send() {
+    use tower_idempotency::http::Codec;
+    use tower_idempotency::http::postmark::PostmarkCodec;
+    use tower_idempotency::http::twilio::TwilioCodec;
+
+    let request = PostmarkCodec::new("token")
+        .encode(&email("welcome:1"))
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(request.body()).unwrap();
+    assert_eq!(body["Metadata"][KEY_DIGEST], key_digest("welcome:1"));
+
+    let codec = TwilioCodec::new(ACCOUNT, "auth-token")
+        .status_callback("https://hooks.shop.example/twilio?app=1".parse().unwrap());
+    let request = codec.encode(&sms("otp:1", "hi")).unwrap();
+    let form = std::str::from_utf8(request.body()).unwrap();
+    let expected = format!(
+        "StatusCallback=https%3A%2F%2Fhooks.shop.example%2Ftwilio%3Fapp%3D1%26idempotency_digest%3D{}",
+        key_digest("otp:1")
+    );
+    assert!(form.contains(&expected), "{form}");
+}
+
+#[tokio::test]
+async fn the_postmark_lookup_pages_the_outbound_search_by_offset() {
+    use tower_idempotency::http::lookup::postmark::PostmarkListing;
+
+    let postmark = support::http::postmark_list::PostmarkList::start().await;
+    let store = MemoryStore::new();
+    let layer = IdempotencyLayer::builder()
+        .store(store.clone())
+        .namespace("mail")
+        .build()
+        .unwrap();
+    let provider = tower::service_fn(|_: Message| async {
+        Err::<Receipt, _>(SendError::unknown_delivery("provider.timeout", "timed out"))
+    });
+    for key in ["welcome:went", "welcome:lost"] {
+        ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(provider)
+            .oneshot(email(key))
+            .await
+            .unwrap_err();
+    }
+    let went = postmark.push(Some(key_digest("mail:welcome:went")));
+    for _ in 0..600 {
+        postmark.push(None);
+    }
+    let lookup = ListingLookup::new(
+        hyper_client(),
+        PostmarkListing::new("server-token").base_url(postmark.base_url()),
+    )
+    .listing_delay(DELAY);
+    let mut reconciler = Reconciler::new(store.clone(), lookup).stored_keys(layer.stored_keys());
+    let report = reconciler.run_once().await;
+    assert_eq!(
+        (report.delivered, report.not_sent, report.unknown),
+        (1, 0, 1)
+    );
+    let record = store.inspect("mail:welcome:went").await.unwrap().unwrap();
+    assert_eq!(record.outcome.unwrap().receipt().unwrap().id, went);
+    // 601 messages at 500 a page: two requests for the whole pass.
+    assert_eq!(postmark.requests(), 2);
+
+    // Past the listing delay, a new listing proves the other missing.
+    tokio::time::pause();
+    tokio::time::advance(DELAY).await;
+    tokio::time::resume();
+    let report = reconciler.run_once().await;
+    assert_eq!(
+        (report.delivered, report.not_sent, report.unknown),
+        (0, 1, 0)
+    );
+    assert_eq!(postmark.requests(), 4);
 }

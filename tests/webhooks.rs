@@ -12,7 +12,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use axum::Router;
 use support::http::hyper_client;
-use support::http::listing::{ListingResend, Take};
+use support::http::listing::{ListingResend, OnSend};
 use support::http::signing::{
     SVIX_SECRET, now_secs, postmark_request, svix_request, twilio_request,
 };
@@ -24,8 +24,10 @@ use tower_idempotency::http::webhook::postmark::{PostmarkEvents, PostmarkWebhook
 use tower_idempotency::http::webhook::resend::{ResendEvents, ResendWebhook};
 use tower_idempotency::http::webhook::svix::SvixSecret;
 use tower_idempotency::http::webhook::twilio::{TwilioEvents, TwilioWebhook};
-use tower_idempotency::http::webhook::{Refused, WebhookStats};
+use tower_idempotency::http::webhook::{FirstKnown, Refused, WebhookStats, WebhookVerifier};
+use tower_idempotency::reconcile::Reconciler;
 use tower_idempotency::store::admin::{KeyState, StoreAdmin};
+use tower_idempotency::verify::{Verified, Verify};
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
 
 const NAMESPACE: &str = "orders";
@@ -47,6 +49,7 @@ struct Stack {
     resend: ListingResend,
     router: Router,
     stats: WebhookStats,
+    verifier: WebhookVerifier,
 }
 
 impl Stack {
@@ -60,6 +63,7 @@ impl Stack {
         let receiver = ResendWebhook::new(store.clone(), ResendEvents::new(SVIX_SECRET).unwrap())
             .max_body(4096);
         let stats = receiver.stats();
+        let verifier = receiver.verifier();
         let router = Router::new().route_service("/webhooks/resend", receiver);
         Self {
             store,
@@ -67,6 +71,7 @@ impl Stack {
             resend: ListingResend::start().await,
             router,
             stats,
+            verifier,
         }
     }
 
@@ -151,7 +156,7 @@ fn svixs_published_example_verifies_and_a_changed_byte_does_not() {
 #[tokio::test]
 async fn a_send_that_timed_out_is_settled_by_the_webhook_and_never_sent_twice() {
     let stack = Stack::new().await;
-    stack.resend.script([Take::TakeThenHang]);
+    stack.resend.script([OnSend::TakeThenHang]);
     let timed_out = stack.send("order:1").await.unwrap_err();
     assert!(timed_out.delivery_unknown(), "{timed_out:?}");
     assert_eq!(stack.state("order:1").await, Some((KeyState::Done, true)));
@@ -173,7 +178,7 @@ async fn a_send_that_timed_out_is_settled_by_the_webhook_and_never_sent_twice() 
 #[tokio::test]
 async fn a_forged_signature_or_a_stale_timestamp_changes_nothing() {
     let stack = Stack::new().await;
-    stack.resend.script([Take::TakeThen500]);
+    stack.resend.script([OnSend::TakeThen500]);
     stack.send("order:2").await.unwrap_err();
     let body = event(&stack, "email.delivered", 0);
 
@@ -200,7 +205,7 @@ async fn a_forged_signature_or_a_stale_timestamp_changes_nothing() {
 #[tokio::test]
 async fn a_redelivered_svix_id_changes_nothing_twice() {
     let stack = Stack::new().await;
-    stack.resend.script([Take::TakeThen500]);
+    stack.resend.script([OnSend::TakeThen500]);
     stack.send("order:3").await.unwrap_err();
     let failed = event(&stack, "email.failed", 0);
     assert_eq!(
@@ -213,7 +218,7 @@ async fn a_redelivered_svix_id_changes_nothing_twice() {
     assert_eq!(stack.state("order:3").await, None, "freed");
 
     // Sent again, and again of unknown delivery.
-    stack.resend.script([Take::TakeThen500]);
+    stack.resend.script([OnSend::TakeThen500]);
     stack.send("order:3").await.unwrap_err();
     assert_eq!(stack.state("order:3").await, Some((KeyState::Done, true)));
 
@@ -232,7 +237,7 @@ async fn a_redelivered_svix_id_changes_nothing_twice() {
 #[tokio::test]
 async fn an_oversized_body_an_unknown_key_and_a_malformed_event_are_counted_and_change_nothing() {
     let stack = Stack::new().await;
-    stack.resend.script([Take::TakeThen500]);
+    stack.resend.script([OnSend::TakeThen500]);
     stack.send("order:4").await.unwrap_err();
 
     let huge = "x".repeat(5000);
@@ -392,4 +397,36 @@ async fn a_postmark_event_settles_only_with_the_webhooks_credentials() {
         receipt.id, "883953f4-6105-42a2-a16a-77a8eac79483",
         "a bounce was still sent"
     );
+}
+
+#[tokio::test]
+async fn an_event_that_arrives_while_the_send_holds_its_key_settles_it_through_the_reconciler() {
+    let stack = Stack::new().await;
+    stack.resend.script([OnSend::TakeThenHang]);
+    let early_event = async {
+        support::wait_until(|| !stack.resend.taken().is_empty()).await;
+        // Resend's event comes before the client gives up: the live send keeps the key.
+        let body = event(&stack, "email.sent", 0);
+        let status = stack
+            .post(svix_request("msg_8", now_secs(), &body, SVIX_SECRET))
+            .await;
+        (status, stack.stats.ignored(), stack.stats.delivered())
+    };
+    let (sent, answered) = tokio::join!(stack.send("order:early"), early_event);
+    assert_eq!(answered, (200, 1, 0));
+    assert!(sent.unwrap_err().delivery_unknown());
+
+    // The reconciler asks what the webhooks said first; the lookup after is never needed.
+    let never = tower::service_fn(|_: Verify| async {
+        Err::<Verified, tower_idempotency::BoxError>("the lookup must not be asked".into())
+    });
+    let verify = FirstKnown::new(stack.verifier.clone(), never);
+    let mut reconciler =
+        Reconciler::new(stack.store.clone(), verify).stored_keys(stack.layer.stored_keys());
+    let report = reconciler.run_once().await;
+    assert_eq!((report.delivered, report.errors), (1, 0));
+    let repeat = stack.send("order:early").await.unwrap();
+    assert_eq!(repeat.id, "re-0");
+    assert!(repeat.replayed);
+    assert_eq!(stack.resend.sends(), 1);
 }

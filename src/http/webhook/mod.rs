@@ -27,6 +27,11 @@
 //! | an event about a key a live send holds, or that holds an outcome | 200 | untouched (the send settles its own) |
 //! | the store fails | 503 (the provider delivers it again) | as it was |
 //!
+//! An event about a key a live send still holds is remembered (only events proving the
+//! provider took the message): should that send end of unknown delivery, the
+//! [`verifier`](WebhookReceiver::verifier) answers the reconciler from it, asked before a
+//! lookup with [`FirstKnown`].
+//!
 //! Every answer is counted ([`WebhookStats`]). An event finds its key by the digest the codec
 //! marked the message with ([`mark`](super::mark)): the receiver lists the store's unsettled
 //! keys (as the reconciler does) when a digest is new to it.
@@ -37,9 +42,11 @@ pub mod resend;
 mod settle;
 pub mod svix;
 pub mod twilio;
+mod verifier;
 
 pub use receiver::{DEFAULT_MAX_BODY, Provider, Refused, WebhookReceiver, WebhookStats};
 pub use settle::{Event, EventKind};
+pub use verifier::{FirstKnown, WebhookVerifier};
 
 /// Whether `a` and `b` are equal, in time that depends on their lengths only.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

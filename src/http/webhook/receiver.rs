@@ -14,7 +14,8 @@ use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use tower_service::Service;
 
-use super::settle::{Event, Settled, Settler};
+use super::settle::{Event, EventKind, Settled, Settler};
+use super::verifier::{Remembered, WebhookVerifier};
 use crate::outcome::BoxError;
 use crate::reconcile::DEFAULT_DELIVERED_TTL;
 use crate::store::admin::StoreAdmin;
@@ -122,6 +123,7 @@ impl WebhookStats {
 
 struct Inner<S, P> {
     settler: Settler<S>,
+    remembered: Arc<Mutex<Remembered>>,
     provider: P,
     stats: WebhookStats,
     seen: Mutex<Seen>,
@@ -162,6 +164,7 @@ impl<S: StoreAdmin, P: Provider> WebhookReceiver<S, P> {
         Self {
             inner: Arc::new(Inner {
                 settler: Settler::new(store, transport),
+                remembered: Arc::default(),
                 provider,
                 stats: WebhookStats::default(),
                 seen: Mutex::new(Seen::default()),
@@ -196,6 +199,19 @@ impl<S, P> WebhookReceiver<S, P> {
     /// The provider.
     pub fn provider(&self) -> &P {
         &self.inner.provider
+    }
+
+    /// A [`Service<Verify>`](crate::verify::Verify) answering from the events this receiver
+    /// (and its clones) received that prove the provider took a message: see
+    /// [`WebhookVerifier`].
+    pub fn verifier(&self) -> WebhookVerifier
+    where
+        P: Provider,
+    {
+        WebhookVerifier {
+            remembered: Arc::clone(&self.inner.remembered),
+            transport: self.inner.provider.transport(),
+        }
     }
 }
 
@@ -316,6 +332,13 @@ where
             return answer(StatusCode::BAD_REQUEST, "the event does not parse");
         }
     };
+    if event.kind == EventKind::Took {
+        inner
+            .remembered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .took(&event.digest, &event.message_id);
+    }
     match inner.settler.settle(&event, ttl).await {
         Ok(settled) => {
             let counter = match settled {

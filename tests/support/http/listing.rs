@@ -1,6 +1,6 @@
 //! A fake Resend that keeps what it took and lists it as Resend's `GET /emails` does (newest
 //! first, `limit` up to 100, paged with `after`), counting every request by route. What it
-//! does with the next `POST /emails` is scripted ([`Take`]); by default it takes the message
+//! does with the next `POST /emails` is scripted ([`OnSend`]); by default it takes the message
 //! and answers its id.
 
 use std::collections::VecDeque;
@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 /// What the fake does with a `POST /emails`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Take {
+pub enum OnSend {
     /// Takes the message and answers 200 with its id.
     Answer,
     /// Takes the message, then answers 500: the client cannot tell it went.
@@ -41,7 +41,7 @@ pub struct Taken {
 #[derive(Default)]
 pub struct Inner {
     pub taken: Mutex<Vec<Taken>>,
-    pub script: Mutex<VecDeque<Take>>,
+    pub script: Mutex<VecDeque<OnSend>>,
     pub sends: AtomicUsize,
     pub listings: AtomicUsize,
 }
@@ -70,7 +70,7 @@ impl ListingResend {
     }
 
     /// What the next `POST /emails` do, in order.
-    pub fn script(&self, takes: impl IntoIterator<Item = Take>) {
+    pub fn script(&self, takes: impl IntoIterator<Item = OnSend>) {
         self.inner.script.lock().unwrap().extend(takes);
     }
 
@@ -129,12 +129,12 @@ async fn send(
         .lock()
         .unwrap()
         .pop_front()
-        .unwrap_or(Take::Answer);
+        .unwrap_or(OnSend::Answer);
     let email: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let id = {
         let mut taken = inner.taken.lock().unwrap();
         let id = format!("re-{}", taken.len());
-        if take != Take::Only500 {
+        if take != OnSend::Only500 {
             let tags = email["tags"]
                 .as_array()
                 .map(|tags| {
@@ -157,11 +157,11 @@ async fn send(
         }
         id
     };
-    if take == Take::TakeThenHang {
+    if take == OnSend::TakeThenHang {
         tokio::time::sleep(std::time::Duration::from_secs(60)).await;
     }
     match take {
-        Take::Answer => (StatusCode::OK, json!({ "id": id }).to_string()),
+        OnSend::Answer => (StatusCode::OK, json!({ "id": id }).to_string()),
         _ => (
             StatusCode::INTERNAL_SERVER_ERROR,
             json!({"name": "internal_server_error", "message": "oops"}).to_string(),

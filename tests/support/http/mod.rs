@@ -10,6 +10,7 @@
 
 pub mod listing;
 pub mod postmark;
+pub mod postmark_list;
 pub mod resend;
 pub mod signing;
 pub mod tls;
