@@ -12,8 +12,8 @@
 use sha2::{Digest, Sha256};
 
 /// The name of the tag (Resend), metadata entry (Postmark) and query parameter (Twilio's
-/// `StatusCallback`) that carries [`key_digest`]: 18 characters, within Postmark's 20 for a
-/// metadata name and Resend's tag charset.
+/// `StatusCallback`) that carries [`key_digest`]: 18 characters of Resend's tag charset
+/// (ASCII letters, digits, `_`), short enough for a Postmark metadata name.
 pub const KEY_DIGEST: &str = "idempotency_digest";
 
 /// The digest of a stored key as the codecs mark messages with it: 32 lowercase hex digits
