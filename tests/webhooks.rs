@@ -430,3 +430,59 @@ async fn an_event_that_arrives_while_the_send_holds_its_key_settles_it_through_t
     assert!(repeat.replayed);
     assert_eq!(stack.resend.sends(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_event_settles_a_key_a_crash_left_pending() {
+    use tower_idempotency::Fingerprint;
+    use tower_idempotency::store::Store;
+
+    let store = MemoryStore::new();
+    let lease = Duration::from_secs(30);
+    // A process reserved the key, sent, and died before settling it.
+    store
+        .reserve(
+            "orders:order:crashed",
+            Fingerprint::of(&email("order:crashed")),
+            lease,
+        )
+        .await
+        .unwrap();
+    let receiver = ResendWebhook::new(store.clone(), ResendEvents::new(SVIX_SECRET).unwrap());
+    let stats = receiver.stats();
+    let body = serde_json::json!({
+        "type": "email.delivered",
+        "data": {"email_id": "re-41", "tags": [
+            {"name": "idempotency_digest", "value": key_digest("orders:order:crashed")}
+        ]}
+    })
+    .to_string();
+
+    // Within its lease the holder may still be alive: its key is left to it.
+    let early = receiver
+        .clone()
+        .oneshot(svix_request("msg_9", now_secs(), &body, SVIX_SECRET));
+    assert_eq!(early.await.unwrap().status(), 200);
+    assert_eq!((stats.ignored(), stats.delivered()), (1, 0));
+    assert!(
+        store
+            .inspect("orders:order:crashed")
+            .await
+            .unwrap()
+            .unwrap()
+            .is_held_live()
+    );
+
+    // Once the lease passed, the event settles it (Resend's tags as a list, too).
+    tokio::time::advance(lease + Duration::from_secs(1)).await;
+    let late = receiver
+        .clone()
+        .oneshot(svix_request("msg_10", now_secs(), &body, SVIX_SECRET));
+    assert_eq!(late.await.unwrap().status(), 200);
+    assert_eq!(stats.delivered(), 1);
+    let record = store
+        .inspect("orders:order:crashed")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.outcome.unwrap().receipt().unwrap().id, "re-41");
+}
