@@ -11,9 +11,9 @@
 //!
 //! | the listing | the answer |
 //! |---|---|
-//! | holds a message marked with the key's digest | [`Delivered`](Verified::Delivered), with the provider's id |
-//! | reached back past the lookback, holds no such message, and was taken at least [`listing_delay`](ListingLookup::listing_delay) after the lookup first saw the key unsettled | [`NotSent`](Verified::NotSent) |
-//! | anything else (a listing too young to show the message, one cut off by [`max_pages`](ListingLookup::max_pages), a provider error) | [`Unknown`](Verified::Unknown), or an error (the reconciler leaves the key) |
+//! | holds a message marked with the key's digest | [`Delivered`](crate::verify::Verified::Delivered), with the provider's id |
+//! | reached back past the lookback, holds no such message, and was taken at least [`listing_delay`](ListingLookup::listing_delay) after the lookup first saw the key unsettled | [`NotSent`](crate::verify::Verified::NotSent) |
+//! | anything else (a listing too young to show the message, one cut off by [`max_pages`](ListingLookup::max_pages), a provider error) | [`Unknown`](crate::verify::Verified::Unknown), or an error (the reconciler leaves the key) |
 //!
 //! "First saw the key unsettled" stands for "the message, if it went, went before then": the
 //! reconciler asks only about keys of unknown delivery and pending keys whose lease passed, so
@@ -41,9 +41,6 @@ pub use listing::{
     DEFAULT_LISTING_DELAY, DEFAULT_LOOKBACK, DEFAULT_MAX_PAGES, DEFAULT_REFRESH, Listed,
     ListedPage, Listing, ListingLookup,
 };
-
-#[allow(unused_imports)]
-use crate::verify::Verified;
 
 /// `<base_url><path>?<query>`, the base's own path kept (a proxy's prefix).
 fn endpoint(base: &http::Uri, path: &str, query: &str) -> Result<http::Uri, crate::BoxError> {
