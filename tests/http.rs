@@ -13,6 +13,7 @@ use tower::timeout::TimeoutLayer;
 use tower::timeout::error::Elapsed;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::batch::{Batch, BatchOutcomes};
+use tower_idempotency::http::mark::key_digest;
 use tower_idempotency::http::resend::{RESEND_MAX_BATCH, ResendCodec};
 use tower_idempotency::http::{HttpTransport, batch_idempotency_key};
 use tower_idempotency::outcome::{Category, codes};
@@ -117,6 +118,8 @@ async fn sends_resend_json_with_authorization_and_idempotency_key(kind: ClientKi
                 "X-Entity-Ref-ID": "ord_20481",
                 "In-Reply-To": "<thread-1@marketplace.example>",
                 "References": "<r1@marketplace.example> <r2@marketplace.example>",
+                // The mark a lookup finds the message by: a digest of the key, never the key.
+                "Message-ID": format!("<ti-{}@marketplace.example>", key_digest(KEY)),
             },
             "attachments": [
                 { "filename": "invoice.txt", "content": "Zm9vYmFy", "content_type": "text/plain" }
@@ -124,6 +127,7 @@ async fn sends_resend_json_with_authorization_and_idempotency_key(kind: ClientKi
             "tags": [
                 { "name": "kind", "value": "order_created" },
                 { "name": "order_id", "value": "ord_20481" },
+                { "name": "idempotency_digest", "value": key_digest(KEY) },
             ],
             "scheduled_at": "2024-02-29T12:34:56Z",
         })
@@ -446,7 +450,11 @@ async fn batch_goes_as_one_json_array_to_emails_batch_and_receipts_follow_its_or
             "to": [format!("user_{key}@example.com")],
             "subject": "Welcome",
             "text": "Thanks for signing up.",
-            "tags": [{ "name": "kind", "value": "welcome" }],
+            "headers": { "Message-ID": format!("<ti-{}@marketplace.example>", key_digest(key)) },
+            "tags": [
+                { "name": "kind", "value": "welcome" },
+                { "name": "idempotency_digest", "value": key_digest(key) },
+            ],
         })
     };
     assert_eq!(

@@ -195,13 +195,24 @@
 //!   retries off (`ClientBuilder::retry(reqwest::retry::never())`) so a retry is always one
 //!   the stack chose, and its redirects (`redirect::Policy::none()`), which turn a POST into a
 //!   GET.
+//!
+//! # Delivery truth
+//!
+//! What the provider knows settles what the client could not tell: each codec marks what it
+//! sends with a digest of the stored key ([`mark`]); the [`lookup`]s answer the
+//! [`Reconciler`](crate::reconcile::Reconciler) and
+//! [`verify_takeovers`](crate::IdempotencyLayerBuilder::verify_takeovers) from the provider's
+//! listing, and the [`webhook`] receivers settle keys from the provider's signed events.
 
-mod codec;
+pub(crate) mod codec;
 mod future;
+pub mod lookup;
+pub mod mark;
 #[cfg(feature = "ses")]
 mod sigv4;
 mod status;
 mod transport;
+pub mod webhook;
 
 #[cfg(feature = "ses")]
 pub use codec::ses;

@@ -46,6 +46,7 @@
 //! message's error is its own: the other messages keep their receipts, and the layer frees
 //! only the refused message's key.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -56,6 +57,7 @@ use serde::{Deserialize, Serialize};
 use super::wire::{self, refused, truncate};
 use super::{BatchCodec, Codec};
 use crate::base64::encode as base64;
+use crate::http::mark;
 use crate::message::{Channel, Message};
 use crate::outcome::{BoxError, Receipt, SendError, codes};
 
@@ -94,6 +96,7 @@ const SERVER_TOKEN: &str = "x-postmark-server-token";
 /// | attachments | `Attachments`: `[{Name, Content (base64), ContentType}]` |
 /// | tracking | `TrackOpens`, `TrackLinks` (`HtmlAndText` when clicks are tracked) |
 /// | metadata | `Metadata` |
+/// | the stored key (keyed messages) | the `Metadata` entry [`idempotency_digest`](crate::http::mark::KEY_DIGEST): [`key_digest`](crate::http::mark::key_digest) |
 /// | the codec's message stream | `MessageStream` (default `outbound`) |
 ///
 /// The answer's `MessageID` becomes `Receipt { id, transport: "postmark", accepted }` with the
@@ -174,7 +177,7 @@ struct Email<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     track_links: Option<&'static str>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    metadata: &'a BTreeMap<String, String>,
+    metadata: BTreeMap<&'a str, Cow<'a, str>>,
     message_stream: &'a str,
 }
 
@@ -290,6 +293,15 @@ impl PostmarkCodec {
             });
         }
         let tracking = message.tracking();
+        // The mark a lookup and a webhook find the stored key by (`http::mark`).
+        let mut metadata: BTreeMap<&str, Cow<'_, str>> = message
+            .metadata()
+            .iter()
+            .map(|(name, value)| (name.as_str(), Cow::Borrowed(value.as_str())))
+            .collect();
+        if let Some(key) = message.provider_key() {
+            metadata.insert(mark::KEY_DIGEST, Cow::Owned(mark::key_digest(key)));
+        }
         Ok(Email {
             from: message.from(),
             // Addresses are RFC 5322 mailboxes, whose display names quote any comma.
@@ -312,7 +324,7 @@ impl PostmarkCodec {
                 .collect(),
             track_opens: tracking.opens,
             track_links: tracking.clicks.then_some("HtmlAndText"),
-            metadata: message.metadata(),
+            metadata,
             message_stream: &self.message_stream,
         })
     }

@@ -65,6 +65,7 @@ use serde::{Deserialize, Serialize};
 use super::wire::{self, refused, rfc3339, truncate};
 use super::{BatchCodec, Codec};
 use crate::base64::encode as base64;
+use crate::http::mark;
 use crate::message::{Channel, Message};
 use crate::outcome::{BoxError, Category, Receipt, SendError, codes};
 
@@ -98,6 +99,7 @@ pub const RESEND_MAX_IDEMPOTENCY_KEY: usize = 256;
 /// | headers, threading (message id, in-reply-to, references) | `headers` object (`Message-ID`, `In-Reply-To`, `References`) |
 /// | attachments | `attachments`: `[{filename, content (base64), content_type}]` |
 /// | metadata | `tags`: `[{name, value}]` (Resend accepts ASCII letters, digits, `_` and `-`) |
+/// | the stored key (keyed messages) | the tag [`idempotency_digest`](crate::http::mark::KEY_DIGEST) and, unless the message sets its own, the `Message-ID` header, both carrying [`key_digest`](crate::http::mark::key_digest) |
 /// | send_at | `scheduled_at`, RFC 3339 in UTC, whole seconds |
 ///
 /// Tracking flags are not sent: Resend sets tracking per domain. Empty lists and absent
@@ -202,7 +204,7 @@ struct Attachment<'a> {
 #[derive(Serialize)]
 struct Tag<'a> {
     name: &'a str,
-    value: &'a str,
+    value: Cow<'a, str>,
 }
 
 #[derive(Deserialize)]
@@ -302,6 +304,32 @@ impl ResendCodec {
         if !threading.references.is_empty() {
             headers.insert("References", Cow::Owned(threading.references.join(" ")));
         }
+        // The mark a lookup and a webhook find the stored key by (`http::mark`).
+        let mut tags: Vec<Tag<'_>> = message
+            .metadata()
+            .iter()
+            .filter(|(name, _)| name.as_str() != mark::KEY_DIGEST)
+            .map(|(name, value)| Tag {
+                name,
+                value: Cow::Borrowed(value),
+            })
+            .collect();
+        if let Some(key) = message.provider_key() {
+            let digest = mark::key_digest(key);
+            if !headers
+                .keys()
+                .any(|name| name.eq_ignore_ascii_case("message-id"))
+            {
+                headers.insert(
+                    "Message-ID",
+                    Cow::Owned(mark::message_id(&digest, message.from())),
+                );
+            }
+            tags.push(Tag {
+                name: mark::KEY_DIGEST,
+                value: Cow::Owned(digest),
+            });
+        }
         Ok(Email {
             from: message.from(),
             to: message.to(),
@@ -321,11 +349,7 @@ impl ResendCodec {
                     content_type: &a.content_type,
                 })
                 .collect(),
-            tags: message
-                .metadata()
-                .iter()
-                .map(|(name, value)| Tag { name, value })
-                .collect(),
+            tags,
             scheduled_at: message.send_at().and_then(rfc3339),
         })
     }

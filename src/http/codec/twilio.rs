@@ -90,6 +90,7 @@ pub const TWILIO_MAX_SCHEDULE_AHEAD: Duration = Duration::from_secs(35 * 86_400)
 /// | from: a messaging service | `MessagingServiceSid` |
 /// | text | `Body` |
 /// | send_at | `SendAt` (RFC 3339, UTC) and `ScheduleType=fixed` |
+/// | the stored key, with [`status_callback`](Self::status_callback) | `StatusCallback`: the URL with [`idempotency_digest`](crate::http::mark::KEY_DIGEST) in its query |
 ///
 /// The `201 Created` answer's `sid` becomes `Receipt { id, transport: "twilio", accepted }`
 /// with the recipient. Twilio takes no idempotency key: see [the module docs](self).
@@ -105,6 +106,7 @@ pub struct TwilioCodec {
     account_sid: String,
     authorization: String,
     base_url: Uri,
+    status_callback: Option<String>,
 }
 
 impl TwilioCodec {
@@ -131,7 +133,19 @@ impl TwilioCodec {
             account_sid,
             authorization: format!("Basic {basic}"),
             base_url: Uri::from_static(TWILIO_API),
+            status_callback: None,
         }
+    }
+
+    /// Asks Twilio to report each message's status to `url` (`StatusCallback`), with the
+    /// [`key_digest`](crate::http::mark::key_digest) of a keyed message's stored key added to
+    /// its query as [`idempotency_digest`](crate::http::mark::KEY_DIGEST): the mark Twilio
+    /// gives back, as its Messages resource has no field of the sender's. Mount
+    /// [`TwilioWebhook`](crate::http::webhook::twilio::TwilioWebhook) there.
+    #[must_use]
+    pub fn status_callback(mut self, url: Uri) -> Self {
+        self.status_callback = Some(url.to_string());
+        self
     }
 
     /// Sends to `base_url` instead of [`TWILIO_API`] (a test server, a proxy).
@@ -179,6 +193,22 @@ impl TwilioCodec {
             _ => ("From", Cow::Borrowed(message.from())),
         });
         fields.push(("Body", Cow::Borrowed(body)));
+        if let Some(url) = &self.status_callback {
+            fields.push((
+                "StatusCallback",
+                match message.provider_key() {
+                    Some(key) => {
+                        let separator = if url.contains('?') { '&' } else { '?' };
+                        let digest = crate::http::mark::key_digest(key);
+                        Cow::Owned(format!(
+                            "{url}{separator}{}={digest}",
+                            crate::http::mark::KEY_DIGEST
+                        ))
+                    }
+                    None => Cow::Owned(url.clone()),
+                },
+            ));
+        }
         if let Some(at) = message.send_at() {
             if sender != SmsSender::MessagingService {
                 return Err(refused(
@@ -268,6 +298,7 @@ impl fmt::Debug for TwilioCodec {
             .field("account_sid", &self.account_sid)
             .field("auth", &"<redacted>")
             .field("base_url", &self.base_url)
+            .field("status_callback", &self.status_callback)
             .finish()
     }
 }

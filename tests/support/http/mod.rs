@@ -8,10 +8,14 @@
 //! violation ([`FakeProvider::violations`]). One module per provider holds its schema:
 //! [`resend`], [`twilio`], [`postmark`].
 
+pub mod listing;
 pub mod postmark;
+pub mod postmark_list;
 pub mod resend;
+pub mod signing;
 pub mod tls;
 pub mod twilio;
+pub mod twilio_list;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;

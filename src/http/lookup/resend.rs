@@ -1,0 +1,118 @@
+//! [`ResendListing`]: Resend's `GET /emails`, newest first, 100 a page, paged with `after`
+//! (the last id of the page before), as Resend's OpenAPI description (`emails/list`,
+//! `ListEmailsResponse`) documents it. A message is found by its `message_id`, the
+//! `Message-ID` the [codec](crate::http::resend::ResendCodec) set from the stored key's
+//! [digest](crate::http::mark::key_digest).
+
+use std::fmt;
+
+use bytes::Bytes;
+use http::Uri;
+use serde::Deserialize;
+
+use super::time::iso8601;
+use super::{Listed, ListedPage, Listing};
+use crate::http::codec::resend::{RESEND, RESEND_API};
+use crate::http::mark::digest_of_message_id;
+use crate::outcome::BoxError;
+
+/// The most emails one page of `GET /emails` holds (`limit`'s maximum).
+pub const RESEND_PAGE: usize = 100;
+
+/// Resend's listing of sent emails, for a [`ListingLookup`](super::ListingLookup).
+///
+/// ```
+/// use tower_idempotency::http::lookup::resend::ResendListing;
+///
+/// let listing = ResendListing::new("re_123").base_url("http://127.0.0.1:8080".parse()?);
+/// assert!(!format!("{listing:?}").contains("re_123"));
+/// # Ok::<(), http::uri::InvalidUri>(())
+/// ```
+#[derive(Clone)]
+pub struct ResendListing {
+    authorization: String,
+    base_url: Uri,
+}
+
+impl ResendListing {
+    /// Lists at [`RESEND_API`] with `api_key` (a key allowed to read emails: Resend's
+    /// "sending access" keys cannot).
+    pub fn new(api_key: impl AsRef<str>) -> Self {
+        Self {
+            authorization: format!("Bearer {}", api_key.as_ref()),
+            base_url: Uri::from_static(RESEND_API),
+        }
+    }
+
+    /// Lists at `base_url` instead (a test server, a proxy).
+    #[must_use]
+    pub fn base_url(mut self, base_url: Uri) -> Self {
+        self.base_url = base_url;
+        self
+    }
+}
+
+impl fmt::Debug for ResendListing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResendListing")
+            .field("api_key", &"<redacted>")
+            .field("base_url", &self.base_url)
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+struct Page {
+    #[serde(default)]
+    has_more: bool,
+    data: Vec<Email>,
+}
+
+#[derive(Deserialize)]
+struct Email {
+    id: String,
+    #[serde(default)]
+    message_id: Option<String>,
+    #[serde(default)]
+    created_at: Option<String>,
+}
+
+impl Listing for ResendListing {
+    fn transport(&self) -> &'static str {
+        RESEND
+    }
+
+    fn page(
+        &self,
+        previous: Option<&ListedPage>,
+        _pages_read: usize,
+    ) -> Result<http::Request<Bytes>, BoxError> {
+        let mut query = format!("limit={RESEND_PAGE}");
+        if let Some(last) = previous.and_then(|p| p.messages.last()) {
+            query.push_str("&after=");
+            query.push_str(&super::query_escape(&last.id));
+        }
+        let uri = super::endpoint(&self.base_url, "/emails", &query)?;
+        Ok(http::Request::get(uri)
+            .header(http::header::AUTHORIZATION, &self.authorization)
+            .body(Bytes::new())?)
+    }
+
+    fn read(&self, response: &http::Response<Bytes>) -> Result<ListedPage, BoxError> {
+        let page: Page = serde_json::from_slice(response.body())?;
+        let messages = page
+            .data
+            .into_iter()
+            .map(|email| {
+                let digest = email
+                    .message_id
+                    .as_deref()
+                    .and_then(digest_of_message_id)
+                    .map(str::to_owned);
+                let created = email.created_at.as_deref().and_then(iso8601);
+                Listed::new(digest, email.id, created)
+            })
+            .collect();
+        Ok(ListedPage::new(messages, page.has_more))
+    }
+}
