@@ -666,3 +666,86 @@ async fn done_rows_are_purged_after_their_retention_and_lag_reads_the_oldest_wai
     );
     drop_table(&url, outbox.table_name()).await;
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_postgres),
+    ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
+)]
+async fn a_schedule_with_sub_millisecond_digits_is_sent_once_through_the_outbox() {
+    let Some((url, outbox)) = outbox("outbox_sub_ms").await else {
+        return;
+    };
+    let provider = Provider::ok();
+    let store = MemoryStore::new();
+    let stack = || {
+        IdempotencyLayer::builder()
+            .store(store.clone())
+            .build()
+            .unwrap()
+            .layer(provider.service())
+    };
+    // A day ahead, with digits below the millisecond, as `now() + 1 day` has.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let at = std::time::UNIX_EPOCH + Duration::new(now.as_secs() + 86_400, 123_456_789);
+    let scheduled = |key: &str| {
+        Message::builder()
+            .from("orders@shop.example")
+            .to("seller@example.com")
+            .text("Your order ships tomorrow.")
+            .send_at(at)
+            .idempotency_key(key)
+            .build()
+            .unwrap()
+    };
+
+    // One message through the outbox alone; one sent inline first, then enqueued as well:
+    // the worker's stack answers it from the layer's record of that first send.
+    let inline = scheduled("sub-ms-inline");
+    let receipt = stack().oneshot(inline.clone()).await.expect("inline send");
+    let mut client = admin(&url).await;
+    let tx = client.transaction().await.unwrap();
+    for message in [scheduled("sub-ms-outbox"), inline] {
+        outbox.enqueue(&tx, &message).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+
+    let worker = start(
+        outbox
+            .worker(stack())
+            .poll_interval(Duration::from_millis(20)),
+    );
+    eventually(Duration::from_secs(10), || async {
+        let counts = outbox.counts().await.unwrap();
+        counts.done + counts.dead == 2
+    })
+    .await;
+    let stats = worker.stop().await;
+    assert_eq!(
+        outbox.dead_letters(10).await.unwrap(),
+        vec![],
+        "no key_reused"
+    );
+    assert_eq!((stats.sent, stats.dead_lettered), (2, 0));
+    assert_eq!(provider.calls("sub-ms-outbox"), 1);
+    assert_eq!(
+        provider.calls("sub-ms-inline"),
+        1,
+        "the repeat was replayed"
+    );
+    let row = admin(&url)
+        .await
+        .query_one(
+            &format!(
+                "SELECT provider_id FROM \"{}\" WHERE key = 'sub-ms-inline'",
+                outbox.table_name()
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), receipt.id);
+    drop_table(&url, outbox.table_name()).await;
+}
