@@ -20,9 +20,10 @@ use crate::message::Message;
 use crate::outcome::{BoxError, Receipt};
 use crate::store::StoreError;
 
-/// Sends a worker has in flight at once, by default: with a provider that answers in 50 to
-/// 100 ms, enough for one worker to send 600 to 1,200 messages a second, while the stack sees
-/// no more calls at once than a pooled HTTP client keeps connections for.
+/// Sends a worker has in flight at once, by default: enough for one worker to keep pace with
+/// a provider that answers in tens of milliseconds (64 sends of 50 ms each allow 1,280 a
+/// second), few enough that the stack and its HTTP client's connection pool see a modest
+/// number of calls at once. A provider's rate limit belongs in the stack (see [`Worker`]).
 pub const DEFAULT_CONCURRENCY: u32 = 64;
 /// Rows one claim takes at most, by default: a quarter of [`DEFAULT_CONCURRENCY`], so sends
 /// keep flowing while the next claim runs.
@@ -47,6 +48,28 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 /// (`tower::limit::RateLimitLayer`) at your provider's plan, and the worker sends no faster;
 /// a provider's `429` with `Retry-After` puts the row back for at least that long.
 ///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower::ServiceBuilder;
+/// use tower_idempotency::outbox::Outbox;
+/// use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message, Receipt};
+///
+/// # async fn run(outbox: Outbox, shutdown: tokio::sync::oneshot::Receiver<()>) -> Result<(), BoxError> {
+/// let provider = tower::service_fn(|_m: Message| async { Ok::<_, BoxError>(Receipt::new("id", "fake")) });
+/// let stack = ServiceBuilder::new()
+///     .rate_limit(100, Duration::from_secs(1)) // the provider's plan: 100 a second
+///     .layer(IdempotencyLayer::new(MemoryStore::new()))
+///     .service(provider);
+/// let stats = outbox
+///     .worker(stack)
+///     .concurrency(32)
+///     .poll_interval(Duration::from_secs(1))
+///     .run(async { let _ = shutdown.await; })
+///     .await?;
+/// println!("sent {}", stats.sent);
+/// # Ok(()) }
+/// ```
+///
 /// | option | default |
 /// |---|---|
 /// | [`concurrency`](Self::concurrency) | [`DEFAULT_CONCURRENCY`] sends in flight |
@@ -61,7 +84,7 @@ pub struct Worker<S> {
 }
 
 /// What a worker does, apart from the service it sends through: nothing here is generic, so
-/// the run's future holds no borrow of the service across a statement.
+/// the drain shares it (in an `Arc`) with the statements it runs beside its sends.
 pub(super) struct Settings {
     pub(super) outbox: Outbox,
     pub(super) concurrency: u32,
