@@ -4,9 +4,9 @@
 //!
 //! One task drives every part, so a statement in flight never stalls a send in flight:
 //!
-//! - a claim runs when slots are free: while the last claim found as many rows as it asked
-//!   for, once a whole batch of slots is free; otherwise when a notification or the poll
-//!   interval wakes the worker;
+//! - a claim asks for a row for every free slot, and runs while the last claim found as many
+//!   rows as it asked for, once a batch of slots is free; otherwise when a notification or
+//!   the poll interval wakes the worker;
 //! - a claimed row waits in `queued` until the stack is ready (a limit in the stack holds it
 //!   there), then its send joins `sends`;
 //! - each answer becomes a mark, and one statement records every mark made while the last
@@ -181,13 +181,15 @@ where
         if free == 0 || !wanted {
             return false;
         }
-        self.asked = free.min(batch);
+        // Every free slot: slots free up while a claim runs, so under load claims grow with
+        // the rate of answers, as the marks do.
+        self.asked = free;
         self.woken = false;
         self.tick
             .as_mut()
             .reset(Instant::now() + settings.poll_interval);
-        // `asked` is at most `batch`, a `u32`.
-        let rows = u32::try_from(self.asked).unwrap_or(settings.batch);
+        // `asked` is at most the concurrency, a `u32`.
+        let rows = u32::try_from(self.asked).unwrap_or(settings.concurrency);
         self.claiming = Some(Arc::clone(settings).claim(rows).boxed());
         true
     }

@@ -25,8 +25,8 @@ use crate::store::StoreError;
 /// second), few enough that the stack and its HTTP client's connection pool see a modest
 /// number of calls at once. A provider's rate limit belongs in the stack (see [`Worker`]).
 pub const DEFAULT_CONCURRENCY: u32 = 64;
-/// Rows one claim takes at most, by default: a quarter of [`DEFAULT_CONCURRENCY`], so sends
-/// keep flowing while the next claim runs.
+/// Free send slots that start the next claim while rows keep coming, by default: a quarter of
+/// [`DEFAULT_CONCURRENCY`], so sends keep flowing while the next claim runs.
 pub const DEFAULT_BATCH: u32 = 16;
 /// How long a claim holds its rows, by default: longer than a send with every retry of the
 /// stack, or a slow send's row is claimed again (and answered by the idempotency layer).
@@ -73,7 +73,7 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 /// | option | default |
 /// |---|---|
 /// | [`concurrency`](Self::concurrency) | [`DEFAULT_CONCURRENCY`] sends in flight |
-/// | [`batch`](Self::batch) | [`DEFAULT_BATCH`] rows per claim |
+/// | [`batch`](Self::batch) | [`DEFAULT_BATCH`] free slots before a claim |
 /// | [`claim_lease`](Self::claim_lease) | [`DEFAULT_CLAIM_LEASE`] (5 minutes) |
 /// | [`poll_interval`](Self::poll_interval) | [`DEFAULT_POLL_INTERVAL`] (5 s) |
 /// | [`max_attempts`](Self::max_attempts) | [`DEFAULT_MAX_ATTEMPTS`] |
@@ -207,10 +207,10 @@ impl<S> Worker<S> {
         self
     }
 
-    /// How many rows one claim takes at most (at least 1); while rows keep coming, the
-    /// worker claims again once this many send slots are free. Larger batches run fewer
-    /// claim statements but leave more slots idle meanwhile: keep it well below the
-    /// [`concurrency`](Self::concurrency).
+    /// How many send slots must be free before the worker claims again while rows keep
+    /// coming (at least 1); a claim then asks for a row for every free slot, so claims grow
+    /// as answers come faster. Larger batches run fewer claim statements but leave more
+    /// slots idle meanwhile: keep it well below the [`concurrency`](Self::concurrency).
     #[must_use]
     pub fn batch(mut self, rows: u32) -> Self {
         self.settings.batch = rows.max(1);
