@@ -13,7 +13,10 @@
 //! - an optional value is a presence byte (`0` or `1`), then the value;
 //! - headers and metadata are maps sorted by name, so insertion order does not matter;
 //! - attachments contribute their file name and content type, not their bytes;
-//! - the schedule is seconds and nanoseconds relative to the Unix epoch, with a sign byte.
+//! - the schedule is seconds and nanoseconds relative to the Unix epoch, with a sign byte; a
+//!   message keeps its schedule in whole milliseconds
+//!   ([`MessageBuilder::send_at`](crate::MessageBuilder::send_at) rounds down), so the
+//!   nanoseconds are always a multiple of 1,000,000, as in every stored form of the message.
 //!
 //! Fields of a [`Message`]: from, to, cc, bcc, reply-to, subject, text, html, headers,
 //! attachments, message id, in-reply-to, references, send-at, tracking (opens, clicks),

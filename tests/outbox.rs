@@ -11,12 +11,13 @@ mod support;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, Semaphore, oneshot};
 use tower::{Layer, ServiceExt};
 
 use support::stores::postgres_admin::{admin, drop_table};
@@ -561,50 +562,133 @@ async fn a_worker_killed_after_the_provider_took_the_message_does_not_send_it_ag
     drop_table(&url, outbox.table_name()).await;
 }
 
+/// A stack in front of `provider` whose sends each wait for a permit of `gate`, and that
+/// counts the sends in flight: `peak` is the most at once, and `reached` fires once `n` are.
+#[derive(Clone)]
+struct Gated {
+    gate: Arc<Semaphore>,
+    in_flight: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+    reached: Arc<Notify>,
+}
+
+impl Gated {
+    fn new() -> Self {
+        Self {
+            gate: Arc::new(Semaphore::new(0)),
+            in_flight: Arc::default(),
+            peak: Arc::default(),
+            reached: Arc::default(),
+        }
+    }
+
+    fn service(
+        &self,
+        provider: &Provider,
+        n: usize,
+    ) -> impl tower::Service<
+        Message,
+        Response = Receipt,
+        Error = BoxError,
+        Future = BoxFuture<'static, Result<Receipt, BoxError>>,
+    > + Clone
+    + Send
+    + 'static {
+        let (gated, inner) = (self.clone(), provider.service());
+        tower::service_fn(move |m: Message| {
+            let (gated, inner) = (gated.clone(), inner.clone());
+            async move {
+                let now = gated.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                gated.peak.fetch_max(now, Ordering::SeqCst);
+                if now == n {
+                    gated.reached.notify_one();
+                }
+                gated.gate.acquire().await.expect("never closed").forget();
+                gated.in_flight.fetch_sub(1, Ordering::SeqCst);
+                inner.oneshot(m).await
+            }
+            .boxed()
+        })
+    }
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(backend_postgres),
     ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
 )]
-async fn a_worker_told_to_stop_finishes_its_send_and_puts_back_the_rest() {
+async fn a_worker_has_as_many_sends_in_flight_as_its_concurrency_and_no_more() {
+    let Some((url, outbox)) = outbox("outbox_concurrent").await else {
+        return;
+    };
+    enqueue(&url, &outbox, (0..30).map(|i| format!("conc-{i}"))).await;
+    let provider = Provider::ok();
+    let gated = Gated::new();
+    let worker = start(
+        outbox
+            .worker(gated.service(&provider, 8))
+            .concurrency(8)
+            .poll_interval(Duration::from_millis(20)),
+    );
+    // Every send waits for a permit: eight are in flight together, or this never fires.
+    tokio::time::timeout(Duration::from_secs(10), gated.reached.notified())
+        .await
+        .expect("eight sends in flight at once");
+    gated.gate.add_permits(30);
+    eventually(Duration::from_secs(10), || async {
+        outbox.counts().await.unwrap().done == 30
+    })
+    .await;
+    let stats = worker.stop().await;
+    assert_eq!(
+        gated.peak.load(Ordering::SeqCst),
+        8,
+        "never more than eight"
+    );
+    assert_eq!((stats.claimed, stats.sent), (30, 30));
+    assert!((0..30).all(|i| provider.calls(&format!("conc-{i}")) == 1));
+    drop_table(&url, outbox.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_postgres),
+    ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
+)]
+async fn a_worker_told_to_stop_lets_its_sends_answer_and_puts_back_the_rows_it_did_not_start() {
     let Some((url, outbox)) = outbox("outbox_stop").await else {
         return;
     };
-    enqueue(&url, &outbox, (0..5).map(|i| format!("stop-{i}"))).await;
+    enqueue(&url, &outbox, (0..10).map(|i| format!("stop-{i}"))).await;
     let provider = Provider::ok();
-    let (reached, reached_rx) = oneshot::channel::<()>();
-    let reached = Arc::new(Mutex::new(Some(reached)));
-    let gate = Arc::new(Notify::new());
-    let gated = {
-        let inner = provider.service();
-        let gate = Arc::clone(&gate);
-        tower::service_fn(move |m: Message| {
-            let (inner, gate, reached) = (inner.clone(), Arc::clone(&gate), Arc::clone(&reached));
-            async move {
-                if let Some(reached) = reached.lock().unwrap().take() {
-                    let _ = reached.send(());
-                }
-                gate.notified().await;
-                inner.oneshot(m).await
-            }
-        })
-    };
-    let worker = start(
-        outbox
-            .worker(gated)
-            .batch(5)
-            .claim_lease(Duration::from_secs(3600)),
-    );
-    tokio::time::timeout(Duration::from_secs(5), reached_rx)
+    let gated = Gated::new();
+    // The stack takes two sends at a time: of the six rows the worker claims, four wait
+    // for it to be ready.
+    let stack = tower::ServiceBuilder::new()
+        .concurrency_limit(2)
+        .service(gated.service(&provider, 2));
+    let worker = outbox
+        .worker(stack)
+        .concurrency(6)
+        .batch(6)
+        .claim_lease(Duration::from_secs(3600));
+    let stats_handle = worker.stats();
+    let worker = start(worker);
+    tokio::time::timeout(Duration::from_secs(5), gated.reached.notified())
         .await
-        .unwrap()
-        .unwrap();
-    // The stop is asked while the first send is in hand; then its provider answers.
+        .expect("two sends in flight");
+    eventually(Duration::from_secs(5), || async {
+        stats_handle.get().claimed == 6
+    })
+    .await;
+    // The stop is asked while two sends are in hand; then their provider answers.
     let Running { stop, task } = worker;
     let _ = stop.send(());
-    gate.notify_one();
+    gated.gate.add_permits(2);
     let stats = task.await.unwrap();
-    assert_eq!((stats.claimed, stats.sent, stats.released), (5, 1, 4));
+    assert_eq!((stats.claimed, stats.sent, stats.released), (6, 2, 4));
+    let counts = outbox.counts().await.unwrap();
+    assert_eq!((counts.done, counts.waiting), (2, 8));
 
     // The four put back go at once, without waiting for the hour-long claim.
     let next = start(
@@ -613,11 +697,99 @@ async fn a_worker_told_to_stop_finishes_its_send_and_puts_back_the_rest() {
             .poll_interval(Duration::from_millis(20)),
     );
     eventually(Duration::from_secs(5), || async {
-        outbox.counts().await.unwrap().done == 5
+        outbox.counts().await.unwrap().done == 10
     })
     .await;
     next.stop().await;
-    assert!((0..5).all(|i| provider.calls(&format!("stop-{i}")) == 1));
+    assert!(
+        (0..10).all(|i| provider.calls(&format!("stop-{i}")) == 1),
+        "nothing went twice"
+    );
+    let attempts = admin(&url)
+        .await
+        .query(
+            &format!("SELECT attempts FROM \"{}\"", outbox.table_name()),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(
+        attempts.iter().all(|row| row.get::<_, i32>(0) == 1),
+        "a row put back unsent does not count an attempt"
+    );
+    drop_table(&url, outbox.table_name()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(backend_postgres),
+    ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
+)]
+async fn retries_retry_after_and_dead_letters_hold_with_many_sends_in_flight() {
+    let Some((url, outbox)) = outbox("outbox_conc_retry").await else {
+        return;
+    };
+    enqueue(&url, &outbox, (0..60).map(|i| format!("cr-{i}"))).await;
+    // Of every four keys: one sent, one refused, one failing until out of attempts, one
+    // rate limited for an hour.
+    let provider = Provider::answering(|key| {
+        let i: usize = key.trim_start_matches("cr-").parse().unwrap();
+        match i % 4 {
+            0 => Ok(Receipt::new(format!("id-{key}"), "fake")),
+            1 => Err(SendError::permanent("provider.rejected", "422")),
+            2 => Err(SendError::retryable("provider.unavailable", "503")),
+            _ => Err(SendError::retryable("provider.rate_limited", "429")
+                .with_retry_after(Duration::from_secs(3600))),
+        }
+    });
+    let gated = Gated::new();
+    let worker = start(
+        outbox
+            .worker(gated.service(&provider, 60))
+            .concurrency(64)
+            .max_attempts(3)
+            .backoff(Duration::from_millis(1), Duration::from_millis(5))
+            .poll_interval(Duration::from_millis(10)),
+    );
+    // The first answers come only once every row's first send is in flight.
+    tokio::time::timeout(Duration::from_secs(10), gated.reached.notified())
+        .await
+        .expect("sixty sends in flight at once");
+    gated.gate.add_permits(1000);
+    eventually(Duration::from_secs(20), || async {
+        let counts = outbox.counts().await.unwrap();
+        counts.done == 15 && counts.dead == 30
+    })
+    .await;
+    let stats = worker.stop().await;
+    assert_eq!((stats.sent, stats.dead_lettered), (15, 30));
+    // 15 retries before the out-of-attempts ones died, and one for each rate limited key.
+    assert_eq!(stats.retried, 15 * 2 + 15);
+    let rows = admin(&url)
+        .await
+        .query(
+            &format!(
+                "SELECT key, state, attempts, available_at > now() + interval '59 minutes'
+                 FROM \"{}\"",
+                outbox.table_name()
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    for row in rows {
+        let (key, state, attempts, held): (String, String, i32, bool) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let i: usize = key.trim_start_matches("cr-").parse().unwrap();
+        let expected = match i % 4 {
+            0 => ("done", 1, false),
+            1 => ("dead", 1, false),
+            2 => ("dead", 3, false),
+            _ => ("waiting", 1, true),
+        };
+        assert_eq!((state.as_str(), attempts, held), expected, "{key}");
+        assert_eq!(provider.calls(&key), attempts as usize, "{key}");
+    }
     drop_table(&url, outbox.table_name()).await;
 }
 
@@ -661,5 +833,88 @@ async fn done_rows_are_purged_after_their_retention_and_lag_reads_the_oldest_wai
         (0, 1),
         "a waiting row is never purged"
     );
+    drop_table(&url, outbox.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_postgres),
+    ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
+)]
+async fn a_schedule_with_sub_millisecond_digits_is_sent_once_through_the_outbox() {
+    let Some((url, outbox)) = outbox("outbox_sub_ms").await else {
+        return;
+    };
+    let provider = Provider::ok();
+    let store = MemoryStore::new();
+    let stack = || {
+        IdempotencyLayer::builder()
+            .store(store.clone())
+            .build()
+            .unwrap()
+            .layer(provider.service())
+    };
+    // A day ahead, with digits below the millisecond, as `now() + 1 day` has.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let at = std::time::UNIX_EPOCH + Duration::new(now.as_secs() + 86_400, 123_456_789);
+    let scheduled = |key: &str| {
+        Message::builder()
+            .from("orders@shop.example")
+            .to("seller@example.com")
+            .text("Your order ships tomorrow.")
+            .send_at(at)
+            .idempotency_key(key)
+            .build()
+            .unwrap()
+    };
+
+    // One message through the outbox alone; one sent inline first, then enqueued as well:
+    // the worker's stack answers it from the layer's record of that first send.
+    let inline = scheduled("sub-ms-inline");
+    let receipt = stack().oneshot(inline.clone()).await.expect("inline send");
+    let mut client = admin(&url).await;
+    let tx = client.transaction().await.unwrap();
+    for message in [scheduled("sub-ms-outbox"), inline] {
+        outbox.enqueue(&tx, &message).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+
+    let worker = start(
+        outbox
+            .worker(stack())
+            .poll_interval(Duration::from_millis(20)),
+    );
+    eventually(Duration::from_secs(10), || async {
+        let counts = outbox.counts().await.unwrap();
+        counts.done + counts.dead == 2
+    })
+    .await;
+    let stats = worker.stop().await;
+    assert_eq!(
+        outbox.dead_letters(10).await.unwrap(),
+        vec![],
+        "no key_reused"
+    );
+    assert_eq!((stats.sent, stats.dead_lettered), (2, 0));
+    assert_eq!(provider.calls("sub-ms-outbox"), 1);
+    assert_eq!(
+        provider.calls("sub-ms-inline"),
+        1,
+        "the repeat was replayed"
+    );
+    let row = admin(&url)
+        .await
+        .query_one(
+            &format!(
+                "SELECT provider_id FROM \"{}\" WHERE key = 'sub-ms-inline'",
+                outbox.table_name()
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), receipt.id);
     drop_table(&url, outbox.table_name()).await;
 }

@@ -1,10 +1,19 @@
-//! The outbox worker against the raw `SKIP LOCKED` statements it issues, in one run: messages
-//! per second drained from a table of waiting rows through an instant inner service, by one
-//! and by four workers (or raw loops).
+//! The outbox at a provider's pace: messages per second drained from a table of waiting rows
+//! through a real HTTP provider on loopback that answers each request after a fixed delay,
+//! by the outbox's workers and, in the same run, by the statements a user would write
+//! instead.
 //!
-//! The raw loop claims a batch with the worker's claim statement and marks each row done with
-//! its done statement, through the same pool: what is left is the cost of our code (decoding
-//! the stored message, the service call, judging the answer, the counters).
+//! - `worker/1` and `worker/4`: one and four [`Worker`]s at a concurrency of 64 on one
+//!   table, each sending through an [`HttpTransport`] with the Resend codec.
+//! - `raw/1` and `raw/4`: 64 and 256 tasks (the same sends in flight), each a hand-written
+//!   loop of `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING`, the
+//!   send through the same transport, and an `UPDATE` of the row to done: the drain a user
+//!   writes without the outbox, with the same claim lease and no transaction open during
+//!   the send.
+//!
+//! The provider answers after [`DELAY`] in `… 50ms`, and at once in `… 0ms`, where the
+//! provider no longer sets the pace and what is left is the database and the machine. Both
+//! sides share one pool of [`POOL`] connections and one HTTP client.
 //!
 //! Runs when `DATABASE_URL` is set, on a table of its own that it drops at the end.
 
@@ -12,18 +21,33 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput};
+use axum::Router;
+use axum::routing::post;
+use bytes::Bytes;
+use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use tokio::sync::Notify;
 use tokio_postgres::NoTls;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::resend::ResendCodec;
 use tower_idempotency::outbox::Outbox;
 use tower_idempotency::{BoxError, Message, Receipt};
 use uuid::Uuid;
 
 /// Rows drained per measured iteration.
-const ROWS: usize = 400;
-const BATCH: u32 = 16;
+const ROWS: usize = 1000;
+/// Sends in flight per worker, and hand-written tasks per worker in the baseline.
+const CONCURRENCY: u32 = 64;
 const WORKERS: [usize; 2] = [1, 4];
+/// The provider's answer time that sets the pace.
+const DELAY: Duration = Duration::from_millis(50);
+/// Connections in the pool both sides share.
+const POOL: usize = 16;
+const LEASE_MS: i64 = 300_000;
 const MESSAGE: &str = r#"{"v":1,"key":"k","from":"shop@example.com","to":["seller@example.com"],"subject":"New order","text":"Sold."}"#;
 
 fn fill_sql(table: &str) -> String {
@@ -33,28 +57,55 @@ fn fill_sql(table: &str) -> String {
     )
 }
 
-/// The worker's claim and done statements, as `Outbox` writes them.
-fn claim_sql(table: &str) -> String {
+/// The hand-written claim of one row, under a lease, reading the message's fields.
+fn raw_claim_sql(table: &str) -> String {
     format!(
-        "UPDATE \"{table}\" AS o
-         SET claim_token = $1, claimed_until = now() + $2::bigint * interval '1 millisecond',
-             attempts = o.attempts + 1
-         WHERE o.id IN (
+        "UPDATE \"{table}\" SET claimed_until = now() + $1::bigint * interval '1 millisecond'
+         WHERE id IN (
              SELECT id FROM \"{table}\"
-             WHERE state = 'waiting' AND available_at <= now()
-               AND (claimed_until IS NULL OR claimed_until <= now())
-             ORDER BY available_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
-         RETURNING o.id, o.message::text, o.attempts,
-             (extract(epoch FROM now() - o.available_at) * 1000)::bigint"
+             WHERE state = 'waiting' AND (claimed_until IS NULL OR claimed_until <= now())
+             ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+         RETURNING id, key, message->>'from', message->'to'->>0, message->>'subject',
+             message->>'text'"
     )
 }
 
-fn done_sql(table: &str) -> String {
+fn raw_done_sql(table: &str) -> String {
     format!(
-        "UPDATE \"{table}\" SET state = 'done', finished_at = now(), provider_id = $3,
-             transport = $4, last_error = NULL, claim_token = NULL, claimed_until = NULL
-         WHERE id = $1 AND claim_token = $2"
+        "UPDATE \"{table}\" SET state = 'done', finished_at = now(), provider_id = $2,
+             claimed_until = NULL
+         WHERE id = $1"
     )
+}
+
+/// The provider: `POST /emails` answered as Resend answers, after `delay`.
+async fn provider(delay: Duration) -> String {
+    let app = Router::new().route(
+        "/emails",
+        post(move || async move {
+            tokio::time::sleep(delay).await;
+            axum::Json(serde_json::json!({ "id": "49a3999c-0ce1-4ea6-ab68-afcd6dc2e794" }))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{address}")
+}
+
+type Transport = tower::util::BoxCloneService<Message, Receipt, BoxError>;
+
+/// The provider's transport over one pooled HTTP client.
+fn transport(base_url: &str) -> Transport {
+    let client = ServiceBuilder::new()
+        .map_request(|request: http::Request<Bytes>| request.map(Full::new))
+        .service(Client::builder(TokioExecutor::new()).build_http());
+    let codec = ResendCodec::new("re_bench").base_url(base_url.parse().expect("base URL"));
+    let transport =
+        ServiceExt::<Message>::map_err(HttpTransport::new(client, codec), BoxError::from);
+    tower::util::BoxCloneService::new(transport)
 }
 
 /// A table of `ROWS` waiting rows and nothing else, so every measurement starts alike (no
@@ -72,8 +123,8 @@ async fn fill(pool: &Pool, table: &str, round: usize) {
         .expect("fill");
 }
 
-/// `workers` outbox workers drain `ROWS` rows; the time from start to the last one done.
-async fn drain_with_workers(outbox: &Outbox, workers: usize) -> Duration {
+/// `workers` outbox workers drain `ROWS` rows; the time from start to the last one sent.
+async fn drain_with_workers(outbox: &Outbox, transport: &Transport, workers: usize) -> Duration {
     let sent = Arc::new(AtomicUsize::new(0));
     let all_sent = Arc::new(Notify::new());
     let start = Instant::now();
@@ -81,16 +132,16 @@ async fn drain_with_workers(outbox: &Outbox, workers: usize) -> Duration {
         .map(|_| {
             let (done, counted) = (Arc::clone(&all_sent), Arc::clone(&sent));
             let (sent, all_sent) = (Arc::clone(&sent), Arc::clone(&all_sent));
-            let service = tower::service_fn(move |_m: Message| {
+            let service = transport.clone().map_response(move |receipt| {
                 if sent.fetch_add(1, Ordering::SeqCst) + 1 == ROWS {
                     all_sent.notify_waiters();
                 }
-                async { Ok::<_, BoxError>(Receipt::new("id", "bench")) }
+                receipt
             });
             let worker = outbox
                 .worker(service)
-                .batch(BATCH)
-                .poll_interval(Duration::from_millis(1));
+                .concurrency(CONCURRENCY)
+                .poll_interval(Duration::from_millis(10));
             tokio::spawn(worker.run(async move {
                 let notified = done.notified();
                 if counted.load(Ordering::SeqCst) < ROWS {
@@ -105,33 +156,40 @@ async fn drain_with_workers(outbox: &Outbox, workers: usize) -> Duration {
     start.elapsed()
 }
 
-/// `loops` raw claim-and-mark loops drain `ROWS` rows through the same statements.
-async fn drain_raw(pool: &Pool, table: &str, loops: usize) -> Duration {
+/// `tasks` hand-written loops drain `ROWS` rows through the same transport and pool.
+async fn drain_raw(pool: &Pool, table: &str, transport: &Transport, tasks: usize) -> Duration {
     let start = Instant::now();
-    let tasks: Vec<_> = (0..loops)
+    let tasks: Vec<_> = (0..tasks)
         .map(|_| {
-            let pool = pool.clone();
-            let (claim, done) = (claim_sql(table), done_sql(table));
+            let (pool, transport) = (pool.clone(), transport.clone());
+            let (claim, done) = (raw_claim_sql(table), raw_done_sql(table));
             tokio::spawn(async move {
-                let token = Uuid::new_v4();
-                let client = pool.get().await.expect("connection");
-                let claim = client.prepare_cached(&claim).await.expect("prepare");
-                let done = client.prepare_cached(&done).await.expect("prepare");
                 loop {
-                    let rows = client
-                        .query(&claim, &[&token, &300_000i64, &i64::from(BATCH)])
+                    let row = {
+                        let client = pool.get().await.expect("connection");
+                        let claim = client.prepare_cached(&claim).await.expect("prepare");
+                        let rows = client.query(&claim, &[&LEASE_MS]).await.expect("claim");
+                        let Some(row) = rows.into_iter().next() else {
+                            return;
+                        };
+                        row
+                    };
+                    let id: i64 = row.get(0);
+                    let message = Message::builder()
+                        .idempotency_key(row.get::<_, String>(1))
+                        .from(row.get::<_, String>(2))
+                        .to(row.get::<_, String>(3))
+                        .subject(row.get::<_, String>(4))
+                        .text(row.get::<_, String>(5))
+                        .build()
+                        .expect("message");
+                    let receipt = transport.clone().oneshot(message).await.expect("sent");
+                    let client = pool.get().await.expect("connection");
+                    let done = client.prepare_cached(&done).await.expect("prepare");
+                    client
+                        .execute(&done, &[&id, &receipt.id])
                         .await
-                        .expect("claim");
-                    if rows.is_empty() {
-                        return;
-                    }
-                    for row in rows {
-                        let id: i64 = row.get(0);
-                        client
-                            .execute(&done, &[&id, &token, &"id", &"bench"])
-                            .await
-                            .expect("done");
-                    }
+                        .expect("done");
                 }
             })
         })
@@ -160,44 +218,54 @@ pub fn bench(c: &mut Criterion) {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let pool = Pool::builder(manager).max_size(16).build().expect("pool");
+        let pool = Pool::builder(manager).max_size(POOL).build().expect("pool");
         let outbox = Outbox::new(pool.clone()).table(&table).expect("table name");
         outbox.migrate().await.expect("migrate");
         (outbox, pool)
     });
     let round = AtomicUsize::new(0);
 
-    let mut group = c.benchmark_group("outbox drain");
-    group.throughput(Throughput::Elements(ROWS as u64));
-    group.sample_size(10);
-    group.measurement_time(Duration::from_secs(6));
-    for workers in WORKERS {
-        group.bench_with_input(BenchmarkId::new("worker", workers), &workers, |b, &n| {
-            b.iter_custom(|iters| {
-                runtime.block_on(async {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        fill(&pool, &table, round.fetch_add(1, Ordering::Relaxed)).await;
-                        total += drain_with_workers(&outbox, n).await;
-                    }
-                    total
-                })
+    for delay in [DELAY, Duration::ZERO] {
+        let transport = runtime.block_on(async { transport(&provider(delay).await) });
+        let name = format!(
+            "outbox drain, provider answering in {}ms",
+            delay.as_millis()
+        );
+        let mut group = c.benchmark_group(name);
+        group.throughput(Throughput::Elements(ROWS as u64));
+        group.sampling_mode(SamplingMode::Flat);
+        group.sample_size(10);
+        group.warm_up_time(Duration::from_secs(1));
+        group.measurement_time(Duration::from_secs(5));
+        for workers in WORKERS {
+            group.bench_with_input(BenchmarkId::new("worker", workers), &workers, |b, &n| {
+                b.iter_custom(|iters| {
+                    runtime.block_on(async {
+                        let mut total = Duration::ZERO;
+                        for _ in 0..iters {
+                            fill(&pool, &table, round.fetch_add(1, Ordering::Relaxed)).await;
+                            total += drain_with_workers(&outbox, &transport, n).await;
+                        }
+                        total
+                    })
+                });
             });
-        });
-        group.bench_with_input(BenchmarkId::new("raw", workers), &workers, |b, &n| {
-            b.iter_custom(|iters| {
-                runtime.block_on(async {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        fill(&pool, &table, round.fetch_add(1, Ordering::Relaxed)).await;
-                        total += drain_raw(&pool, &table, n).await;
-                    }
-                    total
-                })
+            let tasks = workers * CONCURRENCY as usize;
+            group.bench_with_input(BenchmarkId::new("raw", workers), &tasks, |b, &n| {
+                b.iter_custom(|iters| {
+                    runtime.block_on(async {
+                        let mut total = Duration::ZERO;
+                        for _ in 0..iters {
+                            fill(&pool, &table, round.fetch_add(1, Ordering::Relaxed)).await;
+                            total += drain_raw(&pool, &table, &transport, n).await;
+                        }
+                        total
+                    })
+                });
             });
-        });
+        }
+        group.finish();
     }
-    group.finish();
     runtime.block_on(async {
         let client = pool.get().await.expect("connection");
         client

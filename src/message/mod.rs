@@ -263,7 +263,8 @@ impl Message {
     pub fn threading(&self) -> &Threading {
         &self.parts.threading
     }
-    /// When the provider should send it, if scheduled.
+    /// When the provider should send it, if scheduled: a whole millisecond (see
+    /// [`MessageBuilder::send_at`]).
     pub fn send_at(&self) -> Option<SystemTime> {
         self.parts.send_at
     }
@@ -377,7 +378,10 @@ impl MessageBuilder {
         self.threading.references.push(id.into());
         self
     }
-    /// Schedules the message.
+    /// Schedules the message, to the millisecond: [`build`](Self::build) rounds `at` down to
+    /// the whole millisecond, the precision the outbox keeps and the fingerprint hashes, so a
+    /// message stored and read back is the same message. Providers take coarser schedules
+    /// still (Resend's are whole seconds).
     pub fn send_at(mut self, at: SystemTime) -> Self {
         self.send_at = Some(at);
         self
@@ -446,7 +450,7 @@ impl MessageBuilder {
             return Err(MessageError::MissingBody);
         }
         check_header_fields(&self)?;
-        check_send_at(self.send_at)?;
+        let send_at = schedule(self.send_at)?;
         let idempotency_key = self.key.map(IdempotencyKey::new).transpose()?;
         Ok(Message::from_parts(MessageParts {
             from,
@@ -460,7 +464,7 @@ impl MessageBuilder {
             headers: self.headers,
             attachments: self.attachments,
             threading: self.threading,
-            send_at: self.send_at,
+            send_at,
             tracking: self.tracking,
             metadata: self.metadata,
             idempotency_key,
@@ -512,14 +516,28 @@ fn check_header_fields(b: &MessageBuilder) -> Result<(), MessageError> {
     Ok(())
 }
 
-/// `send_at` is within what RFC 3339 writes: [`MIN_SEND_AT`] before the epoch to
-/// [`MAX_SEND_AT`] after it.
-pub(crate) fn check_send_at(send_at: Option<SystemTime>) -> Result<(), MessageError> {
-    match send_at.map(|at| at.duration_since(UNIX_EPOCH)) {
-        None => Ok(()),
-        Some(Ok(since)) if since <= MAX_SEND_AT => Ok(()),
-        Some(Err(before)) if before.duration() <= MIN_SEND_AT => Ok(()),
-        Some(_) => Err(MessageError::SendAtOutOfRange),
+/// The schedule a message keeps: `send_at` checked to be within what RFC 3339 writes
+/// ([`MIN_SEND_AT`] before the epoch to [`MAX_SEND_AT`] after it), then rounded down to the
+/// whole millisecond, the precision of every form a message is kept in (the outbox's row, the
+/// fingerprint), so a message read back from one of them is the message that was built.
+pub(crate) fn schedule(send_at: Option<SystemTime>) -> Result<Option<SystemTime>, MessageError> {
+    const NANOS_PER_MILLI: u32 = 1_000_000;
+    let Some(at) = send_at else {
+        return Ok(None);
+    };
+    match at.duration_since(UNIX_EPOCH) {
+        Ok(since) if since <= MAX_SEND_AT => {
+            let sub_milli = since.subsec_nanos() % NANOS_PER_MILLI;
+            Ok(Some(at - Duration::from_nanos(u64::from(sub_milli))))
+        }
+        // Down is towards the past on both sides of the epoch; whole seconds bound the
+        // range, so rounding down never leaves it.
+        Err(before) if before.duration() <= MIN_SEND_AT => {
+            let sub_milli = before.duration().subsec_nanos() % NANOS_PER_MILLI;
+            let down = (NANOS_PER_MILLI - sub_milli) % NANOS_PER_MILLI;
+            Ok(Some(at - Duration::from_nanos(u64::from(down))))
+        }
+        _ => Err(MessageError::SendAtOutOfRange),
     }
 }
 
@@ -657,6 +675,43 @@ mod tests {
             base().send_at(first - Duration::from_secs(1)).build(),
             Err(MessageError::SendAtOutOfRange)
         );
+    }
+
+    #[test]
+    fn a_schedule_is_kept_to_the_millisecond_rounded_down() {
+        let at = |secs: u64, nanos: u32| UNIX_EPOCH + Duration::new(secs, nanos);
+        let kept = |send_at| base().send_at(send_at).build().unwrap().send_at().unwrap();
+        assert_eq!(
+            kept(at(1_800_000_000, 123_456_789)),
+            at(1_800_000_000, 123_000_000)
+        );
+        assert_eq!(
+            kept(at(1_800_000_000, 999_999_999)),
+            at(1_800_000_000, 999_000_000)
+        );
+        assert_eq!(
+            kept(at(1_800_000_000, 7_000_000)),
+            at(1_800_000_000, 7_000_000)
+        );
+        // Before the epoch, down is further back.
+        let before = |secs: u64, nanos: u32| UNIX_EPOCH - Duration::new(secs, nanos);
+        assert_eq!(kept(before(86_400, 1)), before(86_400, 1_000_000));
+        assert_eq!(kept(before(86_400, 2_500_000)), before(86_400, 3_000_000));
+        assert_eq!(kept(before(86_400, 0)), before(86_400, 0));
+        let first = UNIX_EPOCH - MIN_SEND_AT;
+        assert_eq!(
+            kept(first),
+            first,
+            "the range's ends are whole milliseconds"
+        );
+        let sms = Message::sms()
+            .from_number("+15550100")
+            .to("+15550199")
+            .text("hi")
+            .send_at(at(1_800_000_000, 123_456_789))
+            .build()
+            .unwrap();
+        assert_eq!(sms.send_at(), Some(at(1_800_000_000, 123_000_000)));
     }
 
     #[test]

@@ -10,9 +10,7 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use super::address::is_e164;
-use super::{
-    IdempotencyKey, Message, MessageError, MessageParts, Threading, Tracking, check_send_at,
-};
+use super::{IdempotencyKey, Message, MessageError, MessageParts, Threading, Tracking, schedule};
 
 /// Whether a [`Message`] is an email or an SMS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -93,7 +91,9 @@ impl SmsBuilder {
         self.text = Some(text.into());
         self
     }
-    /// Schedules the message.
+    /// Schedules the message, to the millisecond: [`build`](Self::build) rounds `at` down to
+    /// the whole millisecond, as [`MessageBuilder::send_at`](crate::MessageBuilder::send_at)
+    /// does.
     pub fn send_at(mut self, at: SystemTime) -> Self {
         self.send_at = Some(at);
         self
@@ -140,7 +140,7 @@ impl SmsBuilder {
         if self.text.as_deref().is_none_or(str::is_empty) {
             return Err(MessageError::MissingBody);
         }
-        check_send_at(self.send_at)?;
+        let send_at = schedule(self.send_at)?;
         let idempotency_key = self.key.map(IdempotencyKey::new).transpose()?;
         Ok(Message::from_parts(MessageParts {
             from,
@@ -154,7 +154,7 @@ impl SmsBuilder {
             headers: BTreeMap::new(),
             attachments: Vec::new(),
             threading: Threading::default(),
-            send_at: self.send_at,
+            send_at,
             tracking: Tracking::default(),
             metadata: self.metadata,
             idempotency_key,

@@ -10,6 +10,10 @@
 //! - it claims waiting rows with `FOR UPDATE SKIP LOCKED`, so workers never take the same
 //!   row, under a **lease** (`claimed_until`) rather than an open transaction: a worker that
 //!   dies frees its rows when the lease passes, and no transaction stays open during a send;
+//! - it sends the rows it claimed concurrently, up to its
+//!   [`concurrency`](Worker::concurrency) ([`DEFAULT_CONCURRENCY`] by default), so one
+//!   worker keeps pace with a provider that takes a while to answer, and records their
+//!   answers in batches, each row fenced by the token of the claim that took it;
 //! - a receipt marks the row `done` with the provider's id;
 //! - a retryable failure puts the row back with a jittered exponential backoff, or the
 //!   provider's `Retry-After` when longer; after [`max_attempts`](Worker::max_attempts) it is
@@ -18,8 +22,8 @@
 //!   last error;
 //! - it wakes on `LISTEN`/`NOTIFY` (every enqueue notifies when its transaction commits),
 //!   with polling as the fallback;
-//! - told to stop, it finishes the send in hand and puts back the rows it claimed but did
-//!   not send.
+//! - told to stop, it lets the sends in flight answer and records them, and puts back the
+//!   rows it claimed but did not hand to the stack.
 //!
 //! # The guarantee
 //!
@@ -124,13 +128,15 @@ use crate::store::postgres::InvalidTableName;
 use crate::store::postgres::{pool_from_url, pooled};
 use crate::store::{StoreError, StoreErrorKind};
 
+mod drain;
+mod rows;
 mod sql;
 mod stored;
 mod worker;
 
 pub use worker::{
-    DEFAULT_BATCH, DEFAULT_CLAIM_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_INTERVAL, Worker,
-    WorkerStats, WorkerStatsHandle,
+    DEFAULT_BATCH, DEFAULT_CLAIM_LEASE, DEFAULT_CONCURRENCY, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_POLL_INTERVAL, Worker, WorkerStats, WorkerStatsHandle,
 };
 
 use sql::OutboxSql;

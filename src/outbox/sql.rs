@@ -13,9 +13,7 @@ pub(super) struct OutboxSql {
     pub(super) migrate: String,
     pub(super) enqueue: String,
     pub(super) claim: String,
-    pub(super) done: String,
-    pub(super) retry: String,
-    pub(super) dead: String,
+    pub(super) mark: String,
     pub(super) release: String,
     pub(super) lag: String,
     pub(super) counts: String,
@@ -93,28 +91,32 @@ impl OutboxSql {
                  RETURNING o.id, o.message::text, o.attempts,
                      (extract(epoch FROM now() - o.available_at) * 1000)::bigint"
             ),
-            // Every outcome is fenced by the claim's token: a worker whose lease passed, and
-            // whose row another worker took, changes nothing.
-            done: format!(
-                "UPDATE {quoted} SET state = 'done', finished_at = now(), provider_id = $3,
-                     transport = $4, last_error = NULL, {release_claim}
-                 WHERE id = $1 AND claim_token = $2"
-            ),
-            retry: format!(
-                "UPDATE {quoted}
-                 SET available_at = now() + $3::bigint * interval '1 millisecond',
-                     last_error = $4, {release_claim}
-                 WHERE id = $1 AND claim_token = $2"
-            ),
-            dead: format!(
-                "UPDATE {quoted} SET state = 'dead', finished_at = now(), last_error = $3,
-                     {release_claim}
-                 WHERE id = $1 AND claim_token = $2"
+            // The answers of many sends in one statement, one array element per row. Every
+            // row is fenced by its claim's token: a worker whose lease passed, and whose row
+            // another claim took, changes nothing, and RETURNING names the claims it recorded.
+            // A row put back (`waiting`) waits `after_ms`; a finished one (`done`, `dead`)
+            // keeps the time it finished.
+            mark: format!(
+                "UPDATE {quoted} AS o
+                 SET state = m.state,
+                     available_at = CASE WHEN m.state = 'waiting'
+                         THEN now() + m.after_ms * interval '1 millisecond'
+                         ELSE o.available_at END,
+                     finished_at = CASE WHEN m.state = 'waiting' THEN NULL ELSE now() END,
+                     provider_id = m.provider_id, transport = m.transport,
+                     last_error = m.last_error, {release_claim}
+                 FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::text[],
+                             $6::text[], $7::bigint[])
+                     AS m(id, token, state, provider_id, transport, last_error, after_ms)
+                 WHERE o.id = m.id AND o.claim_token = m.token
+                 RETURNING m.id, m.token"
             ),
             // Rows claimed but not sent go back as they were, attempt uncounted.
             release: format!(
-                "UPDATE {quoted} SET attempts = greatest(attempts - 1, 0), {release_claim}
-                 WHERE id = ANY($1) AND claim_token = $2"
+                "UPDATE {quoted} AS o
+                 SET attempts = greatest(o.attempts - 1, 0), {release_claim}
+                 FROM unnest($1::bigint[], $2::uuid[]) AS r(id, token)
+                 WHERE o.id = r.id AND o.claim_token = r.token"
             ),
             lag: format!(
                 "SELECT (extract(epoch FROM now() - min(available_at)) * 1000)::bigint

@@ -13,6 +13,8 @@
 //! ```
 //!
 //! Empty lists and maps and absent values are left out; attachment content is padded base64.
+//! `send_at_ms` is the schedule in milliseconds since the epoch, the precision a
+//! [`Message`] keeps, so a message read back has the fingerprint it was enqueued with.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -320,6 +322,23 @@ mod tests {
         // jsonb reorders keys and spacing: any order decodes.
         let reordered = r#"{"text": "t", "to": ["b@x"], "from": "a@x", "key": "k", "v": 1}"#;
         assert_eq!(decode(reordered).unwrap().text(), Some("t"));
+    }
+
+    #[test]
+    fn a_schedule_with_sub_millisecond_digits_comes_back_the_same_message() {
+        let message = Message::builder()
+            .from("a@x")
+            .to("b@x")
+            .text("t")
+            .send_at(UNIX_EPOCH + Duration::new(1_767_225_600, 123_456_789))
+            .idempotency_key("k")
+            .build()
+            .unwrap();
+        let text = encode(&message).unwrap();
+        assert!(text.contains(r#""send_at_ms":1767225600123"#), "{text}");
+        let back = decode(&text).unwrap();
+        assert_eq!(back.send_at(), message.send_at());
+        assert_eq!(back.fingerprint(), message.fingerprint());
     }
 
     #[test]

@@ -13,16 +13,20 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
 use tower_service::Service;
-use uuid::Uuid;
 
-use super::{Outbox, stored};
-use crate::classify::{Classifier, into_send_error};
+use super::Outbox;
+use super::drain::Drain;
 use crate::message::Message;
-use crate::outcome::{BoxError, Receipt, SendError};
-use crate::retry::unit_random;
+use crate::outcome::{BoxError, Receipt};
 use crate::store::StoreError;
 
-/// Rows one claim takes, by default.
+/// Sends a worker has in flight at once, by default: enough for one worker to keep pace with
+/// a provider that answers in tens of milliseconds (64 sends of 50 ms each allow 1,280 a
+/// second), few enough that the stack and its HTTP client's connection pool see a modest
+/// number of calls at once. A provider's rate limit belongs in the stack (see [`Worker`]).
+pub const DEFAULT_CONCURRENCY: u32 = 64;
+/// Free send slots that start the next claim while rows keep coming, by default: a quarter of
+/// [`DEFAULT_CONCURRENCY`], so sends keep flowing while the next claim runs.
 pub const DEFAULT_BATCH: u32 = 16;
 /// How long a claim holds its rows, by default: longer than a send with every retry of the
 /// stack, or a slow send's row is claimed again (and answered by the idempotency layer).
@@ -36,9 +40,40 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 /// [module docs](super) for what it does with each answer. Made by [`Outbox::worker`],
 /// started by [`run`](Self::run). Run as many as you like, in as many processes.
 ///
+/// It sends claimed rows concurrently, up to its [`concurrency`](Self::concurrency), and
+/// records their answers in batches (one statement for the answers that arrived while the
+/// last one ran), each row fenced by the token of the claim that took it. It claims a row
+/// only when a send slot is free for it, so a row waits in the worker no longer than the
+/// stack takes to be ready. The stack's readiness paces it: put a rate limit in the stack
+/// (`tower::limit::RateLimitLayer`) at your provider's plan, and the worker sends no faster;
+/// a provider's `429` with `Retry-After` puts the row back for at least that long.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower::ServiceBuilder;
+/// use tower_idempotency::outbox::Outbox;
+/// use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message, Receipt};
+///
+/// # async fn run(outbox: Outbox, shutdown: tokio::sync::oneshot::Receiver<()>) -> Result<(), BoxError> {
+/// let provider = tower::service_fn(|_m: Message| async { Ok::<_, BoxError>(Receipt::new("id", "fake")) });
+/// let stack = ServiceBuilder::new()
+///     .rate_limit(100, Duration::from_secs(1)) // the provider's plan: 100 a second
+///     .layer(IdempotencyLayer::new(MemoryStore::new()))
+///     .service(provider);
+/// let stats = outbox
+///     .worker(stack)
+///     .concurrency(32)
+///     .poll_interval(Duration::from_secs(1))
+///     .run(async { let _ = shutdown.await; })
+///     .await?;
+/// println!("sent {}", stats.sent);
+/// # Ok(()) }
+/// ```
+///
 /// | option | default |
 /// |---|---|
-/// | [`batch`](Self::batch) | [`DEFAULT_BATCH`] rows per claim |
+/// | [`concurrency`](Self::concurrency) | [`DEFAULT_CONCURRENCY`] sends in flight |
+/// | [`batch`](Self::batch) | [`DEFAULT_BATCH`] free slots before a claim |
 /// | [`claim_lease`](Self::claim_lease) | [`DEFAULT_CLAIM_LEASE`] (5 minutes) |
 /// | [`poll_interval`](Self::poll_interval) | [`DEFAULT_POLL_INTERVAL`] (5 s) |
 /// | [`max_attempts`](Self::max_attempts) | [`DEFAULT_MAX_ATTEMPTS`] |
@@ -49,16 +84,17 @@ pub struct Worker<S> {
 }
 
 /// What a worker does, apart from the service it sends through: nothing here is generic, so
-/// the run's future holds no borrow of the service across a statement.
-struct Settings {
-    outbox: Outbox,
-    batch: u32,
-    claim_lease: Duration,
-    poll_interval: Duration,
-    max_attempts: u32,
-    backoff_base: Duration,
-    backoff_max: Duration,
-    counters: Arc<Counters>,
+/// the drain shares it (in an `Arc`) with the statements it runs beside its sends.
+pub(super) struct Settings {
+    pub(super) outbox: Outbox,
+    pub(super) concurrency: u32,
+    pub(super) batch: u32,
+    pub(super) claim_lease: Duration,
+    pub(super) poll_interval: Duration,
+    pub(super) max_attempts: u32,
+    pub(super) backoff_base: Duration,
+    pub(super) backoff_max: Duration,
+    pub(super) counters: Arc<Counters>,
 }
 
 impl<S> fmt::Debug for Worker<S> {
@@ -66,6 +102,7 @@ impl<S> fmt::Debug for Worker<S> {
         let s = &self.settings;
         f.debug_struct("Worker")
             .field("outbox", &s.outbox)
+            .field("concurrency", &s.concurrency)
             .field("batch", &s.batch)
             .field("claim_lease", &s.claim_lease)
             .field("poll_interval", &s.poll_interval)
@@ -98,18 +135,18 @@ pub struct WorkerStats {
 }
 
 #[derive(Default)]
-struct Counters {
-    claimed: AtomicU64,
-    polls: AtomicU64,
-    sent: AtomicU64,
-    retried: AtomicU64,
-    dead_lettered: AtomicU64,
-    released: AtomicU64,
-    last_lag_ms: AtomicU64,
+pub(super) struct Counters {
+    pub(super) claimed: AtomicU64,
+    pub(super) polls: AtomicU64,
+    pub(super) sent: AtomicU64,
+    pub(super) retried: AtomicU64,
+    pub(super) dead_lettered: AtomicU64,
+    pub(super) released: AtomicU64,
+    pub(super) last_lag_ms: AtomicU64,
 }
 
 impl Counters {
-    fn add(counter: &AtomicU64, n: u64) {
+    pub(super) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
@@ -144,25 +181,12 @@ impl fmt::Debug for WorkerStatsHandle {
     }
 }
 
-/// A row this worker claimed.
-struct Claimed {
-    id: i64,
-    message: String,
-    attempts: i32,
-}
-
-/// What the worker does with a row after its send.
-enum Verdict {
-    Done(Receipt),
-    Retry { after: Duration, error: SendError },
-    Dead(String),
-}
-
 impl<S> Worker<S> {
     pub(super) fn new(outbox: Outbox, service: S) -> Self {
         Self {
             settings: Settings {
                 outbox,
+                concurrency: DEFAULT_CONCURRENCY,
                 batch: DEFAULT_BATCH,
                 claim_lease: DEFAULT_CLAIM_LEASE,
                 poll_interval: DEFAULT_POLL_INTERVAL,
@@ -175,18 +199,28 @@ impl<S> Worker<S> {
         }
     }
 
-    /// How many rows one claim takes (at least 1). They are sent one after the other; run
-    /// more workers for more sends at once.
+    /// How many sends the worker has in flight at once (at least 1): calls to the stack
+    /// whose answers it awaits together. `1` sends one row after the other.
+    #[must_use]
+    pub fn concurrency(mut self, sends: u32) -> Self {
+        self.settings.concurrency = sends.max(1);
+        self
+    }
+
+    /// How many send slots must be free before the worker claims again while rows keep
+    /// coming (at least 1); a claim then asks for a row for every free slot, so claims grow
+    /// as answers come faster. Larger batches run fewer claim statements but leave more
+    /// slots idle meanwhile: keep it well below the [`concurrency`](Self::concurrency).
     #[must_use]
     pub fn batch(mut self, rows: u32) -> Self {
         self.settings.batch = rows.max(1);
         self
     }
 
-    /// How long a claim holds its rows. Make it longer than the worker takes to send a
-    /// whole batch through the stack, retries included: a row whose claim passed is claimed
-    /// again by another worker (which the idempotency layer then answers), and the first
-    /// worker's answer is not written.
+    /// How long a claim holds its rows. Make it longer than one send through the stack takes,
+    /// retries and the wait for the stack's readiness included: a row whose claim passed is
+    /// claimed again (which the idempotency layer then answers), and the first claim's
+    /// answer is not written.
     #[must_use]
     pub fn claim_lease(mut self, lease: Duration) -> Self {
         self.settings.claim_lease = lease.max(Duration::from_millis(1));
@@ -228,247 +262,31 @@ where
     S::Error: Into<BoxError>,
     S::Future: Send,
 {
-    /// Drains the outbox until `shutdown` completes, then finishes the send in hand, puts
-    /// back the rows it claimed but did not send, and returns its stats.
+    /// Drains the outbox until `shutdown` completes, then lets the sends in flight answer
+    /// and records them, puts back the rows it claimed but did not hand to the stack, and
+    /// returns its stats.
     ///
     /// A failed claim (the database is down) is logged and tried again at the next poll;
     /// the worker never gives up on its own.
     pub async fn run(
-        mut self,
+        self,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<WorkerStats, StoreError> {
+        let counters = Arc::clone(&self.settings.counters);
         let mut shutdown = pin!(shutdown.fuse());
-        let wake = Arc::new(Notify::new());
-        let mut listener: Option<JoinHandle<()>> = None;
-        let token = Uuid::new_v4();
-        'drain: loop {
-            if listener.as_ref().is_none_or(JoinHandle::is_finished) {
-                listener = self.settings.listen(&wake);
-            }
-            if shutdown.as_mut().now_or_never().is_some() {
-                break;
-            }
-            let claimed = match self.settings.claim(token).await {
-                Ok(claimed) => claimed,
-                Err(error) => {
-                    tracing::warn!(error = %error, table = %self.settings.outbox.table_name(), "outbox claim failed; trying again at the next poll");
-                    Vec::new()
-                }
-            };
-            if claimed.is_empty() {
-                let notified = pin!(wake.notified());
-                let slept = pin!(tokio::time::sleep(self.settings.poll_interval));
-                let idle = select(notified, slept);
-                if let Either::Left(_) = select(shutdown.as_mut(), idle).await {
-                    break;
-                }
-                continue;
-            }
-            let mut rows = claimed.into_iter();
-            while let Some(row) = rows.next() {
-                if shutdown.as_mut().now_or_never().is_some() {
-                    let unsent: Vec<i64> =
-                        std::iter::once(row.id).chain(rows.map(|r| r.id)).collect();
-                    self.settings.release(token, &unsent).await;
-                    break 'drain;
-                }
-                self.send(token, row).await;
-            }
-        }
-        if let Some(listener) = listener {
-            listener.abort();
-        }
-        Ok(self.settings.counters.snapshot())
-    }
-
-    async fn send(&mut self, token: Uuid, row: Claimed) {
-        let Self { settings, service } = self;
-        let verdict = match stored::decode(&row.message) {
-            Err(error) => Verdict::Dead(format!("outbox.corrupt: {error}")),
-            Ok(message) => {
-                let classifier = Classifier::default();
-                // Judged before anything else is awaited: the service's error type need
-                // not be `Send`.
-                let ready = poll_fn(|cx| service.poll_ready(cx))
-                    .await
-                    .map_err(|error| into_send_error(&classifier, error.into()));
-                let result = match ready {
-                    Err(error) => Err(error),
-                    Ok(()) => {
-                        let answer = service.call(message).await;
-                        answer.map_err(|error| into_send_error(&classifier, error.into()))
-                    }
-                };
-                settings.judge(result, row.attempts)
-            }
-        };
-        let sql = &settings.outbox.sql;
-        let marked = match &verdict {
-            Verdict::Done(receipt) => {
-                settings
-                    .execute(
-                        &sql.done,
-                        &[&row.id, &token, &receipt.id, &receipt.transport],
-                    )
-                    .await
-            }
-            Verdict::Retry { after, error } => {
-                let after_ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
-                let last = format!("{}: {}", error.code(), error.message());
-                settings
-                    .execute(&sql.retry, &[&row.id, &token, &after_ms, &last])
-                    .await
-            }
-            Verdict::Dead(why) => settings.execute(&sql.dead, &[&row.id, &token, why]).await,
-        };
-        match (&verdict, marked) {
-            (_, Err(error)) => tracing::warn!(
-                row = row.id,
-                error = %error,
-                "outbox could not record a send's answer; the row is sent again when its claim passes, and the idempotency layer answers that repeat"
-            ),
-            (_, Ok(0)) => tracing::warn!(
-                row = row.id,
-                "outbox claim passed before the send's answer was recorded; another worker holds the row"
-            ),
-            (Verdict::Done(_), Ok(_)) => {
-                Counters::add(&settings.counters.sent, 1);
-                tracing::debug!(row = row.id, attempts = row.attempts, "outbox message sent");
-            }
-            (Verdict::Retry { after, error }, Ok(_)) => {
-                Counters::add(&settings.counters.retried, 1);
-                tracing::info!(
-                    row = row.id,
-                    attempts = row.attempts,
-                    code = error.code(),
-                    retry_in_ms = after.as_millis() as u64,
-                    "outbox message will be tried again"
-                );
-            }
-            (Verdict::Dead(why), Ok(_)) => {
-                Counters::add(&settings.counters.dead_lettered, 1);
-                tracing::warn!(row = row.id, attempts = row.attempts, error = %why, "outbox message moved to the dead-letter state");
-            }
-        }
+        let mut drain = Drain::new(self.settings, self.service);
+        poll_fn(|cx| drain.poll_drain(cx, shutdown.as_mut())).await;
+        drop(drain);
+        Ok(counters.snapshot())
     }
 }
 
 impl Settings {
-    fn wait_before(&self, attempts: i32) -> Duration {
-        let doublings = u32::try_from(attempts.saturating_sub(1))
-            .unwrap_or(0)
-            .min(30);
-        let full = self
-            .backoff_base
-            .saturating_mul(1 << doublings)
-            .min(self.backoff_max);
-        full.mul_f64(0.5 + 0.5 * unit_random())
-    }
-
-    fn judge(&self, result: Result<Receipt, SendError>, attempts: i32) -> Verdict {
-        let error = match result {
-            Ok(receipt) => return Verdict::Done(receipt),
-            Err(error) => error,
-        };
-        let out_of_attempts = u32::try_from(attempts).unwrap_or(u32::MAX) >= self.max_attempts;
-        if error.is_retryable() && !out_of_attempts {
-            let after = self
-                .wait_before(attempts)
-                .max(error.retry_after().unwrap_or_default());
-            return Verdict::Retry { after, error };
-        }
-        let why = if error.is_retryable() {
-            "out of attempts"
-        } else if error.delivery_unknown() {
-            "delivery unknown: the message may have gone"
-        } else {
-            "refused"
-        };
-        Verdict::Dead(format!("{} ({why}): {}", error.code(), error.message()))
-    }
-
-    async fn claim(&self, token: Uuid) -> Result<Vec<Claimed>, StoreError> {
-        let lease_ms = i64::try_from(self.claim_lease.as_millis()).unwrap_or(i64::MAX);
-        let outbox = &self.outbox;
-        let rows = outbox
-            .bounded(async {
-                let client = outbox.client().await?;
-                let statement = client
-                    .prepare_cached(&outbox.sql.claim)
-                    .await
-                    .map_err(|e| outbox.db_error(e))?;
-                client
-                    .query(&statement, &[&token, &lease_ms, &i64::from(self.batch)])
-                    .await
-                    .map_err(|e| outbox.db_error(e))
-            })
-            .await?;
-        let mut claimed = Vec::with_capacity(rows.len());
-        for row in rows {
-            let waited_ms: Option<i64> = row.try_get(3).map_err(|e| outbox.db_error(e))?;
-            self.counters.last_lag_ms.store(
-                u64::try_from(waited_ms.unwrap_or(0)).unwrap_or(0),
-                Ordering::Relaxed,
-            );
-            claimed.push(Claimed {
-                id: row.try_get(0).map_err(|e| outbox.db_error(e))?,
-                message: row.try_get(1).map_err(|e| outbox.db_error(e))?,
-                attempts: row.try_get(2).map_err(|e| outbox.db_error(e))?,
-            });
-        }
-        Counters::add(&self.counters.claimed, claimed.len() as u64);
-        Counters::add(&self.counters.polls, 1);
-        if !claimed.is_empty() {
-            tracing::debug!(
-                rows = claimed.len(),
-                lag_ms = self.counters.last_lag_ms.load(Ordering::Relaxed),
-                "outbox rows claimed"
-            );
-        }
-        Ok(claimed)
-    }
-
-    async fn execute(
-        &self,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
-        let outbox = &self.outbox;
-        outbox
-            .bounded(async {
-                let client = outbox.client().await?;
-                let statement = client
-                    .prepare_cached(sql)
-                    .await
-                    .map_err(|e| outbox.db_error(e))?;
-                client
-                    .execute(&statement, params)
-                    .await
-                    .map_err(|e| outbox.db_error(e))
-            })
-            .await
-    }
-
-    /// Puts back rows claimed but not sent, so another worker takes them at once.
-    async fn release(&self, token: Uuid, ids: &[i64]) {
-        match self
-            .execute(&self.outbox.sql.release, &[&ids, &token])
-            .await
-        {
-            Ok(released) => Counters::add(&self.counters.released, released),
-            Err(error) => tracing::warn!(
-                rows = ids.len(),
-                error = %error,
-                "outbox could not put back unsent rows; they return when their claim passes"
-            ),
-        }
-    }
-
     /// Starts the `LISTEN` task, when the outbox has a connection to open: it wakes the
     /// worker on every notification, and once when it starts listening (for what was
     /// enqueued meanwhile). When the connection fails the task ends, the worker keeps
-    /// polling, and the next loop starts it again.
-    fn listen(&self, wake: &Arc<Notify>) -> Option<JoinHandle<()>> {
+    /// polling, and its next poll starts it again.
+    pub(super) fn listen(&self, wake: &Arc<Notify>) -> Option<JoinHandle<()>> {
         let config = self.outbox.listen.clone()?;
         let listen = format!("LISTEN \"{}\"", self.outbox.sql.channel);
         let timeout = self.outbox.timeout;

@@ -1,0 +1,269 @@
+//! The worker's statements on its rows: the claim, the marks that record sends' answers (many
+//! rows to a statement), and the release of rows claimed but not sent. Every write is fenced
+//! by the token of the claim that took the row.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::stored;
+use super::worker::{Counters, Settings};
+use crate::message::Message;
+use crate::outcome::{Receipt, SendError};
+use crate::retry::unit_random;
+use crate::store::StoreError;
+
+/// A row a claim took: what the worker needs to record its answer. Each claim statement has
+/// a token of its own, so a row claimed again after its lease passed, even by the same
+/// worker, is fenced from the first claim's late answer.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Row {
+    pub(super) id: i64,
+    pub(super) token: Uuid,
+    pub(super) attempts: i32,
+}
+
+/// A claimed row and its message, or why the message cannot be read.
+pub(super) struct Claimed {
+    pub(super) row: Row,
+    pub(super) message: Result<Message, StoreError>,
+}
+
+/// What the worker does with a row after its send.
+pub(super) enum Verdict {
+    Done(Receipt),
+    Retry { after: Duration, error: SendError },
+    Dead(String),
+}
+
+/// A row's verdict, waiting for the next mark statement.
+pub(super) struct Mark {
+    pub(super) row: Row,
+    pub(super) verdict: Verdict,
+}
+
+impl Settings {
+    fn wait_before(&self, attempts: i32) -> Duration {
+        let doublings = u32::try_from(attempts.saturating_sub(1))
+            .unwrap_or(0)
+            .min(30);
+        let full = self
+            .backoff_base
+            .saturating_mul(1 << doublings)
+            .min(self.backoff_max);
+        full.mul_f64(0.5 + 0.5 * unit_random())
+    }
+
+    /// What to do with `row` after the stack answered `result`.
+    pub(super) fn judge(&self, row: Row, result: Result<Receipt, SendError>) -> Mark {
+        let error = match result {
+            Ok(receipt) => {
+                return Mark {
+                    row,
+                    verdict: Verdict::Done(receipt),
+                };
+            }
+            Err(error) => error,
+        };
+        let out_of_attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX) >= self.max_attempts;
+        let verdict = if error.is_retryable() && !out_of_attempts {
+            let after = self
+                .wait_before(row.attempts)
+                .max(error.retry_after().unwrap_or_default());
+            Verdict::Retry { after, error }
+        } else {
+            let why = if error.is_retryable() {
+                "out of attempts"
+            } else if error.delivery_unknown() {
+                "delivery unknown: the message may have gone"
+            } else {
+                "refused"
+            };
+            Verdict::Dead(format!("{} ({why}): {}", error.code(), error.message()))
+        };
+        Mark { row, verdict }
+    }
+
+    /// Claims up to `rows` waiting rows under a new token, and reads their messages.
+    pub(super) async fn claim(self: Arc<Self>, rows: u32) -> Result<Vec<Claimed>, StoreError> {
+        let token = Uuid::new_v4();
+        let lease_ms = i64::try_from(self.claim_lease.as_millis()).unwrap_or(i64::MAX);
+        let outbox = &self.outbox;
+        let answer = outbox
+            .bounded(async {
+                let client = outbox.client().await?;
+                let statement = client
+                    .prepare_cached(&outbox.sql.claim)
+                    .await
+                    .map_err(|e| outbox.db_error(e))?;
+                client
+                    .query(&statement, &[&token, &lease_ms, &i64::from(rows)])
+                    .await
+                    .map_err(|e| outbox.db_error(e))
+            })
+            .await;
+        Counters::add(&self.counters.polls, 1);
+        let mut claimed = Vec::new();
+        for row in answer? {
+            let waited_ms: Option<i64> = row.try_get(3).map_err(|e| outbox.db_error(e))?;
+            self.counters.last_lag_ms.store(
+                u64::try_from(waited_ms.unwrap_or(0)).unwrap_or(0),
+                Ordering::Relaxed,
+            );
+            let text: String = row.try_get(1).map_err(|e| outbox.db_error(e))?;
+            claimed.push(Claimed {
+                row: Row {
+                    id: row.try_get(0).map_err(|e| outbox.db_error(e))?,
+                    token,
+                    attempts: row.try_get(2).map_err(|e| outbox.db_error(e))?,
+                },
+                message: stored::decode(&text),
+            });
+        }
+        Counters::add(&self.counters.claimed, claimed.len() as u64);
+        if !claimed.is_empty() {
+            tracing::debug!(
+                rows = claimed.len(),
+                lag_ms = self.counters.last_lag_ms.load(Ordering::Relaxed),
+                "outbox rows claimed"
+            );
+        }
+        Ok(claimed)
+    }
+
+    /// Records the verdicts of `marks` in one statement, then counts and logs each row.
+    pub(super) async fn mark(self: Arc<Self>, marks: Vec<Mark>) {
+        let mut ids = Vec::with_capacity(marks.len());
+        let mut tokens = Vec::with_capacity(marks.len());
+        let mut states = Vec::with_capacity(marks.len());
+        let mut provider_ids = Vec::with_capacity(marks.len());
+        let mut transports = Vec::with_capacity(marks.len());
+        let mut errors = Vec::with_capacity(marks.len());
+        let mut after_ms = Vec::with_capacity(marks.len());
+        for Mark { row, verdict } in &marks {
+            ids.push(row.id);
+            tokens.push(row.token);
+            let (state, provider_id, transport, error, after) = match verdict {
+                Verdict::Done(receipt) => (
+                    "done",
+                    Some(receipt.id.as_str()),
+                    Some(receipt.transport.as_str()),
+                    None,
+                    0,
+                ),
+                Verdict::Retry { after, error } => (
+                    "waiting",
+                    None,
+                    None,
+                    Some(format!("{}: {}", error.code(), error.message())),
+                    i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+                ),
+                Verdict::Dead(why) => ("dead", None, None, Some(why.clone()), 0),
+            };
+            states.push(state);
+            provider_ids.push(provider_id);
+            transports.push(transport);
+            errors.push(error);
+            after_ms.push(after);
+        }
+        let outbox = &self.outbox;
+        let answer = outbox
+            .bounded(async {
+                let client = outbox.client().await?;
+                let statement = client
+                    .prepare_cached(&outbox.sql.mark)
+                    .await
+                    .map_err(|e| outbox.db_error(e))?;
+                client
+                    .query(
+                        &statement,
+                        &[
+                            &ids,
+                            &tokens,
+                            &states,
+                            &provider_ids,
+                            &transports,
+                            &errors,
+                            &after_ms,
+                        ],
+                    )
+                    .await
+                    .map_err(|e| outbox.db_error(e))
+            })
+            .await;
+        let mut marked: Vec<(i64, Uuid)> = match answer {
+            Ok(rows) => rows
+                .iter()
+                .filter_map(|row| Some((row.try_get(0).ok()?, row.try_get(1).ok()?)))
+                .collect(),
+            Err(error) => {
+                tracing::warn!(
+                    rows = marks.len(),
+                    error = %error,
+                    "outbox could not record the answers of its sends; the rows are sent again when their claims pass, and the idempotency layer answers those repeats"
+                );
+                return;
+            }
+        };
+        marked.sort_unstable();
+        for Mark { row, verdict } in &marks {
+            if marked.binary_search(&(row.id, row.token)).is_err() {
+                tracing::warn!(
+                    row = row.id,
+                    "outbox claim passed before the send's answer was recorded; another claim holds the row"
+                );
+                continue;
+            }
+            self.count(row, verdict);
+        }
+    }
+
+    fn count(&self, row: &Row, verdict: &Verdict) {
+        match verdict {
+            Verdict::Done(_) => {
+                Counters::add(&self.counters.sent, 1);
+                tracing::debug!(row = row.id, attempts = row.attempts, "outbox message sent");
+            }
+            Verdict::Retry { after, error } => {
+                Counters::add(&self.counters.retried, 1);
+                tracing::info!(
+                    row = row.id,
+                    attempts = row.attempts,
+                    code = error.code(),
+                    retry_in_ms = after.as_millis() as u64,
+                    "outbox message will be tried again"
+                );
+            }
+            Verdict::Dead(why) => {
+                Counters::add(&self.counters.dead_lettered, 1);
+                tracing::warn!(row = row.id, attempts = row.attempts, error = %why, "outbox message moved to the dead-letter state");
+            }
+        }
+    }
+
+    /// Puts back rows claimed but not sent, so another worker takes them at once.
+    pub(super) async fn release(self: Arc<Self>, rows: Vec<Row>) {
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        let tokens: Vec<Uuid> = rows.iter().map(|r| r.token).collect();
+        let outbox = &self.outbox;
+        let answer = outbox
+            .bounded(async {
+                let client = outbox.client().await?;
+                client
+                    .execute(&outbox.sql.release, &[&ids, &tokens])
+                    .await
+                    .map_err(|e| outbox.db_error(e))
+            })
+            .await;
+        match answer {
+            Ok(released) => Counters::add(&self.counters.released, released),
+            Err(error) => tracing::warn!(
+                rows = ids.len(),
+                error = %error,
+                "outbox could not put back unsent rows; they return when their claims pass"
+            ),
+        }
+    }
+}
