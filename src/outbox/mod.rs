@@ -125,6 +125,8 @@ use crate::store::postgres::{pool_from_url, pooled};
 use crate::store::{StoreError, StoreErrorKind};
 
 mod sql;
+#[cfg(feature = "sqlx")]
+mod sqlx;
 mod stored;
 mod worker;
 

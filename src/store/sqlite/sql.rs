@@ -144,8 +144,7 @@ pub(super) const COMPLETE: &str = concat!(
          outcome = excluded.outcome, expires_at = excluded.expires_at,
          first_attempt_at = CASE WHEN r.token = excluded.token THEN r.first_attempt_at END
      WHERE r.token = excluded.token OR r.expires_at <= ",
-    now!(),
-    " RETURNING key"
+    now!()
 );
 
 /// `?1` key, `?2` token.
@@ -174,7 +173,8 @@ pub(super) const PURGE: &str = concat!(
 );
 
 /// `?1` key, `?2` token, `?3` fingerprint, `?4` ttl in ms: written in the caller's
-/// transaction; replaces only an expired row, so a live record is left alone (no row back).
+/// transaction; replaces only an expired row, so a live record is left alone (no row
+/// written: one row written means claimed, a count every driver reports).
 pub(super) const CLAIM: &str = concat!(
     "INSERT INTO idempotency_keys AS r (key, state, token, fingerprint, outcome, expires_at)
      VALUES (?1, 'claimed', ?2, ?3, NULL, ",
