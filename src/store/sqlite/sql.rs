@@ -144,7 +144,8 @@ pub(super) const COMPLETE: &str = concat!(
          outcome = excluded.outcome, expires_at = excluded.expires_at,
          first_attempt_at = CASE WHEN r.token = excluded.token THEN r.first_attempt_at END
      WHERE r.token = excluded.token OR r.expires_at <= ",
-    now!()
+    now!(),
+    " RETURNING key"
 );
 
 /// `?1` key, `?2` token.
@@ -184,8 +185,7 @@ pub(super) const CLAIM: &str = concat!(
          state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
          outcome = NULL, expires_at = excluded.expires_at, first_attempt_at = NULL
      WHERE r.expires_at <= ",
-    now!(),
-    " RETURNING key"
+    now!()
 );
 
 /// `?1` how many: the claims still waiting for their send, oldest first.
