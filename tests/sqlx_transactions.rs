@@ -1,6 +1,7 @@
 //! Claims and outbox messages written in a transaction of the caller's own driver: sqlx on a
-//! real PostgreSQL server, and the claim as a statement with its parameters, run the way
-//! diesel's `sql_query` runs it (typed binds) on PostgreSQL and SQLite. A rollback leaves
+//! real PostgreSQL server, and the claim as a statement with its parameters: run by diesel's
+//! `sql_query` on SQLite, and on PostgreSQL with the typed binds diesel sends (diesel's
+//! PostgreSQL backend needs libpq, which the tests do without). A rollback leaves
 //! nothing; a commit, then a crash before the send, is sent once by the next run; another
 //! message under a claimed key is `key_reused`; the outbox's worker sends a message enqueued
 //! through sqlx once.
@@ -14,7 +15,10 @@ mod support;
 use std::future::Future;
 use std::time::Duration;
 
-use rusqlite::{Connection, TransactionBehavior};
+use diesel::connection::SimpleConnection;
+use diesel::sql_types::{BigInt, Binary, Text};
+use diesel::sqlite::{Sqlite, SqliteConnection};
+use diesel::{Connection as _, RunQueryDsl};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection as _, PgConnection, PgPool};
 use tokio::sync::oneshot;
@@ -438,59 +442,64 @@ async fn the_postgres_claim_statement_with_typed_binds_commits_a_claim_the_send_
     drop_table(&url, store.table_name()).await;
 }
 
-/// Runs `statement` on `tx` as diesel's `sql_query(..).bind::<T, _>(..)` does on SQLite:
-/// each parameter bound by position with its type's SQLite binding.
-fn execute_on_sqlite(tx: &rusqlite::Transaction<'_>, statement: &ClaimStatement) -> usize {
-    let mut query = tx.prepare(statement.sql()).expect("the statement prepares");
-    for (at, param) in statement.params().iter().enumerate() {
-        match param {
-            ClaimParam::Text(text) => query.raw_bind_parameter(at + 1, text),
-            ClaimParam::Bytes(bytes) => query.raw_bind_parameter(at + 1, bytes),
-            ClaimParam::BigInt(n) => query.raw_bind_parameter(at + 1, n),
+/// Runs `statement` with diesel's `sql_query`, each parameter bound as its `ClaimParam`
+/// names: the README's route for diesel users. The count of rows written.
+fn claim_with_diesel(
+    connection: &mut SqliteConnection,
+    statement: &ClaimStatement,
+) -> diesel::QueryResult<usize> {
+    let mut query = diesel::sql_query(statement.sql()).into_boxed::<Sqlite>();
+    for param in statement.params() {
+        query = match param {
+            ClaimParam::Text(text) => query.bind::<Text, _>(text),
+            ClaimParam::Bytes(bytes) => query.bind::<Binary, _>(bytes),
+            ClaimParam::BigInt(n) => query.bind::<BigInt, _>(*n),
             other => panic!("a claim parameter of no known type: {other:?}"),
-        }
-        .expect("binds");
+        };
     }
-    query.raw_execute().expect("the claim runs")
+    query.execute(connection)
 }
 
 #[tokio::test]
-async fn the_sqlite_claim_statement_run_by_another_connection_commits_a_claim_the_send_takes() {
-    let dir = SqliteDir::new("claim-statement");
+async fn the_sqlite_claim_statement_run_by_diesel_commits_a_claim_the_send_takes() {
+    let dir = SqliteDir::new("claim-statement-diesel");
     let store = SqliteStore::open(dir.file()).await.unwrap();
     let layer = layer(store.clone());
     let message = alert("sold");
     let claim = layer.claim(&message).unwrap().unwrap();
-    let mut connection = Connection::open(dir.file()).unwrap();
-    connection.busy_timeout(Duration::from_secs(5)).unwrap();
+    let path = dir.file();
+    let mut connection = SqliteConnection::establish(path.to_str().unwrap()).unwrap();
     connection
-        .execute_batch("CREATE TABLE orders (id TEXT PRIMARY KEY, state TEXT NOT NULL)")
+        .batch_execute(
+            "PRAGMA busy_timeout = 5000;
+             CREATE TABLE orders (id TEXT PRIMARY KEY, state TEXT NOT NULL);",
+        )
         .unwrap();
+    let order = "INSERT INTO orders VALUES ('ord_1', 'paid')";
 
     // Rolled back: no claim, no order.
-    let tx = connection
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .unwrap();
-    tx.execute("INSERT INTO orders VALUES ('ord_1', 'paid')", [])
-        .unwrap();
-    assert_eq!(execute_on_sqlite(&tx, &store.claim_statement(&claim)), 1);
-    tx.rollback().unwrap();
+    let rolled_back = connection.immediate_transaction(|connection| {
+        diesel::sql_query(order).execute(connection)?;
+        assert_eq!(
+            claim_with_diesel(connection, &store.claim_statement(&claim))?,
+            1
+        );
+        Err::<(), _>(diesel::result::Error::RollbackTransaction)
+    });
+    assert!(rolled_back.is_err());
     assert!(store.claims(10).await.unwrap().is_empty());
 
     // Committed with the order: the claim waits, a second statement writes nothing.
-    let tx = connection
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .unwrap();
-    tx.execute("INSERT INTO orders VALUES ('ord_1', 'paid')", [])
-        .unwrap();
-    assert_eq!(execute_on_sqlite(&tx, &store.claim_statement(&claim)), 1);
-    tx.commit().unwrap();
+    let claimed = connection.immediate_transaction(|connection| {
+        diesel::sql_query(order).execute(connection)?;
+        claim_with_diesel(connection, &store.claim_statement(&claim))
+    });
+    assert_eq!(claimed, Ok(1));
     assert_eq!(store.claims(10).await.unwrap(), [claim.key.clone()]);
-    let tx = connection
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .unwrap();
-    assert_eq!(execute_on_sqlite(&tx, &store.claim_statement(&claim)), 0);
-    tx.commit().unwrap();
+    let again = connection.immediate_transaction(|connection| {
+        claim_with_diesel(connection, &store.claim_statement(&claim))
+    });
+    assert_eq!(again, Ok(0), "a live claim holds the key");
 
     // Another message under the key is refused; the claimed one goes once.
     let provider = Provider::ok();
@@ -502,8 +511,8 @@ async fn the_sqlite_claim_statement_run_by_another_connection_commits_a_claim_th
         .unwrap_err();
     assert_eq!(error.code(), "idempotency.key_reused");
     let first = service.clone().oneshot(message.clone()).await.unwrap();
-    let again = service.oneshot(message).await.unwrap();
-    assert!(!first.replayed && again.replayed);
+    let repeat = service.oneshot(message).await.unwrap();
+    assert!(!first.replayed && repeat.replayed);
     assert_eq!(provider.calls(), 1);
     assert!(store.claims(10).await.unwrap().is_empty());
 }

@@ -16,24 +16,30 @@
 /// or another claim). The count of rows written (diesel's `execute`, sqlx's
 /// `rows_affected`) is 1 when it claimed the key, 0 when not; the statement returns no rows.
 ///
-/// With diesel, `sql_query` binds them:
+/// With diesel (2.4 here, on SQLite; `PgConnection` alike), `sql_query` binds them:
 ///
-/// ```text
+/// ```no_run
+/// use diesel::prelude::*;
 /// use diesel::sql_types::{BigInt, Binary, Text};
-/// use tower_idempotency::store::ClaimParam;
+/// use tower_idempotency::store::{Claim, ClaimParam};
+/// use tower_idempotency::SqliteStore;
 ///
+/// # fn run(store: SqliteStore, claim: Claim, conn: &mut SqliteConnection) -> QueryResult<()> {
 /// let statement = store.claim_statement(&claim);
-/// let mut query = diesel::sql_query(statement.sql()).into_boxed();
-/// for param in statement.params() {
-///     query = match param {
-///         ClaimParam::Text(text) => query.bind::<Text, _>(text),
-///         ClaimParam::Bytes(bytes) => query.bind::<Binary, _>(bytes),
-///         ClaimParam::BigInt(n) => query.bind::<BigInt, _>(*n),
-///         _ => unreachable!("a claim binds text, bytes and integers"),
-///     };
-/// }
-/// // In `conn.transaction(|conn| { … })`, with your business rows:
-/// let claimed = query.execute(conn)? == 1;
+/// // In the transaction that writes your business rows:
+/// let claimed = conn.immediate_transaction(|conn| {
+///     let mut query = diesel::sql_query(statement.sql()).into_boxed();
+///     for param in statement.params() {
+///         query = match param {
+///             ClaimParam::Text(text) => query.bind::<Text, _>(text),
+///             ClaimParam::Bytes(bytes) => query.bind::<Binary, _>(bytes),
+///             ClaimParam::BigInt(n) => query.bind::<BigInt, _>(*n),
+///             _ => unreachable!("a claim binds text, bytes and integers"),
+///         };
+///     }
+///     QueryResult::Ok(query.execute(conn)? == 1)
+/// })?;
+/// # let _ = claimed; Ok(()) }
 /// ```
 #[derive(Clone, Debug)]
 pub struct ClaimStatement {

@@ -84,7 +84,9 @@ impl PostgresStore {
     /// use tower_idempotency::{Fingerprint, PostgresStore};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = deadpool_postgres::Config::new().create_pool(None, tokio_postgres::NoTls)?;
+    /// # let mut config = deadpool_postgres::Config::new();
+    /// # config.dbname = Some("app".to_owned());
+    /// # let pool = config.create_pool(None, tokio_postgres::NoTls)?;
     /// let store = PostgresStore::new(pool);
     /// let claim = Claim::new("alerts:order.paid:ord_1", Fingerprint::from_bytes([7; 32]),
     ///     Duration::from_secs(3600));
