@@ -177,7 +177,10 @@ async fn a_sqlx_commit_then_a_crash_before_the_send_is_sent_once_by_the_next_run
         .unwrap();
     let layer = layer(store.clone());
     let claim = layer.claim(&message).unwrap().unwrap();
-    assert_eq!(store.claims(10).await.unwrap(), [claim.key.clone()]);
+    assert_eq!(
+        store.claims(10).await.unwrap(),
+        std::slice::from_ref(&claim.key)
+    );
 
     // … and sends the same message under the same key: once.
     let provider = Provider::ok();
@@ -419,7 +422,10 @@ async fn the_postgres_claim_statement_with_typed_binds_commits_a_claim_the_send_
         1
     );
     tx.commit().await.unwrap();
-    assert_eq!(store.claims(10).await.unwrap(), [claim.key.clone()]);
+    assert_eq!(
+        store.claims(10).await.unwrap(),
+        std::slice::from_ref(&claim.key)
+    );
     let tx = client.transaction().await.unwrap();
     assert_eq!(
         execute_as_diesel(&tx, &store.claim_statement(&claim)).await,
@@ -495,7 +501,10 @@ async fn the_sqlite_claim_statement_run_by_diesel_commits_a_claim_the_send_takes
         claim_with_diesel(connection, &store.claim_statement(&claim))
     });
     assert_eq!(claimed, Ok(1));
-    assert_eq!(store.claims(10).await.unwrap(), [claim.key.clone()]);
+    assert_eq!(
+        store.claims(10).await.unwrap(),
+        std::slice::from_ref(&claim.key)
+    );
     let again = connection.immediate_transaction(|connection| {
         claim_with_diesel(connection, &store.claim_statement(&claim))
     });
