@@ -6,6 +6,9 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
+#[cfg(feature = "sqlx")]
+#[path = "stores/claim_sqlx.rs"]
+mod claim_sqlx;
 #[cfg(feature = "postgres")]
 #[path = "common/interleave.rs"]
 mod interleave;
@@ -32,6 +35,8 @@ fn benches(c: &mut Criterion) {
     postgres::bench(c);
     #[cfg(feature = "postgres")]
     outbox::bench(c);
+    #[cfg(feature = "sqlx")]
+    claim_sqlx::bench(c);
     let _ = c;
 }
 

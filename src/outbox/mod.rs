@@ -131,6 +131,8 @@ use crate::store::{StoreError, StoreErrorKind};
 mod drain;
 mod rows;
 mod sql;
+#[cfg(feature = "sqlx")]
+mod sqlx;
 mod stored;
 mod worker;
 

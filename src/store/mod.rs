@@ -75,6 +75,8 @@ pub mod record;
 pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod statement;
 mod token;
 #[cfg(feature = "postgres")]
 mod unanswered;
@@ -82,6 +84,8 @@ mod unanswered;
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use statement::{ClaimParam, ClaimStatement};
 pub use token::Token;
 
 /// The state of a live record.

@@ -1,13 +1,13 @@
 //! Claim-then-send: [`PostgresStore::claim_in`] writes a key as *claimed* in a transaction
-//! of the caller's own, and [`PostgresStore::claims`] lists the claims still waiting for
-//! their send.
+//! of the caller's own ([`PostgresStore::claim_statement`] hands the same statement to any
+//! other driver), and [`PostgresStore::claims`] lists the claims still waiting for their send.
 
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::{PostgresStore, millis};
 use crate::fingerprint::Fingerprint;
-use crate::store::{Claim, StoreError, WaitingClaim};
+use crate::store::{Claim, ClaimParam, ClaimStatement, StoreError, WaitingClaim};
 
 impl PostgresStore {
     /// Writes `claim` through `client` (tokio-postgres 0.7, see
@@ -54,8 +54,8 @@ impl PostgresStore {
     ) -> Result<bool, StoreError> {
         let token = crate::store::Token::new();
         let fingerprint = &claim.fingerprint.as_bytes()[..];
-        let rows = client
-            .query(
+        let written = client
+            .execute(
                 &self.table.sql.claim,
                 &[
                     &claim.key,
@@ -66,7 +66,48 @@ impl PostgresStore {
             )
             .await
             .map_err(|e| self.db_error(e))?;
-        Ok(!rows.is_empty())
+        Ok(written == 1)
+    }
+
+    /// The statement [`claim_in`](Self::claim_in) runs, with its parameters, for a
+    /// transaction held by another driver: diesel's `sql_query` (see [`ClaimStatement`] for
+    /// the binds), or any client that binds text, `bytea` and `bigint` parameters. Run it in
+    /// the transaction that writes your business rows; after the commit, the layer's send
+    /// takes the claim as it takes `claim_in`'s. It claimed the key when it wrote one row
+    /// (the count your driver's `execute` answers).
+    ///
+    /// The parameters: `$1` the key (text), `$2` the claim's token (text, a UUID the
+    /// statement casts), `$3` the fingerprint (`bytea`), `$4` the ttl in milliseconds
+    /// (`bigint`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::store::{Claim, ClaimParam};
+    /// use tower_idempotency::{Fingerprint, PostgresStore};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let mut config = deadpool_postgres::Config::new();
+    /// # config.dbname = Some("app".to_owned());
+    /// # let pool = config.create_pool(None, tokio_postgres::NoTls)?;
+    /// let store = PostgresStore::new(pool);
+    /// let claim = Claim::new("alerts:order.paid:ord_1", Fingerprint::from_bytes([7; 32]),
+    ///     Duration::from_secs(3600));
+    /// let statement = store.claim_statement(&claim);
+    /// assert!(statement.sql().starts_with("INSERT INTO \"idempotency_keys\""));
+    /// assert_eq!(statement.params()[3], ClaimParam::BigInt(3_600_000));
+    /// # Ok(()) }
+    /// ```
+    pub fn claim_statement(&self, claim: &Claim) -> ClaimStatement {
+        let token = crate::store::Token::new();
+        ClaimStatement::new(
+            self.table.sql.claim.clone(),
+            [
+                ClaimParam::Text(claim.key.clone()),
+                ClaimParam::Text(token.to_string()),
+                ClaimParam::Bytes(claim.fingerprint.as_bytes().to_vec()),
+                ClaimParam::BigInt(millis(claim.ttl)),
+            ],
+        )
     }
 
     /// Up to `limit` claims not yet taken by a send, oldest first: after a crash, the

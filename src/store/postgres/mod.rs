@@ -182,6 +182,8 @@ mod claim;
 mod purge;
 mod row;
 pub(crate) mod sql;
+#[cfg(feature = "sqlx")]
+pub(crate) mod sqlx;
 
 pub use purge::PurgeTask;
 pub use sql::InvalidTableName;

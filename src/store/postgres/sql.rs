@@ -253,17 +253,19 @@ impl Table {
                  AND expires_at <= now()"
             ),
             // Written in the caller's transaction; replaces only an expired row, so a live
-            // record (a send under way or done, another claim) is left alone: no row back.
+            // record (a send under way or done, another claim) is left alone: no row
+            // written. One row written means claimed, a count every driver reports, and
+            // `$2::uuid` lets drivers that bind the token as text (sqlx without its uuid
+            // feature, diesel's `sql_query`) run the same statement as `claim_in`.
             claim: format!(
                 "INSERT INTO {quoted} AS r (key, state, token, fingerprint, outcome, expires_at)
-                 VALUES ($1, 'claimed', $2, $3, NULL,
+                 VALUES ($1, 'claimed', $2::uuid, $3, NULL,
                          now() + $4::bigint * interval '1 millisecond')
                  ON CONFLICT (key) DO UPDATE SET
                      state = excluded.state, token = excluded.token,
                      fingerprint = excluded.fingerprint, outcome = NULL,
                      expires_at = excluded.expires_at, first_attempt_at = NULL
-                 WHERE r.expires_at <= now()
-                 RETURNING r.key"
+                 WHERE r.expires_at <= now()"
             ),
             claims: format!(
                 "SELECT key, fingerprint FROM {quoted} WHERE state = 'claimed' AND expires_at > now()

@@ -94,7 +94,8 @@
 //! [`SqliteStore::claim_in`] writes a key as *claimed* through a `rusqlite` connection of
 //! your own, inside the transaction that writes your rows in the same file; the layer's
 //! send of the same message then takes the claim. [`SqliteStore::claims`] lists the claims
-//! still waiting for their send.
+//! still waiting for their send. [`SqliteStore::claim_statement`] hands the same statement,
+//! with its parameters, to a transaction of another driver (diesel's `sql_query`).
 //!
 //! The store runs on rusqlite 0.40 (with SQLite bundled), and `claim_in` takes a
 //! `rusqlite::Connection` of that version: add `rusqlite = "0.40"` to your dependencies to
@@ -120,6 +121,7 @@ mod purge;
 mod row;
 mod session;
 mod sql;
+mod statement;
 mod writer;
 
 use session::Session;
@@ -380,13 +382,14 @@ impl SqliteStore {
         connection
             .prepare(sql::CLAIM)
             .and_then(|mut statement| {
-                statement.exists(rusqlite::params![
+                statement.execute(rusqlite::params![
                     claim.key,
                     &token.as_bytes()[..],
                     &claim.fingerprint.as_bytes()[..],
                     millis(claim.ttl),
                 ])
             })
+            .map(|written| written == 1)
             .map_err(|e| self.failure(&e))
     }
 

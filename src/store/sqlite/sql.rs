@@ -174,7 +174,8 @@ pub(super) const PURGE: &str = concat!(
 );
 
 /// `?1` key, `?2` token, `?3` fingerprint, `?4` ttl in ms: written in the caller's
-/// transaction; replaces only an expired row, so a live record is left alone (no row back).
+/// transaction; replaces only an expired row, so a live record is left alone (no row
+/// written: one row written means claimed, a count every driver reports).
 pub(super) const CLAIM: &str = concat!(
     "INSERT INTO idempotency_keys AS r (key, state, token, fingerprint, outcome, expires_at)
      VALUES (?1, 'claimed', ?2, ?3, NULL, ",
@@ -184,8 +185,7 @@ pub(super) const CLAIM: &str = concat!(
          state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
          outcome = NULL, expires_at = excluded.expires_at, first_attempt_at = NULL
      WHERE r.expires_at <= ",
-    now!(),
-    " RETURNING key"
+    now!()
 );
 
 /// `?1` how many: the claims still waiting for their send, oldest first.
