@@ -63,8 +63,8 @@ async fn reserve(store: &RedisStore, key: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// Polls `call` with fresh keys until it succeeds; answers how long that took, failing the
-/// test past `bound`.
+/// Reserves fresh keys until one succeeds; answers how long that took, failing the test past
+/// `bound`.
 async fn succeeds_within(bound: Duration, store: &RedisStore, prefix: &str) -> Duration {
     let start = Instant::now();
     let mut n = 0;
@@ -121,13 +121,8 @@ async fn a_connection_that_cannot_recover_is_replaced_by_one_from_the_client() {
     let failed = reserve(&heals, "locked-out").await;
     assert!(failed.is_err(), "the locked-out connection still answers");
 
-    let took = succeeds_within(
-        HEAL_AFTER + 10 * STORE_TIMEOUT + Duration::from_secs(2),
-        &heals,
-        "after",
-    )
-    .await;
-    assert!(took >= Duration::ZERO);
+    // The heal bound, a new connection (bounded by the client's timeouts) and a few calls.
+    succeeds_within(HEAL_AFTER + Duration::from_secs(4), &heals, "after").await;
     let still = reserve(&cannot_heal, "without-client").await;
     assert!(
         still.is_err(),
@@ -135,17 +130,19 @@ async fn a_connection_that_cannot_recover_is_replaced_by_one_from_the_client() {
     );
 }
 
-/// Several senders go through the production stack while every connection of the store's
-/// user is killed about ten times a second for three seconds; once the kills stop, every
-/// sender succeeds again within 5 s, and no key reached the provider twice.
+/// 32 senders go through the production stack while every connection of the store's user
+/// is killed about ten times a second for five seconds; once the kills stop, every sender
+/// succeeds again within 5 s, and no key reached the provider twice. Without healing
+/// (`heal_after` of days) this failed in 1 of 2 runs, the cluster client stuck for good; with
+/// 30 s of kills, every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(backend_redis_binaries),
     ignore = "no redis-server and redis-cli on PATH"
 )]
 async fn after_a_storm_of_killed_connections_every_sender_sends_again() {
-    const SENDERS: usize = 4;
-    const STORM: Duration = Duration::from_secs(3);
+    const SENDERS: usize = 32;
+    const STORM: Duration = Duration::from_secs(5);
     let Some(cluster) = RedisCluster::shared() else {
         return;
     };
