@@ -149,6 +149,19 @@
 //! itself, retrying the command. Each operation touches one key, so keys may live in any slot;
 //! batches are split by slot (see [Batches](#batches)).
 //!
+//! ## Cluster connections heal
+//!
+//! Under a storm of killed connections (about ten a second for a few seconds) the cluster
+//! client can get stuck for good: every later call times out while a new connection from the
+//! same client works at once. A store from `connect_cluster` (or `from_cluster_client`) keeps
+//! its client: when calls have gone unanswered for `heal_after` (`HEAL_AFTER`, 4 s, by
+//! default) while they were made, one caller at a time opens a new connection (bounded by
+//! [`DEFAULT_TIMEOUT`]), checks that it answers `PING`, and swaps it in for every clone,
+//! logging a warning. Calls in flight on the old connection fail as store failures, on which
+//! nothing is sent. A failed attempt is tried again on a later call, no sooner than 500 ms
+//! after. A store from `from_cluster` has no client and cannot heal: prefer
+//! `connect_cluster`.
+//!
 //! Every operation is bounded by a timeout ([`DEFAULT_TIMEOUT`], 2 s, set with
 //! [`RedisStore::timeout`]); when it passes the operation fails with a
 //! [`Timeout`](super::StoreErrorKind::Timeout) error. A timed-out `reserve` may still have
