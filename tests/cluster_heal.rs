@@ -85,7 +85,7 @@ async fn succeeds_within(bound: Duration, store: &RedisStore, prefix: &str) -> D
 
 /// The connection a store was handed can never reconnect (its user is locked out), while its
 /// client opens new ones that work: the store replaces it, and calls succeed again within
-/// the heal bound and a few timeouts. A store on the same connection without its client
+/// the heal bound and a few timeouts, and the replacement is logged. A store on the same connection without its client
 /// stays failed, which shows the connection was stuck.
 #[tokio::test]
 #[cfg_attr(
@@ -96,6 +96,7 @@ async fn a_connection_that_cannot_recover_is_replaced_by_one_from_the_client() {
     let Some(cluster) = RedisCluster::shared() else {
         return;
     };
+    let (logs, _capturing) = support::capture();
     let mut locked_out = cluster.user().await;
     let healthy = cluster.user().await;
     let connection = client(&locked_out)
@@ -123,6 +124,11 @@ async fn a_connection_that_cannot_recover_is_replaced_by_one_from_the_client() {
 
     // The heal bound, a new connection (bounded by the client's timeouts) and a few calls.
     succeeds_within(HEAL_AFTER + Duration::from_secs(4), &heals, "after").await;
+    let warned = logs
+        .lines()
+        .into_iter()
+        .any(|line| line.starts_with("WARN") && line.contains("replaced with a new one"));
+    assert!(warned, "the replacement was not logged: {:?}", logs.lines());
     let still = reserve(&cannot_heal, "without-client").await;
     assert!(
         still.is_err(),
