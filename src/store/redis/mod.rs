@@ -149,6 +149,19 @@
 //! itself, retrying the command. Each operation touches one key, so keys may live in any slot;
 //! batches are split by slot (see [Batches](#batches)).
 //!
+//! ## Cluster connections heal
+//!
+//! Under a storm of killed connections (about ten a second for a few seconds) the cluster
+//! client can get stuck for good: every later call times out while a new connection from the
+//! same client works at once. A store from `connect_cluster` (or `from_cluster_client`) keeps
+//! its client: when calls have gone unanswered for `heal_after` (`HEAL_AFTER`, 4 s, by
+//! default) while they were made, one caller at a time opens a new connection (bounded by
+//! [`DEFAULT_TIMEOUT`]), checks that it answers `PING`, and swaps it in for every clone,
+//! logging a warning. Calls in flight on the old connection fail as store failures, on which
+//! nothing is sent. A failed attempt is tried again on a later call, no sooner than 500 ms
+//! after. A store from `from_cluster` has no client and cannot heal: prefer
+//! `connect_cluster`.
+//!
 //! Every operation is bounded by a timeout ([`DEFAULT_TIMEOUT`], 2 s, set with
 //! [`RedisStore::timeout`]); when it passes the operation fails with a
 //! [`Timeout`](super::StoreErrorKind::Timeout) error. A timed-out `reserve` may still have
@@ -167,10 +180,14 @@ use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
 mod admin;
+#[cfg(feature = "redis-cluster")]
+mod heal;
 mod pipeline;
 mod scripts;
 
 pub use admin::UNKNOWN_INDEX_SUFFIX;
+#[cfg(feature = "redis-cluster")]
+pub use heal::HEAL_AFTER;
 
 use scripts::{
     COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT, millis,
@@ -235,7 +252,7 @@ pub struct RedisStore {
 enum Connection {
     Single(ConnectionManager),
     #[cfg(feature = "redis-cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(heal::HealingCluster),
 }
 
 impl ConnectionLike for Connection {
@@ -353,16 +370,42 @@ impl RedisStore {
 
     /// A store on a Redis Cluster connection (the `redis` crate's, version 1, with its
     /// `cluster-async` feature), with the default prefix and timeout.
+    ///
+    /// Without the client that made it, the store cannot replace a connection that stops
+    /// answering (see [Cluster connections heal](self#cluster-connections-heal)): prefer
+    /// [`connect_cluster`](Self::connect_cluster).
     #[cfg(feature = "redis-cluster")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
     pub fn from_cluster(connection: redis::cluster_async::ClusterConnection) -> Self {
-        Self::with_connection(Connection::Cluster(connection))
+        Self::with_connection(Connection::Cluster(heal::HealingCluster::fixed(connection)))
+    }
+
+    /// A store on a Redis Cluster connection and the client that opened it (the `redis`
+    /// crate's, version 1, with its `cluster-async` feature), with the default prefix and
+    /// timeout: for a client built with settings of your own (TLS, credentials, timeouts).
+    /// The store replaces the connection with a new one from `client` when it stops
+    /// answering (see [Cluster connections heal](self#cluster-connections-heal)); a new
+    /// connection, and its check, are bounded by [`DEFAULT_TIMEOUT`].
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub fn from_cluster_client(
+        client: redis::cluster::ClusterClient,
+        connection: redis::cluster_async::ClusterConnection,
+    ) -> Self {
+        Self::with_connection(Connection::Cluster(heal::HealingCluster::new(
+            client,
+            connection,
+            DEFAULT_TIMEOUT,
+        )))
     }
 
     /// Connects to the Redis Cluster that `urls` (some of its nodes) belong to.
     ///
     /// The connection discovers the other nodes, routes each key to its slot's primary and
-    /// reconnects to nodes it lost by itself. Fails like [`connect`](Self::connect).
+    /// reconnects to nodes it lost by itself. The store keeps the client, to replace a
+    /// connection that stops answering (see
+    /// [Cluster connections heal](self#cluster-connections-heal) and
+    /// [`heal_after`](Self::heal_after)). Fails like [`connect`](Self::connect).
     #[cfg(feature = "redis-cluster")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
     pub async fn connect_cluster<I, T>(urls: I) -> Result<Self, StoreError>
@@ -379,7 +422,23 @@ impl RedisStore {
             .await
             .map_err(|_| StoreError::timeout())?
             .map_err(unavailable)?;
-        Ok(Self::from_cluster(connection))
+        Ok(Self::from_cluster_client(client, connection))
+    }
+
+    /// How long calls to a Redis Cluster may go unanswered, while they are made, before a
+    /// store from [`connect_cluster`](Self::connect_cluster) replaces its connection with a
+    /// new one from its client (default [`HEAL_AFTER`], 4 s). Keep it above the store's
+    /// [`timeout`](Self::timeout), so that one slow call is not taken for a stuck connection.
+    /// Has no effect on a store on a single server, or from
+    /// [`from_cluster`](Self::from_cluster), which cannot heal.
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    #[must_use]
+    pub fn heal_after(mut self, unanswered: Duration) -> Self {
+        if let Connection::Cluster(cluster) = &mut self.connection {
+            cluster.set_heal_after(unanswered);
+        }
+        self
     }
 
     fn with_connection(connection: Connection) -> Self {
