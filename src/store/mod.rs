@@ -76,7 +76,7 @@ pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod token;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 mod unanswered;
 
 #[cfg(any(test, feature = "test-util"))]
