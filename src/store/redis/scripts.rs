@@ -391,6 +391,50 @@ pub(super) fn millis(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outcome::{Outcome, Receipt};
+
+    fn answered(step: FirstStep) -> Reservation {
+        match step {
+            FirstStep::Answered(reservation) => reservation,
+            FirstStep::Pending => panic!("the script was asked for"),
+        }
+    }
+
+    #[test]
+    fn the_first_step_decides_what_needs_no_clock() {
+        let (ours, fingerprint) = (Token::new(), Fingerprint::from_bytes([1; 32]));
+        let times = Times {
+            first_attempt_before_expiry_ms: Some(61_000),
+            kept_after_lease_ms: Some(1_000),
+        };
+        // A free key: SET NX answered no old value.
+        let free = first_step(Value::Nil, Value::Int(61_000), ours).unwrap();
+        assert!(matches!(answered(free), Reservation::Reserved { token } if token == ours));
+        // Our own pending record: a reserve the client sent again after its reply was lost.
+        let pending = record::pending_value(ours, fingerprint, times).unwrap();
+        let again = first_step(Value::BulkString(pending.clone()), Value::Int(60_000), ours);
+        assert!(matches!(answered(again.unwrap()), Reservation::Reserved { token } if token == ours));
+        // Another token's pending record: whether its lease passed needs the server's clock.
+        let other = first_step(Value::BulkString(pending), Value::Int(60_000), Token::new());
+        assert!(matches!(other.unwrap(), FirstStep::Pending));
+        // A done record is held, its first attempt's age read against the PTTL.
+        let done = record::done_value(ours, fingerprint, &Outcome::sent(Receipt::new("m", "t")))
+            .unwrap();
+        let mut kept = done[..102].to_vec();
+        kept.extend_from_slice(b"90000");
+        kept.extend_from_slice(&done[102..]);
+        let held = first_step(Value::BulkString(kept), Value::Int(60_000), Token::new());
+        let Reservation::Held { record } = answered(held.unwrap()) else {
+            panic!("a done key is held")
+        };
+        assert_eq!(record.first_attempt_age, Some(Duration::from_secs(30)));
+        // Garbage is corrupt, never a reservation.
+        let garbage = first_step(Value::BulkString(b"garbage".to_vec()), Value::Int(1), ours);
+        assert_eq!(
+            garbage.err().map(|e| e.kind()),
+            Some(crate::store::StoreErrorKind::Corrupt)
+        );
+    }
 
     #[test]
     fn expiry_is_clamped_to_what_redis_accepts() {
