@@ -123,7 +123,11 @@ impl Fixture {
         self.ours_at(&ours).await;
         let raw = format!("{}{}", self.prefix, self.key());
         let mut connection = self.manager.clone();
-        assert!(self.raw.send(&mut connection, &raw, TTL * 30, TTL * 30).await);
+        assert!(
+            self.raw
+                .send(&mut connection, &raw, TTL * 30, TTL * 30)
+                .await
+        );
         (ours, raw)
     }
 
@@ -181,8 +185,12 @@ fn server_time(runtime: &tokio::runtime::Runtime, fixture: &Fixture) {
     const N: u64 = 10_000;
     runtime.block_on(async {
         let (ours_key, raw_key) = fixture.done_keys().await;
-        let ours = fixture.server_cost(N, || fixture.ours_replay(&ours_key)).await;
-        let raw = fixture.server_cost(N, || fixture.raw_replay(&raw_key)).await;
+        let ours = fixture
+            .server_cost(N, || fixture.ours_replay(&ours_key))
+            .await;
+        let raw = fixture
+            .server_cost(N, || fixture.raw_replay(&raw_key))
+            .await;
         println!(
             "redis/server-time/replay: ours {:.2} µs in {:.1} commands, SET NX GET {:.2} µs in \
              {:.1}: {:.2} ×",

@@ -413,13 +413,15 @@ mod tests {
         // Our own pending record: a reserve the client sent again after its reply was lost.
         let pending = record::pending_value(ours, fingerprint, times).unwrap();
         let again = first_step(Value::BulkString(pending.clone()), Value::Int(60_000), ours);
-        assert!(matches!(answered(again.unwrap()), Reservation::Reserved { token } if token == ours));
+        assert!(
+            matches!(answered(again.unwrap()), Reservation::Reserved { token } if token == ours)
+        );
         // Another token's pending record: whether its lease passed needs the server's clock.
         let other = first_step(Value::BulkString(pending), Value::Int(60_000), Token::new());
         assert!(matches!(other.unwrap(), FirstStep::Pending));
         // A done record is held, its first attempt's age read against the PTTL.
-        let done = record::done_value(ours, fingerprint, &Outcome::sent(Receipt::new("m", "t")))
-            .unwrap();
+        let done =
+            record::done_value(ours, fingerprint, &Outcome::sent(Receipt::new("m", "t"))).unwrap();
         let mut kept = done[..102].to_vec();
         kept.extend_from_slice(b"90000");
         kept.extend_from_slice(&done[102..]);

@@ -127,7 +127,9 @@ impl RedisStore {
         }
     }
 
-    /// One `SCAN` on `node`: the next cursor and the keys of this batch.
+    /// One `SCAN` on `node` (ignored on one server): the next cursor and the keys of this
+    /// batch.
+    #[cfg_attr(not(feature = "redis-cluster"), allow(unused_variables))]
     async fn scan(&self, node: &str, at: u64) -> Result<(u64, Vec<String>), StoreError> {
         let mut cmd = redis::cmd("SCAN");
         cmd.arg(at)
@@ -161,20 +163,25 @@ impl RedisStore {
                     .map_err(server_error)?
             }
         };
-        let _ = node;
         let reply = reply.extract_error().map_err(server_error)?;
-        let (next, keys): (String, Vec<String>) = redis::from_redis_value(reply).map_err(|_| {
-            StoreError::new(
-                StoreErrorKind::Unavailable,
-                "the server answered a SCAN with something unexpected",
-            )
-        })?;
+        let (next, keys): (String, Vec<Vec<u8>>) =
+            redis::from_redis_value(reply).map_err(|_| {
+                StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "the server answered a SCAN with something unexpected",
+                )
+            })?;
         let next = next.parse().map_err(|_| {
             StoreError::new(
                 StoreErrorKind::Unavailable,
                 "the server answered a SCAN with a cursor that is not a number",
             )
         })?;
+        // A key that is not UTF-8 is none of this store's.
+        let keys = keys
+            .into_iter()
+            .map(|key| String::from_utf8(key).unwrap_or_default())
+            .collect();
         Ok((next, keys))
     }
 
@@ -197,10 +204,11 @@ impl RedisStore {
         let mut entries = Vec::new();
         for _ in 0..SCANS_PER_PAGE {
             let (next, keys) = self.scan(&at.node, at.scan).await?;
-            let batch: Vec<&str> = keys
+            // In the batch's order, so that a place in it names the same key next time.
+            let batch: Vec<Option<&str>> = keys
                 .iter()
                 .skip(at.done)
-                .filter_map(|key| key.strip_prefix(&*self.prefix))
+                .map(|key| key.strip_prefix(&*self.prefix))
                 .collect();
             let stale = self.stale_of(&batch).await?;
             let room = limit - entries.len();
@@ -235,12 +243,17 @@ impl RedisStore {
         Ok(Page::new(entries, Some(at.cursor())))
     }
 
-    /// The stale pending records among `keys` (without the prefix), each with its place in
-    /// `keys`.
-    async fn stale_of(&self, keys: &[&str]) -> Result<Vec<(Inspected, usize)>, StoreError> {
-        let reads: Vec<(String, Cmd)> = keys
+    /// The stale pending records among `keys` (without the prefix; `None` for a key that is
+    /// none of this store's), each with its place in `keys`.
+    async fn stale_of(&self, keys: &[Option<&str>]) -> Result<Vec<(Inspected, usize)>, StoreError> {
+        let ours: Vec<(usize, &str)> = keys
             .iter()
-            .map(|key| {
+            .enumerate()
+            .filter_map(|(i, key)| Some((i, (*key)?)))
+            .collect();
+        let reads: Vec<(String, Cmd)> = ours
+            .iter()
+            .map(|(_, key)| {
                 let redis_key = self.redis_key(key);
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(self.admin.pending.get_hash())
@@ -251,7 +264,7 @@ impl RedisStore {
             .collect();
         let replies = self.send_scripts(&self.admin.pending, &reads).await?;
         let mut stale = Vec::new();
-        for (i, (key, reply)) in keys.iter().zip(replies).enumerate() {
+        for ((i, key), reply) in ours.into_iter().zip(replies) {
             // A value that cannot be read is no stale send: `inspect` reports it.
             if let Some((bytes, pttl)) = raw_value(reply?)?
                 && let Ok(Some(entry)) = inspected(key, &bytes, pttl)
