@@ -562,6 +562,8 @@ impl Outcome {
     /// The kept outcome as the caller sees it when a repeat of the message is answered from
     /// the store: marked replayed, its accepted recipients restored from the repeat's
     /// `recipients` (the same as the original's, as their fingerprints match).
+    /// A position outside `recipients` is a damaged record: `idempotency.store_failed`,
+    /// never a receipt that accepted nobody.
     pub(crate) fn into_replay_for(self, recipients: &[&str]) -> Result<Receipt, SendError> {
         match self.0 {
             Kept::Sent {
@@ -569,11 +571,9 @@ impl Outcome {
                 accepted_at,
             } => {
                 if !accepted_at.is_empty() {
-                    receipt.accepted = accepted_at
-                        .iter()
-                        .filter_map(|&i| recipients.get(i as usize))
-                        .map(|r| (*r).to_owned())
-                        .collect();
+                    receipt.accepted =
+                        crate::store::record::accepted_recipients(&accepted_at, recipients)
+                            .map_err(SendError::store_failed)?;
                 }
                 receipt.replayed = true;
                 Ok(receipt)

@@ -2,7 +2,8 @@
 //!
 //! During a rolling deploy processes of two releases read each other's records, so what is
 //! written must not change by accident: each literal below is what this release writes
-//! (version 1), and what every later release must still decode. When a test here fails, do
+//! (outcomes in version 1, whole records in version 2), and what every later release must
+//! still decode. When a test here fails, do
 //! not update the literal: add a version to the stored form instead.
 
 use std::error::Error;
@@ -38,18 +39,19 @@ fn fingerprint() -> Fingerprint {
     Fingerprint::from_bytes([9; 32])
 }
 
+/// A record in version 2: the version byte, the state (`P` or `D`), the token and the
+/// fingerprint at fixed places, the two times (`first_attempt_before_expiry_ms`,
+/// `kept_after_lease_ms`) and a line end, then the outcome of a done record.
 fn pending_record() -> String {
-    format!(r#"{{"state":"pending","token":"{TOKEN}","fingerprint":"{FINGERPRINT}"}}"#)
+    format!("\x02P{TOKEN}{FINGERPRINT},\n")
 }
 
 fn done_record() -> String {
-    format!(
-        r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{SENT_WITH_POSITIONS}}}"#
-    )
+    format!("\x02D{TOKEN}{FINGERPRINT},\n{SENT_WITH_POSITIONS}")
 }
 
 fn text(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes).expect("version 1 is UTF-8 JSON")
+    String::from_utf8(bytes).expect("the stored forms are UTF-8")
 }
 
 #[test]
@@ -154,16 +156,25 @@ fn values_that_are_not_of_a_known_version_are_corrupt() {
         let error = decode_outcome(value).unwrap_err();
         assert_eq!(error.kind(), StoreErrorKind::Corrupt, "{value:?}");
     }
-    let done_without_outcome =
-        format!(r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}"}}"#);
-    for value in [&b"garbage"[..], b"{}", done_without_outcome.as_bytes()] {
+    let done_without_outcome = format!("\x02D{TOKEN}{FINGERPRINT},\n");
+    let json_record = format!(
+        r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{FAILED}}}"#
+    );
+    for value in [
+        &b"garbage"[..],
+        b"{}",
+        done_without_outcome.as_bytes(),
+        json_record.as_bytes(),
+    ] {
         let error = decode_record(value).unwrap_err();
         assert_eq!(error.kind(), StoreErrorKind::Corrupt, "{value:?}");
     }
-    // A later release's binary form starts with its version byte.
-    let error = decode_outcome(b"\x02\x00").unwrap_err();
+    // A later release's form starts with its version byte.
+    let error = decode_outcome(b"\x03\x00").unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Corrupt);
-    assert!(error.to_string().contains("version 2"), "{error}");
+    assert!(error.to_string().contains("version 3"), "{error}");
+    let error = decode_record(b"\x03\x00").unwrap_err();
+    assert!(error.to_string().contains("version 3"), "{error}");
 }
 
 /// What the layer hands a store for a sent message is the first literal above: the
@@ -199,30 +210,25 @@ async fn the_layer_keeps_a_receipt_in_the_pinned_form() {
     assert_eq!(text(encode_outcome(&kept).unwrap()), SENT_WITH_POSITIONS);
 }
 
-/// The form `RedisStore` writes, with the record's times: the first attempt's time and a
-/// pending record's lease end, in ms by the store's clock, after the other fields. The public
-/// decoder reads it, as it reads the form without them that `encode_record` writes.
+/// The form `RedisStore` writes, with the record's times relative to its key's expiry: how
+/// long before it the first attempt began and, for a pending record, how long it is kept
+/// after its lease. The public decoder reads it, as it reads the form without them that
+/// `encode_record` writes.
 #[test]
 fn a_record_with_its_times_decodes() {
-    let pending = format!(
-        r#"{{"state":"pending","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","first_attempt_at_ms":1764500000000,"lease_until_ms":1764500120000}}"#
-    );
+    let pending = format!("\x02P{TOKEN}{FINGERPRINT}86520000,86400000\n");
     let (t, record) = decode_record(pending.as_bytes()).unwrap();
     assert_eq!(t, token());
     assert_eq!(record.state, RecordState::Pending);
     assert_eq!(record.fingerprint, fingerprint());
-    let done = format!(
-        r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{FAILED},"first_attempt_at_ms":1764500000000}}"#
-    );
+    let done = format!("\x02D{TOKEN}{FINGERPRINT}86403000,\n{FAILED}");
     let (_, record) = decode_record(done.as_bytes()).unwrap();
     assert!(record.is_unknown_delivery());
     // The decoder alone has no clock: the age is the store's to tell.
     assert_eq!(record.first_attempt_age, None);
-    // `encode_record` has no clock: it writes the record without times.
+    // `encode_record` has no expiry to be relative to: it writes the record without times.
     assert_eq!(
         text(encode_record(token(), &record).unwrap()),
-        format!(
-            r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{FAILED}}}"#
-        )
+        format!("\x02D{TOKEN}{FINGERPRINT},\n{FAILED}")
     );
 }

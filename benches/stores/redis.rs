@@ -6,6 +6,14 @@
 //! pipelines) against 100 `reserve` + `complete` pairs one after the other, and 100 pairs all
 //! in flight together on the one connection.
 //!
+//! `redis/replay` answers a key already done, from 1 and 64 tasks: our `reserve` against the
+//! minimal `SET NX GET` that finds the key held.
+//!
+//! Then, outside criterion, it prints the server's time per replay and per fresh pair by `INFO
+//! commandstats` (the time the server spends running the commands, the whole of each call
+//! counted): ours against the minimal commands. Run it on a server no other client uses, or
+//! the others' commands count too.
+//!
 //! Runs when `REDIS_URL` is set: `REDIS_URL=redis://127.0.0.1:6379 cargo bench --all-features
 //! --bench stores -- redis`.
 
@@ -93,6 +101,117 @@ impl Fixture {
         let free = self.raw.send(&mut connection, &key, LEASE, TTL).await;
         assert!(free, "fresh key held");
     }
+
+    /// Our replay of `key`, done.
+    async fn ours_replay(&self, key: &str) {
+        match self.store.reserve(key, self.fingerprint, LEASE).await {
+            Ok(Reservation::Held { record }) => assert!(record.outcome.is_some()),
+            other => panic!("reserve of a done key: {other:?}"),
+        }
+    }
+
+    /// The minimal replay of `key` (with the prefix), done: `SET NX GET` finds it held.
+    async fn raw_replay(&self, key: &str) {
+        let mut connection = self.manager.clone();
+        let free = self.raw.send(&mut connection, key, LEASE, TTL).await;
+        assert!(!free, "done key free");
+    }
+
+    /// A done key of ours and one of the minimal commands, to replay.
+    async fn done_keys(&self) -> (String, String) {
+        let ours = self.key();
+        self.ours_at(&ours).await;
+        let raw = format!("{}{}", self.prefix, self.key());
+        let mut connection = self.manager.clone();
+        assert!(
+            self.raw
+                .send(&mut connection, &raw, TTL * 30, TTL * 30)
+                .await
+        );
+        (ours, raw)
+    }
+
+    async fn ours_at(&self, key: &str) {
+        let Ok(Reservation::Reserved { token }) =
+            self.store.reserve(key, self.fingerprint, TTL * 30).await
+        else {
+            panic!("reserve of a fresh key")
+        };
+        let wrote = self
+            .store
+            .complete(key, token, self.fingerprint, &self.outcome, TTL * 30)
+            .await;
+        assert!(matches!(wrote, Ok(true)), "complete: {wrote:?}");
+    }
+
+    /// The server's time for all commands so far, in µs, and their calls.
+    async fn server_usec(&self) -> (u64, u64) {
+        let mut connection = self.manager.clone();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut connection)
+            .await
+            .expect("INFO commandstats");
+        let field = |line: &str, name: &str| -> u64 {
+            line.split([':', ','])
+                .find_map(|part| part.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        info.lines()
+            .filter(|line| line.starts_with("cmdstat_") && !line.starts_with("cmdstat_info"))
+            .fold((0, 0), |(usec, calls), line| {
+                (usec + field(line, "usec"), calls + field(line, "calls"))
+            })
+    }
+
+    /// Server µs and commands per call of `op`, run `n` times one after another.
+    async fn server_cost<F: Future<Output = ()>>(&self, n: u64, op: impl Fn() -> F) -> (f64, f64) {
+        let (usec, calls) = self.server_usec().await;
+        for _ in 0..n {
+            op().await;
+        }
+        let (usec_after, calls_after) = self.server_usec().await;
+        (
+            (usec_after - usec) as f64 / n as f64,
+            // The second INFO is counted once, after the run.
+            (calls_after - calls) as f64 / n as f64,
+        )
+    }
+}
+
+/// Prints the server's time per replay and per fresh pair, ours against the minimal commands.
+fn server_time(runtime: &tokio::runtime::Runtime, fixture: &Fixture) {
+    const N: u64 = 10_000;
+    runtime.block_on(async {
+        let (ours_key, raw_key) = fixture.done_keys().await;
+        let ours = fixture
+            .server_cost(N, || fixture.ours_replay(&ours_key))
+            .await;
+        let raw = fixture
+            .server_cost(N, || fixture.raw_replay(&raw_key))
+            .await;
+        println!(
+            "redis/server-time/replay: ours {:.2} µs in {:.1} commands, SET NX GET {:.2} µs in \
+             {:.1}: {:.2} ×",
+            ours.0,
+            ours.1,
+            raw.0,
+            raw.1,
+            ours.0 / raw.0
+        );
+        let ours = fixture.server_cost(N, || fixture.ours()).await;
+        let raw = fixture.server_cost(N, || fixture.raw()).await;
+        println!(
+            "redis/server-time/fresh: ours {:.2} µs in {:.1} commands, minimal {:.2} µs in \
+             {:.1}: {:.2} ×",
+            ours.0,
+            ours.1,
+            raw.0,
+            raw.1,
+            ours.0 / raw.0
+        );
+    });
 }
 
 /// Benchmarks `RedisStore` and the minimal commands on `REDIS_URL`; skips when it is unset.
@@ -143,6 +262,27 @@ pub fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
+
+    let mut group = c.benchmark_group("redis/replay");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    let (ours_key, raw_key) = runtime.block_on(fixture.done_keys());
+    for concurrency in [1usize, 64] {
+        group.throughput(Throughput::Elements(concurrency as u64));
+        let (fixture, ours_key, raw_key) = (&fixture, &ours_key, &raw_key);
+        group.bench_function(BenchmarkId::new("RedisStore", concurrency), |b| {
+            b.to_async(&runtime)
+                .iter(|| join_all((0..concurrency).map(|_| fixture.ours_replay(ours_key))));
+        });
+        group.bench_function(BenchmarkId::new("minimal", concurrency), |b| {
+            b.to_async(&runtime)
+                .iter(|| join_all((0..concurrency).map(|_| fixture.raw_replay(raw_key))));
+        });
+    }
+    group.finish();
+    server_time(&runtime, &fixture);
 
     let mut group = c.benchmark_group("redis/batch-100");
     group

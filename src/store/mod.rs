@@ -78,7 +78,7 @@ pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod statement;
 mod token;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 mod unanswered;
 
 #[cfg(any(test, feature = "test-util"))]

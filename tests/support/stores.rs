@@ -138,11 +138,14 @@ pub mod broken_records {
         ),
     ];
 
-    /// The same record whole, for a store that keeps each key as one value (Redis).
+    /// The same record whole, in the stored form of a record (version 2), for a store that
+    /// keeps each key as one value (Redis); a pending one with its times.
     pub fn whole(state: &str, token: &str, fingerprint: &str, outcome: &str) -> String {
-        format!(
-            r#"{{"state":"{state}","token":"{token}","fingerprint":"{fingerprint}","outcome":{outcome}}}"#
-        )
+        let (state, times) = match state {
+            "pending" => ('P', "60000,1"),
+            _ => ('D', ","),
+        };
+        format!("\x02{state}{token}{fingerprint}{times}\n{outcome}")
     }
 }
 

@@ -409,9 +409,7 @@ impl Conformance {
     }
 
     /// A pending key whose lease passed is listed (as pending, lease passed) by a store that
-    /// still keeps it (unless built with
-    /// [`stale_pending_unlisted`](Conformance::stale_pending_unlisted)), and is absent from a
-    /// store that dropped it; either way it is no longer
+    /// still keeps it, and is absent from a store that dropped it; either way it is no longer
     /// held by a live send, so forget needs no force.
     pub async fn admin_list_shows_a_pending_key_past_its_lease_only_where_kept(&self) {
         let Some(admin) = self.admin() else { return };
@@ -429,12 +427,8 @@ impl Conformance {
             Some(record) => {
                 assert!(record.is_stale(), "{record:?}");
                 assert!(!record.is_held_live());
-                if self.lists_stale_pending {
-                    assert_eq!(listed.len(), 1, "a kept stale pending key is listed once");
-                    assert!(listed[0].is_stale());
-                } else {
-                    assert!(listed.is_empty(), "a store that does not list stale keys");
-                }
+                assert_eq!(listed.len(), 1, "a kept stale pending key is listed once");
+                assert!(listed[0].is_stale());
             }
             None => assert!(listed.is_empty(), "a dropped key is listed"),
         }

@@ -72,7 +72,6 @@ pub struct Conformance {
     prefix: String,
     clock: Clock,
     lease: Duration,
-    lists_stale_pending: bool,
     resend: bool,
     /// Why the case running now cannot run, once it found out.
     not_run: Mutex<Option<&'static str>>,
@@ -135,7 +134,6 @@ impl std::fmt::Debug for Conformance {
             .field("clock", &self.clock)
             .field("lease", &self.lease)
             .field("admin", &self.admin.is_some())
-            .field("lists_stale_pending", &self.lists_stale_pending)
             .finish_non_exhaustive()
     }
 }
@@ -157,7 +155,6 @@ impl Conformance {
             prefix: format!("conformance:{}:", Token::new()),
             clock: Clock::Real,
             lease: Duration::from_millis(300),
-            lists_stale_pending: true,
             resend: true,
             not_run: Mutex::new(None),
         }
@@ -185,16 +182,6 @@ impl Conformance {
     #[must_use]
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
-        self
-    }
-
-    /// For a store that keeps a pending record past its lease (so that a reserve can report
-    /// [`Reservation::TakenOver`]) but does not list it among the keys to settle, as
-    /// `RedisStore` does (indexing every reserve would double its writes). By default a kept
-    /// stale pending key must be listed.
-    #[must_use]
-    pub fn stale_pending_unlisted(mut self) -> Self {
-        self.lists_stale_pending = false;
         self
     }
 

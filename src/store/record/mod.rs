@@ -13,18 +13,18 @@
 //!
 //! | first byte | form |
 //! |---|---|
-//! | `{` | version 1, JSON, below; the form this release writes |
-//! | a byte below `0x20` other than JSON whitespace | the version byte of a later form: refused as [`Corrupt`](super::StoreErrorKind::Corrupt), naming the version |
+//! | `{` | version 1, JSON: an outcome, below |
+//! | `0x02` | version 2: a whole record, below |
+//! | another byte below `0x20`, other than JSON whitespace | the version byte of a later form: refused as [`Corrupt`](super::StoreErrorKind::Corrupt), naming the version |
 //! | anything else | not a record: [`Corrupt`](super::StoreErrorKind::Corrupt) |
 //!
-//! Version 1 carries no version field: a JSON document is version 1. A later form starts
-//! with its version byte (2 and up), which no JSON document can start with, so a release
-//! that writes it still tells version 1 apart and reads it.
+//! A later form starts with its version byte (3 and up), which no JSON document can start
+//! with, so a release that writes it still tells the others apart.
 //!
-//! # Version 1
+//! # Version 1: an outcome
 //!
 //! An outcome, as [`encode_outcome`] writes it (and `PostgresStore` keeps in its `outcome`
-//! column):
+//! column, and a version-2 record at its end):
 //!
 //! ```json
 //! {"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false,"accepted_at":[0,1]}}
@@ -41,40 +41,47 @@
 //!   `retry_after_ms` and `source`, the text of the source error (its type does not survive
 //!   the store).
 //!
-//! A whole record, as [`encode_record`] writes it (and `RedisStore` keeps under each key):
+//! # Version 2: a whole record
 //!
-//! ```json
-//! {"state":"pending","token":"6f1c…","fingerprint":"9a0e…"}
-//! {"state":"done","token":"6f1c…","fingerprint":"9a0e…","outcome":{"sent":{…}}}
+//! A whole record, as [`encode_record`] writes it (and `RedisStore` keeps under each key), is
+//! one line of fixed places, then the outcome:
+//!
+//! | bytes | what |
+//! |---|---|
+//! | 0 | `0x02`, the version |
+//! | 1 | the state: `P` pending, `D` done |
+//! | 2–37 | the token, the reservation's UUID, hyphenated, lowercase |
+//! | 38–101 | the message fingerprint, 64 lowercase hex digits |
+//! | 102– | `first_attempt_before_expiry_ms`, `,`, `kept_after_lease_ms`, `\n`: each decimal digits, or nothing when absent |
+//! | after the `\n` | the outcome in version 1 (done records only; nothing for a pending one) |
+//!
+//! ```text
+//! \x02P6f1c2a4e-8b3d-4f5a-9c7e-1d2b3c4d5e6f0909…0909120000,60000\n
+//! \x02D6f1c2a4e-8b3d-4f5a-9c7e-1d2b3c4d5e6f0909…090986400000,\n{"sent":{…}}
 //! ```
 //!
-//! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
-//! fingerprint in lowercase hex, `outcome` the outcome as above (done records only).
+//! The token and state sit at fixed places so that a store's server compares the front of
+//! the value to fence a write, without decoding it. The times are relative to the expiry of
+//! the value that holds the record, so the store's clock places them (`RedisStore`: `PX`
+//! when written, `PTTL` when read) and the writer needs none:
 //!
-//! A store that keeps the times of a record in it (`RedisStore`) adds two fields, in this
-//! order, in milliseconds since the UNIX epoch by the store's clock (`RedisStore`: the
-//! server's `TIME`):
-//!
-//! ```json
-//! {"state":"pending","token":"6f1c…","fingerprint":"9a0e…","first_attempt_at_ms":1764500000000,"lease_until_ms":1764500120000}
-//! {"state":"done","token":"6f1c…","fingerprint":"9a0e…","outcome":{…},"first_attempt_at_ms":1764500000000}
-//! ```
-//!
-//! - `first_attempt_at_ms`: when the first attempt under the key began (kept through
-//!   retakes and takeovers of the same message); a store reports its age as
+//! - `first_attempt_before_expiry_ms`: how long before the value expires the first attempt
+//!   under the key began (kept through retakes and takeovers of the same message): its age
+//!   is this minus the time the value has left; a store reports it as
 //!   [`Record::first_attempt_age`](super::Record::first_attempt_age). Every pending record
 //!   carries it. A done record carries it when the holder of such a pending record
 //!   completed it, and not otherwise (completed after its own pending record was gone, or
 //!   resolved by an operator): its first attempt is unknown, and it is never re-sent.
-//! - `lease_until_ms`: when the lease of a pending record ends, on every pending record and
-//!   on no done one. A pending record outlives its lease, so that a reserve after it can
-//!   tell it took the key over from a holder that never settled it
+//! - `kept_after_lease_ms`: how long a pending record outlives its lease: the lease ends
+//!   this long before the value expires. On every pending record and on no done one. A
+//!   pending record outlives its lease so that a reserve after it can tell it took the key
+//!   over from a holder that never settled it
 //!   ([`Reservation::TakenOver`](super::Reservation::TakenOver)).
 //!
 //! Such a store reads a pending record without both as
 //! [`Corrupt`](super::StoreErrorKind::Corrupt): it could not tell when its lease ends.
-//! [`encode_record`] has no clock and writes neither; [`decode_record`] reads a record with
-//! or without them.
+//! [`encode_record`] has no value to be relative to and writes neither; [`decode_record`]
+//! reads a record with or without them.
 //!
 //! # The record rules
 //!
@@ -84,7 +91,10 @@
 //!   outcome beside it says the record was damaged or written by something else;
 //! - a done record carries an outcome: there must be something to replay;
 //! - a kept failure is not of category `delivered`: a failure is no delivery, and no
-//!   [`SendError`] of this crate can be of that category.
+//!   [`SendError`] of this crate can be of that category;
+//! - a kept receipt's accepted positions lie within the recipients of the message it is
+//!   replayed for: a position beyond them is refused when the receipt is replayed, never
+//!   read as "accepted nobody".
 //!
 //! Every networked store reads through this module ([`decode_record`], and, for a store that
 //! keeps state and outcome in fields of their own, [`decode_outcome`] and the same rules), so
@@ -96,9 +106,8 @@
 //!
 //! A store that keeps the outcome in a field of its own (a column) writes
 //! [`encode_outcome`] and reads [`decode_outcome`]; a store that keeps each key as one value
-//! writes [`encode_record`] and reads [`decode_record`]. Treat the bytes as opaque: they are
-//! UTF-8 JSON today, and a later release may write a binary form that it, but not this
-//! release, reads.
+//! writes [`encode_record`] and reads [`decode_record`]. Treat the bytes as opaque: a later
+//! release may write a form that it, but not this release, reads.
 //!
 //! ```
 //! use tower_idempotency::store::record::{decode_outcome, encode_outcome};
@@ -123,6 +132,7 @@ use serde::{Deserialize, Serialize};
 use super::{Record, RecordState, StoreError, Token};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::{Category, Kept, Outcome, Receipt, SendError};
+pub(crate) use value::Times;
 
 /// Encodes `outcome` in the stored form this release writes (version 1).
 pub fn encode_outcome(outcome: &Outcome) -> Result<Vec<u8>, StoreError> {
@@ -139,27 +149,27 @@ pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, StoreError> {
     stored.try_into()
 }
 
-/// Encodes `record`, held under `token`, in the stored form this release writes (version 1).
+/// Encodes `record`, held under `token`, in the stored form this release writes for a whole
+/// record (version 2), without times.
 ///
 /// The token fences the reservation: a store that keeps each key as one value compares it
-/// before it overwrites or deletes the value (as `RedisStore`'s scripts do).
+/// before it overwrites or deletes the value (as `RedisStore`'s scripts do, on the value's
+/// front).
 ///
 /// Fails with a [`Corrupt`](super::StoreErrorKind::Corrupt) error, writing nothing, when the
 /// record breaks [the record rules](self#the-record-rules): a pending record with an outcome,
 /// or a done one without.
 pub fn encode_record(token: Token, record: &Record) -> Result<Vec<u8>, StoreError> {
-    check_shape(record.state, record.outcome.is_some())?;
-    record_json(
+    value::encode(
         record.state,
         token,
         record.fingerprint,
         record.outcome.as_ref(),
+        Times::default(),
     )
-    .map(String::into_bytes)
 }
 
-/// Decodes a record [`encode_record`] wrote, in this release or an earlier one, with the
-/// token that holds it.
+/// Decodes a record [`encode_record`] wrote, with the token that holds it.
 ///
 /// Fails with a [`Corrupt`](super::StoreErrorKind::Corrupt) error when `bytes` are not a
 /// record, break [the record rules](self#the-record-rules) (a pending record with an outcome,
@@ -169,37 +179,17 @@ pub fn decode_record(bytes: &[u8]) -> Result<(Token, Record), StoreError> {
     read_record(bytes).map(|(token, record, _)| (token, record))
 }
 
-/// The times a stored record carries, in milliseconds since the UNIX epoch by the clock of
-/// the store that wrote them (`RedisStore`: the server's `TIME`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Times {
-    /// When the first attempt under the key began: on every pending record, on a done one
-    /// when it is known.
-    pub(crate) first_attempt_at_ms: Option<u64>,
-    /// When the lease of a pending record ends: on every pending record.
-    pub(crate) lease_until_ms: Option<u64>,
-}
-
-impl Times {
-    /// The first attempt's age at `now_ms`, by the same clock.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn first_attempt_age(&self, now_ms: u64) -> Option<Duration> {
-        self.first_attempt_at_ms
-            .map(|at| Duration::from_millis(now_ms.saturating_sub(at)))
-    }
-}
-
 /// A record with its times, as a store that keeps them in the record (`RedisStore`) reads
 /// it: a pending record without both is corrupt.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn decode_record_times(bytes: &[u8]) -> Result<(Token, Record, Times), StoreError> {
     let (token, record, times) = read_record(bytes)?;
     if record.state == RecordState::Pending
-        && (times.first_attempt_at_ms.is_none() || times.lease_until_ms.is_none())
+        && (times.first_attempt_before_expiry_ms.is_none() || times.kept_after_lease_ms.is_none())
     {
         return Err(StoreError::corrupt(
-            "a pending record carries no first attempt's time or no lease end: every reserve \
-             writes both",
+            "a pending record carries no first attempt's time or no time kept after its \
+             lease: every reserve writes both",
         ));
     }
     Ok((token, record, times))
@@ -207,22 +197,47 @@ pub(crate) fn decode_record_times(bytes: &[u8]) -> Result<(Token, Record, Times)
 
 /// [`decode_record`], with whatever times the record carries.
 fn read_record(bytes: &[u8]) -> Result<(Token, Record, Times), StoreError> {
-    let stored: RecordIn = read(bytes, "the value under the key is not a record")?;
-    let outcome = stored.outcome.map(Outcome::try_from).transpose()?;
-    let record = checked_record(stored.state.into(), stored.fingerprint, outcome).map_err(|e| {
-        StoreError::corrupt("the value under the key is not a usable record").with_source(e)
-    })?;
-    let times = Times {
-        first_attempt_at_ms: stored.first_attempt_at_ms,
-        lease_until_ms: stored.lease_until_ms,
-    };
-    Ok((stored.token, record, times))
+    match Form::of(bytes) {
+        Form::RecordV2 => value::decode(bytes),
+        Form::JsonV1 => Err(StoreError::corrupt(
+            "the value under the key is not a record (a record starts with its version byte)",
+        )),
+        Form::Later(version) => Err(later(version)),
+    }
+}
+
+/// The accepted recipients a kept receipt names by position, read from `recipients` (the
+/// repeat's, the same as the original's since their fingerprints match).
+///
+/// A position outside `recipients` is [`Corrupt`](super::StoreErrorKind::Corrupt): the
+/// record was damaged or written for another message, and replaying it as "accepted nobody"
+/// would tell the caller something the provider never said.
+pub(crate) fn accepted_recipients(
+    positions: &[u32],
+    recipients: &[&str],
+) -> Result<Vec<String>, StoreError> {
+    positions
+        .iter()
+        .map(|&i| {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| recipients.get(i))
+                .map(|r| (*r).to_owned())
+                .ok_or_else(|| {
+                    StoreError::corrupt(format!(
+                        "the kept receipt names accepted recipient {i} of a message with {}",
+                        recipients.len()
+                    ))
+                })
+        })
+        .collect()
 }
 
 /// The record a store read, once it passes [the record rules](self#the-record-rules) on its
 /// shape: the one check behind [`decode_record`] and `PostgresStore`'s rows, so every store
 /// answers the same for the same damage. `outcome` is already decoded, by [`decode_outcome`]
 /// or as part of a record, and so has passed the rule on outcomes.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) fn checked_record(
     state: RecordState,
     fingerprint: Fingerprint,
@@ -256,50 +271,31 @@ pub(crate) fn outcome_json(outcome: &Outcome) -> Result<String, StoreError> {
     serde_json::to_string(&OutcomeOut::from(outcome)).map_err(unencodable)
 }
 
-/// A pending record as version-1 JSON.
+/// A pending record with its times, as `RedisStore` writes it.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn pending_json(token: Token, fingerprint: Fingerprint) -> Result<String, StoreError> {
-    record_json(RecordState::Pending, token, fingerprint, None)
+pub(crate) fn pending_value(
+    token: Token,
+    fingerprint: Fingerprint,
+    times: Times,
+) -> Result<Vec<u8>, StoreError> {
+    value::encode(RecordState::Pending, token, fingerprint, None, times)
 }
 
-/// A done record as version-1 JSON.
+/// A done record without times, as `RedisStore` hands it to its complete script, which adds
+/// the first attempt's time it keeps.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn done_json(
+pub(crate) fn done_value(
     token: Token,
     fingerprint: Fingerprint,
     outcome: &Outcome,
-) -> Result<String, StoreError> {
-    record_json(RecordState::Done, token, fingerprint, Some(outcome))
-}
-
-fn record_json(
-    state: RecordState,
-    token: Token,
-    fingerprint: Fingerprint,
-    outcome: Option<&Outcome>,
-) -> Result<String, StoreError> {
-    record_json_at(state, token, fingerprint, outcome, Times::default())
-}
-
-/// A record as version-1 JSON with its times. `RedisStore`'s scripts append the times to
-/// the JSON written without them, in the order of [`RecordOut`], so the bytes are the same
-/// (pinned by the golden tests).
-pub(crate) fn record_json_at(
-    state: RecordState,
-    token: Token,
-    fingerprint: Fingerprint,
-    outcome: Option<&Outcome>,
-    times: Times,
-) -> Result<String, StoreError> {
-    serde_json::to_string(&RecordOut {
-        state: state.into(),
+) -> Result<Vec<u8>, StoreError> {
+    value::encode(
+        RecordState::Done,
         token,
         fingerprint,
-        outcome: outcome.map(OutcomeOut::from),
-        first_attempt_at_ms: times.first_attempt_at_ms,
-        lease_until_ms: times.lease_until_ms,
-    })
-    .map_err(unencodable)
+        Some(outcome),
+        Times::default(),
+    )
 }
 
 fn unencodable(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
@@ -309,8 +305,10 @@ fn unencodable(error: impl std::error::Error + Send + Sync + 'static) -> StoreEr
 /// How a stored value says its version; see the [module docs](self#versions).
 #[derive(Debug, PartialEq, Eq)]
 enum Form {
-    /// Version 1: JSON, with no version field.
+    /// Version 1: JSON, with no version field: an outcome.
     JsonV1,
+    /// Version 2: a whole record.
+    RecordV2,
     /// A version byte this release does not read.
     Later(u8),
 }
@@ -318,84 +316,37 @@ enum Form {
 impl Form {
     fn of(bytes: &[u8]) -> Self {
         match bytes.first() {
+            Some(&value::VERSION) => Self::RecordV2,
             Some(&byte) if byte < 0x20 && !matches!(byte, b'\t' | b'\n' | b'\r') => {
                 Self::Later(byte)
             }
-            // Anything else is read as JSON, which refuses what is not a record.
+            // Anything else is read as JSON, which refuses what is not an outcome.
             _ => Self::JsonV1,
         }
     }
 }
 
-/// Reads a stored value of any version this release knows; `not_a_record` describes a value
-/// that does not decode.
-fn read<'de, T: Deserialize<'de>>(bytes: &'de [u8], not_a_record: &str) -> Result<T, StoreError> {
+fn later(version: u8) -> StoreError {
+    StoreError::corrupt(format!(
+        "the stored value is of version {version}, which this release does not read \
+         (written by a later release?)"
+    ))
+}
+
+/// Reads a stored outcome; `not_an_outcome` describes a value that does not decode.
+fn read<'de, T: Deserialize<'de>>(bytes: &'de [u8], not_an_outcome: &str) -> Result<T, StoreError> {
     match Form::of(bytes) {
         Form::JsonV1 => serde_json::from_slice(bytes)
-            .map_err(|e| StoreError::corrupt(not_a_record).with_source(e)),
-        Form::Later(version) => Err(StoreError::corrupt(format!(
-            "the stored value is of version {version}, which this release does not read \
-             (written by a later release?)"
+            .map_err(|e| StoreError::corrupt(not_an_outcome).with_source(e)),
+        Form::RecordV2 => Err(StoreError::corrupt(format!(
+            "{not_an_outcome}: it is a whole record (version 2)"
         ))),
+        Form::Later(version) => Err(later(version)),
     }
 }
 
 // Version 1. The structs below are the stored form: renaming or reordering a field changes
 // what is written, and the golden tests fail.
-
-/// A whole record as it is written.
-#[derive(Serialize)]
-struct RecordOut<'a> {
-    state: StateV1,
-    token: Token,
-    fingerprint: Fingerprint,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    outcome: Option<OutcomeOut<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    first_attempt_at_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lease_until_ms: Option<u64>,
-}
-
-/// A whole record as it is read. The token is required, so a value without one is corrupt
-/// here as it is to `RedisStore`'s scripts.
-#[derive(Deserialize)]
-struct RecordIn {
-    state: StateV1,
-    token: Token,
-    fingerprint: Fingerprint,
-    #[serde(default)]
-    outcome: Option<OutcomeIn>,
-    #[serde(default)]
-    first_attempt_at_ms: Option<u64>,
-    #[serde(default)]
-    lease_until_ms: Option<u64>,
-}
-
-#[derive(Clone, Copy, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum StateV1 {
-    Pending,
-    Done,
-}
-
-impl From<StateV1> for RecordState {
-    fn from(state: StateV1) -> Self {
-        match state {
-            StateV1::Pending => Self::Pending,
-            StateV1::Done => Self::Done,
-        }
-    }
-}
-
-impl From<RecordState> for StateV1 {
-    fn from(state: RecordState) -> Self {
-        match state {
-            RecordState::Pending => Self::Pending,
-            RecordState::Done => Self::Done,
-        }
-    }
-}
 
 #[derive(Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -566,6 +517,8 @@ impl fmt::Display for KeptSource {
 }
 
 impl Error for KeptSource {}
+
+mod value;
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,5 @@
-//! Unit tests of the stored form: the golden bytes of each version-1 form and the record
-//! rules.
+//! Unit tests of the stored form: the golden bytes of each form (outcomes in version 1,
+//! records in version 2) and the record rules.
 
 use super::*;
 use crate::store::StoreErrorKind;
@@ -26,8 +26,15 @@ fn kept_error() -> SendError {
         .with_source(std::io::Error::other("socket closed"))
 }
 
-// Golden: the exact bytes of each version-1 form. A change here breaks every record a
-// running release wrote: add a version instead.
+/// A version-2 record, spelled out: version, state, token, fingerprint, times, outcome.
+fn v2(state: char, times: &str, outcome: &str) -> Vec<u8> {
+    format!("\x02{state}{TOKEN}{FINGERPRINT}{times}\n{outcome}").into_bytes()
+}
+
+const SENT_JSON: &str = r#"{"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false,"accepted_at":[1,0]}}"#;
+
+// Golden: the exact bytes of each form. A change here breaks every record a running release
+// wrote: add a version instead.
 
 #[test]
 fn a_kept_receipt_is_written_with_positions_not_addresses() {
@@ -48,28 +55,57 @@ fn a_kept_error_is_written_with_retry_after_and_source_text() {
 #[test]
 fn a_pending_record_is_written_as_state_token_fingerprint() {
     assert_eq!(
-        pending_json(token(), fingerprint()).unwrap(),
-        format!(r#"{{"state":"pending","token":"{TOKEN}","fingerprint":"{FINGERPRINT}"}}"#)
-    );
-    assert_eq!(
         encode_record(token(), &Record::pending(fingerprint())).unwrap(),
-        pending_json(token(), fingerprint()).unwrap().into_bytes()
+        v2('P', ",", "")
+    );
+    let times = Times {
+        first_attempt_before_expiry_ms: Some(86_520_000),
+        kept_after_lease_ms: Some(86_400_000),
+    };
+    assert_eq!(
+        pending_value(token(), fingerprint(), times).unwrap(),
+        v2('P', "86520000,86400000", "")
     );
 }
 
 #[test]
 fn a_done_record_is_written_with_its_outcome() {
-    let expected = format!(
-        r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{{"sent":{{"id":"msg_1","transport":"resend","accepted":[],"replayed":false,"accepted_at":[1,0]}}}}}}"#
-    );
     assert_eq!(
-        done_json(token(), fingerprint(), &kept_sent()).unwrap(),
-        expected
+        done_value(token(), fingerprint(), &kept_sent()).unwrap(),
+        v2('D', ",", SENT_JSON)
     );
     assert_eq!(
         encode_record(token(), &Record::done(fingerprint(), kept_sent())).unwrap(),
-        expected.into_bytes()
+        v2('D', ",", SENT_JSON)
     );
+}
+
+#[test]
+fn the_token_and_state_sit_where_the_scripts_compare_them() {
+    let value = done_value(token(), fingerprint(), &kept_sent()).unwrap();
+    assert_eq!(value[0], 2);
+    assert_eq!(&value[1..2], b"D");
+    assert_eq!(&value[2..38], TOKEN.as_bytes());
+    assert_eq!(&value[38..102], FINGERPRINT.as_bytes());
+    assert_eq!(value::TIMES_AT, 102);
+}
+
+#[test]
+fn accepted_positions_outside_the_recipients_are_corrupt() {
+    let recipients = ["a@x", "b@x"];
+    assert_eq!(
+        accepted_recipients(&[1, 0], &recipients).unwrap(),
+        ["b@x", "a@x"]
+    );
+    for positions in [&[2][..], &[0, 5], &[u32::MAX]] {
+        let err = accepted_recipients(positions, &recipients).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{positions:?}");
+    }
+    let replay = decode_outcome(SENT_JSON.as_bytes())
+        .unwrap()
+        .into_replay_for(&["only@x"]);
+    let err = replay.expect_err("a position beyond the message replayed");
+    assert_eq!(err.code(), crate::outcome::codes::STORE_FAILED);
 }
 
 #[test]
@@ -127,27 +163,35 @@ fn encoding_then_decoding_gives_the_same_bytes() {
         let again = encode_outcome(&decode_outcome(&bytes).unwrap()).unwrap();
         assert_eq!(bytes, again);
     }
-    let done = done_json(token(), fingerprint(), &kept_sent()).unwrap();
-    let (t, record) = decode_record(done.as_bytes()).unwrap();
+    let done = done_value(token(), fingerprint(), &kept_sent()).unwrap();
+    let (t, record) = decode_record(&done).unwrap();
     assert_eq!(t, token());
     assert_eq!(record.state, RecordState::Done);
     assert_eq!(record.fingerprint, fingerprint());
-    assert_eq!(encode_record(t, &record).unwrap(), done.into_bytes());
+    assert_eq!(encode_record(t, &record).unwrap(), done);
 }
 
 #[test]
 fn undecodable_records_are_corrupt() {
-    let done_without_outcome =
-        format!(r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}"}}"#);
-    let without_token = format!(r#"{{"state":"pending","fingerprint":"{FINGERPRINT}"}}"#);
+    let done_without_outcome = v2('D', ",", "");
+    let without_token = format!("\x02P{FINGERPRINT},\n");
+    let unclosed = format!("\x02P{TOKEN}{FINGERPRINT}1,2");
+    let odd_time = v2('P', "1x,2", "");
+    let odd_state = v2('X', ",", "");
+    let json = format!(r#"{{"state":"pending","token":"{TOKEN}","fingerprint":"{FINGERPRINT}"}}"#);
     for value in [
         &b"garbage"[..],
         b"",
         b"null",
         b"{}",
+        b"\x02",
         b"\xff\xfe",
-        done_without_outcome.as_bytes(),
+        &done_without_outcome,
         without_token.as_bytes(),
+        unclosed.as_bytes(),
+        &odd_time,
+        &odd_state,
+        json.as_bytes(),
     ] {
         let err = decode_record(value).unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Corrupt);
@@ -175,10 +219,8 @@ fn failure_of(category: &str) -> String {
 fn a_pending_record_that_carries_an_outcome_is_corrupt() {
     let sent = r#"{"sent":{"id":"m","transport":"t","accepted":[],"replayed":false}}"#;
     for outcome in [sent.to_owned(), failure_of("unknown")] {
-        let value = format!(
-            r#"{{"state":"pending","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{outcome}}}"#
-        );
-        let err = decode_record(value.as_bytes()).unwrap_err();
+        let value = v2('P', "1,1", &outcome);
+        let err = decode_record(&value).unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Corrupt);
         assert!(
             err.to_string()
@@ -194,10 +236,8 @@ fn a_kept_failure_of_category_delivered_is_corrupt_alone_or_in_a_record() {
     let err = decode_outcome(failure.as_bytes()).unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
     assert!(err.to_string().contains("category delivered"), "{err}");
-    let done = format!(
-        r#"{{"state":"done","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","outcome":{failure}}}"#
-    );
-    let err = decode_record(done.as_bytes()).unwrap_err();
+    let done = v2('D', ",", &failure);
+    let err = decode_record(&done).unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
     assert!(err.to_string().contains("category delivered"), "{err}");
 }
@@ -228,90 +268,64 @@ fn a_record_that_breaks_the_rules_is_not_written() {
 }
 
 #[test]
-fn records_with_times_are_written_after_every_other_field_and_read_back() {
+fn records_with_times_read_back_relative_to_their_expiry() {
     let times = Times {
-        first_attempt_at_ms: Some(1_764_500_000_000),
-        lease_until_ms: Some(1_764_500_120_000),
+        first_attempt_before_expiry_ms: Some(120_000),
+        kept_after_lease_ms: Some(60_000),
     };
-    let pending =
-        record_json_at(RecordState::Pending, token(), fingerprint(), None, times).unwrap();
-    assert_eq!(
-        pending,
-        format!(
-            r#"{{"state":"pending","token":"{TOKEN}","fingerprint":"{FINGERPRINT}","first_attempt_at_ms":1764500000000,"lease_until_ms":1764500120000}}"#
-        )
-    );
-    let (_, record, read) = decode_record_times(pending.as_bytes()).unwrap();
+    let pending = pending_value(token(), fingerprint(), times).unwrap();
+    let (_, record, read) = decode_record_times(&pending).unwrap();
     assert_eq!(record.state, RecordState::Pending);
     assert_eq!(read, times);
+    // With 117 s left on the key, the first attempt began 3 s ago and the lease has 57 s.
     assert_eq!(
-        read.first_attempt_age(1_764_500_003_000),
+        read.first_attempt_age(117_000),
         Some(Duration::from_secs(3))
     );
-    let done_times = Times {
-        lease_until_ms: None,
-        ..times
-    };
-    let failed = Outcome::failed(kept_error());
-    let done = record_json_at(
-        RecordState::Done,
-        token(),
-        fingerprint(),
-        Some(&failed),
-        done_times,
-    )
-    .unwrap();
+    assert_eq!(read.lease_left(117_000), Duration::from_secs(57));
+    assert_eq!(read.lease_left(60_000), Duration::ZERO);
     // What `RedisStore`'s complete script makes of the record written without times.
-    let appended = format!(
-        "{},\"first_attempt_at_ms\":1764500000000}}",
-        done_json(token(), fingerprint(), &failed)
-            .unwrap()
-            .strip_suffix('}')
-            .unwrap()
-    );
-    assert_eq!(done, appended);
+    let done = done_value(token(), fingerprint(), &Outcome::failed(kept_error())).unwrap();
+    let mut completed = done[..102].to_vec();
+    completed.extend_from_slice(b"86403000");
+    completed.extend_from_slice(&done[102..]);
+    let (_, record, read) = decode_record_times(&completed).unwrap();
+    assert!(record.is_unknown_delivery());
+    assert_eq!(read.first_attempt_before_expiry_ms, Some(86_403_000));
+    assert_eq!(read.kept_after_lease_ms, None);
 }
 
 #[test]
 fn a_pending_record_without_both_times_is_corrupt_where_records_carry_them() {
-    let at = 1_764_500_000_000;
-    for times in [
-        Times::default(),
-        Times {
-            first_attempt_at_ms: Some(at),
-            lease_until_ms: None,
-        },
-        Times {
-            first_attempt_at_ms: None,
-            lease_until_ms: Some(at),
-        },
-    ] {
-        let pending =
-            record_json_at(RecordState::Pending, token(), fingerprint(), None, times).unwrap();
-        let err = decode_record_times(pending.as_bytes()).unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{pending}");
+    for times in [",", "5,", ",5"] {
+        let pending = v2('P', times, "");
+        let err = decode_record_times(&pending).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{times}");
         // The public decoder reads what `encode_record`, which has no clock, writes.
-        assert!(decode_record(pending.as_bytes()).is_ok(), "{pending}");
+        assert!(decode_record(&pending).is_ok(), "{times}");
     }
 }
 
 #[test]
 fn a_done_record_without_its_first_attempt_reads_with_an_unknown_age() {
-    let done = done_json(token(), fingerprint(), &Outcome::failed(kept_error())).unwrap();
-    let (_, record, times) = decode_record_times(done.as_bytes()).unwrap();
+    let done = done_value(token(), fingerprint(), &Outcome::failed(kept_error())).unwrap();
+    let (_, record, times) = decode_record_times(&done).unwrap();
     assert!(record.is_unknown_delivery());
     assert_eq!(times, Times::default());
-    assert_eq!(times.first_attempt_age(1_764_500_000_000), None);
+    assert_eq!(times.first_attempt_age(1_000), None);
 }
 
 #[test]
 fn a_later_version_byte_is_refused_by_name() {
     assert_eq!(Form::of(b"{}"), Form::JsonV1);
     assert_eq!(Form::of(b" \n\t{}"), Form::JsonV1);
-    assert_eq!(Form::of(b"\x02rest"), Form::Later(2));
-    let err = decode_outcome(b"\x02\x00\x01").unwrap_err();
+    assert_eq!(Form::of(b"\x02rest"), Form::RecordV2);
+    assert_eq!(Form::of(b"\x03rest"), Form::Later(3));
+    let err = decode_outcome(b"\x03\x00\x01").unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-    assert!(err.to_string().contains("version 2"), "{err}");
+    assert!(err.to_string().contains("version 3"), "{err}");
+    let err = decode_outcome(&v2('D', ",", SENT_JSON)).unwrap_err();
+    assert!(err.to_string().contains("whole record"), "{err}");
     let err = decode_record(b"\x07").unwrap_err();
     assert!(err.to_string().contains("version 7"), "{err}");
 }

@@ -24,15 +24,12 @@ pub const UNKNOWN_INDEX_SUFFIX: &str = "unknown-index";
 /// The Lua script that reads a record with the time left on it, atomically.
 ///
 /// `KEYS[1]` the key. Answers `{0}` when there is no key, `{2}` when it holds another Redis
-/// type, `{1, value, pttl, now}` otherwise, `now` the server's `TIME` in ms (against which a
-/// pending record's `lease_until_ms` is read).
+/// type, `{1, value, pttl}` otherwise: the record's times are relative to its expiry.
 const INSPECT_SCRIPT: &str = r"
 local current = redis.pcall('GET', KEYS[1])
 if not current then return {0} end
 if type(current) ~= 'string' then return {2} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return {1, current, redis.call('PTTL', KEYS[1]), now}
+return {1, current, redis.call('PTTL', KEYS[1])}
 ";
 
 /// The Lua script that replaces a record only if it is still the one read: the
@@ -128,6 +125,7 @@ pub(super) struct Scripts {
     pub(super) index_add: Script,
     index_page: Script,
     index_drop: Script,
+    pub(super) pending: Script,
 }
 
 impl Scripts {
@@ -138,6 +136,7 @@ impl Scripts {
             index_add: Script::new(INDEX_ADD_SCRIPT),
             index_page: Script::new(INDEX_PAGE_SCRIPT),
             index_drop: Script::new(INDEX_DROP_SCRIPT),
+            pending: super::stale::pending_script(),
         }
     }
 }
@@ -146,12 +145,7 @@ impl Scripts {
 enum Raw {
     Nothing,
     OtherType,
-    Value {
-        bytes: Vec<u8>,
-        pttl: i64,
-        /// The server's time in ms when the value was read.
-        now: u64,
-    },
+    Value { bytes: Vec<u8>, pttl: i64 },
 }
 
 fn evalsha(script: &Script, key: String, args: &[&[u8]]) -> Cmd {
@@ -196,40 +190,47 @@ fn raw(reply: Value) -> Result<Raw, StoreError> {
                 .transpose()
                 .map_err(|_| garbage("a read"))?
                 .ok_or_else(|| garbage("a read"))?;
-            let now: u64 = parts
-                .next()
-                .map(redis::from_redis_value)
-                .transpose()
-                .map_err(|_| garbage("a read"))?
-                .ok_or_else(|| garbage("a read"))?;
-            Ok(Raw::Value { bytes, pttl, now })
+            Ok(Raw::Value { bytes, pttl })
         }
         _ => Err(garbage("a read")),
     }
 }
 
-/// Whether a record read at the server's time `now` is a pending one within its lease.
-fn held_live(state: RecordState, times: record::Times, now: u64) -> bool {
-    state == RecordState::Pending && times.lease_until_ms.is_some_and(|until| until > now)
+/// The value and `PTTL` a read answered, `None` when it found no record.
+pub(super) fn raw_value(reply: Value) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
+    Ok(match raw(reply)? {
+        Raw::Value { bytes, pttl } => Some((bytes, pttl)),
+        Raw::Nothing | Raw::OtherType => None,
+    })
+}
+
+/// Whether a record read with `pttl` left is a pending one within its lease.
+pub(super) fn held_live(state: RecordState, times: record::Times, pttl: i64) -> bool {
+    state == RecordState::Pending && lease_left(times, pttl) > Duration::ZERO
+}
+
+/// What is left of a pending record's lease when its key has `pttl` left (a key without
+/// expiry has no lease left).
+fn lease_left(times: record::Times, pttl: i64) -> Duration {
+    u64::try_from(pttl).map_or(Duration::ZERO, |left| times.lease_left(left))
 }
 
 /// The record in `bytes`, as an operator sees it; `None` when the key expired as it was read.
-/// A pending record's expiry is its lease's end, kept in the record.
-fn inspected(
+/// A pending record's expiry is its lease's end, `kept_after_lease_ms` before its key's.
+pub(super) fn inspected(
     key: &str,
     bytes: &[u8],
     pttl: i64,
-    now: u64,
 ) -> Result<Option<Inspected>, StoreError> {
     let (_, record, times) = record::decode_record_times(bytes)?;
-    let expires = match (pttl, record.state, times.lease_until_ms) {
-        (-2, ..) => return Ok(None),
-        (_, RecordState::Pending, Some(until)) if until > now => {
-            Expiry::In(Duration::from_millis(until - now))
-        }
-        (_, RecordState::Pending, Some(_)) => Expiry::Passed,
-        (ms, ..) if ms > 0 => Expiry::In(Duration::from_millis(ms.unsigned_abs())),
-        (0, ..) => Expiry::Passed,
+    let expires = match (pttl, record.state) {
+        (-2, _) => return Ok(None),
+        (_, RecordState::Pending) => match lease_left(times, pttl) {
+            Duration::ZERO => Expiry::Passed,
+            left => Expiry::In(left),
+        },
+        (ms, _) if ms > 0 => Expiry::In(Duration::from_millis(ms.unsigned_abs())),
+        (0, _) => Expiry::Passed,
         _ => Expiry::Unknown,
     };
     let state = match record.state {
@@ -251,7 +252,7 @@ impl RedisStore {
         self.redis_key(UNKNOWN_INDEX_SUFFIX)
     }
 
-    async fn run(&self, cmd: &Cmd) -> Result<Value, StoreError> {
+    pub(super) async fn run(&self, cmd: &Cmd) -> Result<Value, StoreError> {
         let mut connection = self.connection.clone();
         connection
             .req_packed_command(cmd)
@@ -261,7 +262,7 @@ impl RedisStore {
 
     /// Runs `cmd`, an `EVALSHA` of `script`, loading the script first when the server forgot
     /// it.
-    async fn run_script(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
+    pub(super) async fn run_script(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
         match self.run(cmd).await? {
             Value::ServerError(e) if e.code() == "NOSCRIPT" => {
                 let mut connection = self.connection.clone();
@@ -349,7 +350,7 @@ impl RedisStore {
             Raw::OtherType => Err(StoreError::corrupt(
                 "the key holds a value of another Redis type",
             )),
-            Raw::Value { bytes, pttl, now } => inspected(key, &bytes, pttl, now),
+            Raw::Value { bytes, pttl } => inspected(key, &bytes, pttl),
         }
     }
 
@@ -381,16 +382,16 @@ impl RedisStore {
                          deletes it",
                     ));
                 }
-                Raw::Value { bytes, now, .. } => {
+                Raw::Value { bytes, pttl } => {
                     let record = record::decode_record_times(&bytes)
-                        .map(|(_, record, times)| (held_live(record.state, times, now), record));
+                        .map(|(_, record, times)| (held_live(record.state, times, pttl), record));
                     (bytes, record)
                 }
             };
             let new_value = match (record, resolution) {
                 (Err(e), Resolution::NotSent) if force.is_forced() => {
                     drop(e);
-                    String::new()
+                    Vec::new()
                 }
                 (Err(e), _) => {
                     return Err(StoreError::corrupt(
@@ -403,8 +404,8 @@ impl RedisStore {
                 (Ok((true, _)), _) if !force.is_forced() => {
                     return Ok(AdminOutcome::HeldByLiveSend);
                 }
-                (Ok(_), Resolution::NotSent) => String::new(),
-                (Ok((_, record)), Resolution::Delivered { receipt, .. }) => record::done_json(
+                (Ok(_), Resolution::NotSent) => Vec::new(),
+                (Ok((_, record)), Resolution::Delivered { receipt, .. }) => record::done_value(
                     // A new token fences out a forced-out holder's late settlement.
                     Token::new(),
                     record.fingerprint,
@@ -419,7 +420,7 @@ impl RedisStore {
             let cmd = evalsha(
                 &self.admin.settle,
                 self.redis_key(key),
-                &[&bytes, new_value.as_bytes(), ttl.as_bytes()],
+                &[&bytes, &new_value, ttl.as_bytes()],
             );
             let reply = self.run_script(&self.admin.settle, &cmd).await?;
             let reply = reply.extract_error().map_err(server_error)?;
@@ -437,7 +438,22 @@ impl RedisStore {
         ))
     }
 
+    /// The stale pending keys first (found by `SCAN`, see [`stale`](super::stale)), then the
+    /// keys of unknown delivery (read from the index, oldest first).
     async fn try_list(&self, after: Option<&Cursor>, limit: usize) -> Result<Page, StoreError> {
+        if limit == 0 {
+            return Ok(Page::new(Vec::new(), after.cloned()));
+        }
+        // Where the index starts: the listing's second part.
+        let index_start = || Cursor::new("0:");
+        match after {
+            None => return self.list_stale(None, limit, index_start()).await,
+            Some(cursor) => {
+                if let Some(position) = super::stale::Position::of(cursor) {
+                    return self.list_stale(Some(position?), limit, index_start()).await;
+                }
+            }
+        }
         let (score, after_key) = match after {
             None => ("", ""),
             Some(cursor) => {
@@ -451,9 +467,6 @@ impl RedisStore {
                 (score, key)
             }
         };
-        if limit == 0 {
-            return Ok(Page::new(Vec::new(), after.cloned()));
-        }
         let count = limit.to_string();
         let cmd = evalsha(
             &self.admin.index_page,
@@ -490,7 +503,7 @@ impl RedisStore {
         let mut stale = Vec::new();
         for ((key, score), reply) in indexed.into_iter().zip(replies) {
             let listed = match raw(reply?)? {
-                Raw::Value { bytes, pttl, now } => inspected(&key, &bytes, pttl, now)
+                Raw::Value { bytes, pttl } => inspected(&key, &bytes, pttl)
                     .ok()
                     .flatten()
                     .filter(Inspected::is_unknown_delivery),

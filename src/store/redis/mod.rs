@@ -3,15 +3,17 @@
 //!
 //! # Operations
 //!
-//! Each operation is one step on the server, so processes racing for a key need no lock:
+//! Each operation is one step on the server, so processes racing for a key need no lock. A
+//! fresh reserve and a replay run no script; a script runs only where a decision needs the
+//! server's clock (a pending record: in flight, or a lease that passed) or a fenced write:
 //!
 //! | operation | command |
 //! |---|---|
-//! | [`reserve`](Store::reserve) | a Lua script (`EVALSHA`, one round trip): sets the pending record when no live record holds the key (none, or a pending one whose lease passed: a takeover), and answers the value that holds it otherwise |
-//! | [`complete`](Store::complete) | a Lua script (`EVALSHA`): writes the done record with `PX ttl` when the token holds the key or nothing does |
-//! | [`release`](Store::release) | a Lua script (`EVALSHA`): deletes the key when the token holds it pending |
-//! | [`extend`](Store::extend) | a Lua script (`EVALSHA`): moves the lease's end in the record when the token holds it pending within its lease |
-//! | [`retake`](Store::retake) | a Lua script (`EVALSHA`): holds a done record of unknown delivery pending again when its first attempt is younger than the window |
+//! | [`reserve`](Store::reserve) | `SET key <pending record> NX GET PX <lease + kept>` and `PTTL key`, one pipeline (one round trip): no old value, the key is reserved; a done record is answered as held, decided by the client. Only when a pending record holds the key does a Lua script (`EVALSHA`, a second round trip) tell by its `PTTL` whether its lease passed, and take it over if so |
+//! | [`complete`](Store::complete) | a Lua script (`EVALSHA`): compares the token at the value's front and writes the done record with `PX ttl` when the token holds the key or nothing does |
+//! | [`release`](Store::release) | a Lua script (`EVALSHA`): deletes the key when its front is the token's pending record |
+//! | [`extend`](Store::extend) | a Lua script (`EVALSHA`): when its front is the token's pending record within its lease, writes it again with the new `PX` |
+//! | [`retake`](Store::retake) | a Lua script (`EVALSHA`): holds a done record of unknown delivery pending again when its first attempt is younger than the window (the one script that decodes JSON, run only inside the provider's window) |
 //!
 //! Scripts run with `EVALSHA` and are loaded again by themselves when the server answers
 //! `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
@@ -25,7 +27,9 @@
 //! # Batches
 //!
 //! [`reserve_many`](Store::reserve_many), [`complete_many`](Store::complete_many) and
-//! [`release_many`](Store::release_many) send the same commands, one per key, as one pipeline:
+//! [`release_many`](Store::release_many) send the same commands, one per key (two for a
+//! reserve), as one pipeline; the keys of a `reserve_many` found held by a pending record
+//! then run the reserve script, in a second pipeline:
 //! one write and one read of all the replies, so a batch of any size costs one round trip
 //! (three for a script batch that meets `NOSCRIPT`: the pipeline, `SCRIPT LOAD`, then the
 //! entries that answered `NOSCRIPT` once more). Each command is still its own atomic step, so
@@ -57,43 +61,50 @@
 //! # Expiry
 //!
 //! The server's clock decides expiry. A done record is written with `PX ttl` and is simply
-//! absent once expired: no purge is needed. A pending record carries its lease's end in the
-//! record (`lease_until_ms`, by the server's `TIME`, which every script reads) and is
-//! written with `PX` of the lease plus [`RedisStore::pending_kept_for`] (a day by default):
-//! past its lease it holds nothing, but a reserve that takes it over can tell
-//! ([`Reservation::TakenOver`]), and the layer checks before
-//! it sends again. Records carry the first attempt's time (`first_attempt_at_ms`) as well;
-//! see [`store::record`](super::record). An extend that comes after the lease revives
-//! nothing. A lease or ttl is sent in whole milliseconds, at least 1 ms and at most [`MAX_EXPIRY`] (about 100 years; Redis refuses
-//! expiry times that overflow its clock).
+//! absent once expired: no purge is needed. A pending record is written with `PX` of the
+//! lease plus [`RedisStore::pending_kept_for`] (a day by default): past its lease it holds
+//! nothing, but a reserve that takes it over can tell ([`Reservation::TakenOver`]), and the
+//! layer checks before it sends. An extend that comes after the lease revives nothing. A
+//! lease or ttl is sent in whole milliseconds, at least 1 ms and at most [`MAX_EXPIRY`] (about
+//! 100 years; Redis refuses expiry times that overflow its clock).
+//!
+//! A record's times are kept relative to its key's expiry, so the server's clock carries
+//! them and a reserve writes its record with no clock of its own: a pending record says how
+//! long before the key expires its first attempt began (the lease plus the kept time, when
+//! the reserve wrote it) and how long it is kept after its lease; its lease has passed when
+//! the key's `PTTL` is no more than the kept time. A first attempt's age is the time before
+//! expiry less the `PTTL`. `complete`, `extend`, a takeover and `retake` carry the first
+//! attempt's time over to the new expiry, so a done record reports its first attempt's age
+//! too. See [`store::record`](super::record).
 //!
 //! # Key layout and values
 //!
 //! A record lives under `<prefix><key>` (prefix [`DEFAULT_KEY_PREFIX`], `idem:`, unless set
 //! with [`RedisStore::key_prefix`]), as a plain string holding the whole record in the
-//! stored form of [`store::record`](super::record) (version 1, JSON):
+//! stored form of [`store::record`](super::record) (version 2):
 //!
-//! ```json
-//! {"state":"pending","token":"6f1c…","fingerprint":"9a0e…","first_attempt_at_ms":1764500000000,"lease_until_ms":1764500120000}
-//! {"state":"done","token":"6f1c…","fingerprint":"9a0e…","outcome":{"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false}},"first_attempt_at_ms":1764500000000}
+//! ```text
+//! \x02P6f1c…<64 hex digits of fingerprint>86520000,86400000\n
+//! \x02D6f1c…<64 hex digits of fingerprint>86403000,\n{"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false}}
 //! ```
 //!
-//! `state` is `pending` or `done`, `token` the reservation's UUID, `fingerprint` the message
-//! fingerprint in hex, `outcome` the kept [`Outcome`] (done records only), then
-//! `first_attempt_at_ms` (on every pending record; on a done one when its holder completed
-//! the pending record) and, for a pending record, `lease_until_ms`. No message content is
-//! stored. The scripts read `state`, `token` and the times of that JSON. A value that is not
-//! such JSON, a record that breaks the [record rules](super::record#the-record-rules) (a
-//! pending record with an outcome, a done one without, a failure of category `delivered`:
-//! the same damage every store reports), or a key of another Redis type makes the operation
-//! fail with a [`Corrupt`](super::StoreErrorKind::Corrupt) error, and so does a pending
-//! record without its times for a reserve or an extend; the scripts never overwrite or delete
-//! a value they cannot read.
+//! The version byte, the state (`P` pending, `D` done) and the token sit at fixed places, so
+//! a script fences a write by comparing the value's front, without decoding it; then the
+//! fingerprint in hex, the two times (`first_attempt_before_expiry_ms`, on every pending
+//! record and on a done one whose holder completed it; `kept_after_lease_ms`, on pending
+//! records), and a done record's outcome in JSON. No message content is stored. A value that
+//! is not such a record, a record that breaks the [record
+//! rules](super::record#the-record-rules) (a pending record with an outcome, a done one
+//! without, a failure of category `delivered`: the same damage every store reports), or a
+//! key of another Redis type makes the operation fail with a
+//! [`Corrupt`](super::StoreErrorKind::Corrupt) error, and so does a pending record without
+//! its times for a reserve or an extend; the scripts never overwrite or delete a value they
+//! cannot read.
 //!
 //! # Settling a key by hand
 //!
 //! [`StoreAdmin`](super::admin::StoreAdmin) reads, forgets and resolves keys, and lists the
-//! keys of unknown delivery:
+//! stale pending keys (crashed sends) and the keys of unknown delivery:
 //!
 //! - `inspect` is one script: the value and its `PTTL`, read at once.
 //! - `forget` and `resolve` read the record, decide (a pending record is a live send: it
@@ -101,7 +112,9 @@
 //!   which changes the key only if it still holds the value read, and reads again if not. A
 //!   resolved record is written in the stored form above, under a new token, with the
 //!   record's fingerprint.
-//! - `list` reads an index, never the keyspace: no `KEYS`, no `SCAN`.
+//! - `list` finds the stale pending keys first, by `SCAN` over the prefix (every primary of
+//!   a cluster, one after another), reading each key's record when it is pending; then the
+//!   keys of unknown delivery, from an index, oldest first.
 //!
 //! The index is a sorted set of its own, `<prefix>unknown-index`
 //! ([`UNKNOWN_INDEX_SUFFIX`]; a key of the layer, `namespace:key`, cannot take that name).
@@ -121,12 +134,15 @@
 //! written by separate commands, never one script. An entry whose record expired, was taken
 //! by a new reserve, or was changed around the store is skipped by the next listing and
 //! dropped; a record that a failed index write left out is indexed again when its
-//! settlement is retried. A pending record whose lease passed is kept (see
-//! [Expiry](#expiry)) but not listed: indexing it would take an index write on every
-//! reserve, another key in another slot on a cluster, so reserve would no longer be one
-//! round trip. The listing holds keys of unknown delivery only; a stale pending key is
-//! settled by the next send's takeover check, or read with `inspect`. On a cluster, the index is one key on one
-//! node, which every listing and every unknown `complete` reaches.
+//! settlement is retried. On a cluster, the index is one key on one node, which every
+//! listing and every unknown `complete` reaches.
+//!
+//! Stale pending keys are not indexed: indexing them would take an index write on every
+//! reserve, another key in another slot on a cluster. A listing scans for them instead: its
+//! cost grows with the keys under the prefix (each page makes at most a few `SCAN` calls and
+//! may hold fewer entries than asked, even none, with a cursor to go on). `SCAN` may answer
+//! a key twice when the server resizes its table meanwhile, so a stale key may be listed
+//! twice; settling it twice is harmless.
 //!
 //! # Guarantee
 //!
@@ -164,8 +180,12 @@
 //!
 //! Every operation is bounded by a timeout ([`DEFAULT_TIMEOUT`], 2 s, set with
 //! [`RedisStore::timeout`]); when it passes the operation fails with a
-//! [`Timeout`](super::StoreErrorKind::Timeout) error. A timed-out `reserve` may still have
-//! reserved the key on the server; the lease frees it.
+//! [`Timeout`](super::StoreErrorKind::Timeout) error. A `reserve` whose answer is lost (it
+//! timed out, its connection dropped, or its caller stopped waiting) may still reserve the
+//! key on the server; the store then releases the key under that reserve's token in the
+//! background, asking again a few times over seconds as the reserve may land late, so the
+//! key is not held with nobody sending until its lease ends. A reserve that the client sends
+//! again and that finds the key held by its own token answers it as reserved.
 
 use std::fmt;
 use std::sync::Arc;
@@ -175,7 +195,8 @@ use futures_util::future::{BoxFuture, FutureExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 
-use super::{Completion, Reservation, Store, StoreError, Token, record};
+use super::unanswered::Unanswered;
+use super::{Completion, Reservation, Store, StoreError, Token};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
@@ -184,14 +205,15 @@ mod admin;
 mod heal;
 mod pipeline;
 mod scripts;
+mod stale;
 
 pub use admin::UNKNOWN_INDEX_SUFFIX;
 #[cfg(feature = "redis-cluster")]
 pub use heal::HEAL_AFTER;
 
 use scripts::{
-    COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT, millis,
-    millis_or_zero, reservation, script_answer,
+    COMPLETE_SCRIPT, EXTEND_SCRIPT, FirstStep, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT,
+    first_step, reservation, script_reply,
 };
 
 /// The prefix put before every key unless [`RedisStore::key_prefix`] sets another.
@@ -520,23 +542,25 @@ impl RedisStore {
     async fn reserve_once(
         &self,
         key: &str,
+        token: Token,
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
-        let token = Token::new();
-        let pending = record::pending_json(token, fingerprint)?;
-        let mut connection = self.connection.clone();
-        let reply: Value = self
-            .reserve
-            .key(self.redis_key(key))
-            .arg(pending)
-            .arg(&fingerprint.hex()[..])
-            .arg(millis(lease))
-            .arg(millis_or_zero(self.pending_kept))
-            .invoke_async(&mut connection)
-            .await
-            .map_err(server_error)?;
-        reservation(reply, token)
+        let fast = self.fast_reserve(key, token, fingerprint, lease)?;
+        let [set, pttl] = self
+            .pipeline(fast.commands.iter())
+            .await?
+            .try_into()
+            .map_err(|_| {
+                StoreError::corrupt("reserve: the server answered two commands otherwise")
+            })?;
+        match first_step(set, pttl, token)? {
+            FirstStep::Answered(reservation) => Ok(reservation),
+            FirstStep::Pending => {
+                let cmd = self.reserve_cmd(key, fingerprint, lease, &fast.pending);
+                reservation(self.run_script(&self.reserve, &cmd).await?, token)
+            }
+        }
     }
 
     async fn retake_once(
@@ -546,21 +570,9 @@ impl RedisStore {
         lease: Duration,
         within: Duration,
     ) -> Result<Option<Token>, StoreError> {
-        let token = Token::new();
-        let pending = record::pending_json(token, fingerprint)?;
-        let mut connection = self.connection.clone();
-        let answer: i64 = self
-            .retake
-            .key(self.redis_key(key))
-            .arg(pending)
-            .arg(&fingerprint.hex()[..])
-            .arg(millis(lease))
-            .arg(millis(within))
-            .arg(millis_or_zero(self.pending_kept))
-            .invoke_async(&mut connection)
-            .await
-            .map_err(server_error)?;
-        Ok(script_answer(answer, "retake")?.then_some(token))
+        let (cmd, token) = self.retake_cmd(key, fingerprint, lease, within)?;
+        let reply = self.run_script(&self.retake, &cmd).await?;
+        Ok(script_reply(reply, "retake")?.then_some(token))
     }
 
     async fn complete_once(
@@ -571,18 +583,14 @@ impl RedisStore {
         outcome: &Outcome,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let done = record::done_json(token, fingerprint, outcome)?;
-        let mut connection = self.connection.clone();
-        let answer: i64 = self
-            .complete
-            .key(self.redis_key(key))
-            .arg(token.to_string())
-            .arg(done)
-            .arg(millis(ttl))
-            .invoke_async(&mut connection)
-            .await
-            .map_err(server_error)?;
-        let written = script_answer(answer, "complete")?;
+        let completion = Completion {
+            key,
+            token,
+            fingerprint,
+            outcome,
+        };
+        let cmd = self.complete_cmd(&completion, ttl)?;
+        let written = script_reply(self.run_script(&self.complete, &cmd).await?, "complete")?;
         if written && admin::is_indexed(outcome) {
             // After the record, so a listing never drops the entry of a record it read
             // before this complete wrote it.
@@ -592,15 +600,8 @@ impl RedisStore {
     }
 
     async fn release_once(&self, key: &str, token: Token) -> Result<bool, StoreError> {
-        let mut connection = self.connection.clone();
-        let answer: i64 = self
-            .release
-            .key(self.redis_key(key))
-            .arg(token.to_string())
-            .invoke_async(&mut connection)
-            .await
-            .map_err(server_error)?;
-        script_answer(answer, "release")
+        let cmd = self.release_cmd(key, token);
+        script_reply(self.run_script(&self.release, &cmd).await?, "release")
     }
 
     async fn extend_once(
@@ -609,17 +610,8 @@ impl RedisStore {
         token: Token,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        let mut connection = self.connection.clone();
-        let answer: i64 = self
-            .extend
-            .key(self.redis_key(key))
-            .arg(token.to_string())
-            .arg(millis(lease))
-            .arg(millis_or_zero(self.pending_kept))
-            .invoke_async(&mut connection)
-            .await
-            .map_err(server_error)?;
-        script_answer(answer, "extend")
+        let cmd = self.extend_cmd(key, token, lease);
+        script_reply(self.run_script(&self.extend, &cmd).await?, "extend")
     }
 }
 
@@ -645,8 +637,18 @@ impl Store for RedisStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        self.bounded(move || self.reserve_once(key, fingerprint, lease))
-            .boxed()
+        async move {
+            let token = Token::new();
+            // Frees the key if the reserve lands but its answer is lost (a timeout, a dropped
+            // connection, a caller that stops waiting).
+            let unanswered = Unanswered::arm(self, vec![(key, token)]);
+            let reservation = self
+                .bounded(move || self.reserve_once(key, token, fingerprint, lease))
+                .await?;
+            unanswered.answered();
+            Ok(reservation)
+        }
+        .boxed()
     }
 
     fn complete<'a>(
@@ -695,8 +697,20 @@ impl Store for RedisStore {
         requests: &'a [(&'a str, Fingerprint)],
         lease: Duration,
     ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
-        self.bounded(move || self.reserve_batch(requests, lease))
-            .boxed()
+        async move {
+            let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
+            let reserved = requests
+                .iter()
+                .map(|(key, _)| *key)
+                .zip(tokens.iter().copied());
+            let unanswered = Unanswered::arm(self, reserved.collect());
+            let answers = self
+                .bounded(|| self.reserve_batch(requests, lease, &tokens))
+                .await?;
+            unanswered.answered();
+            Ok(answers)
+        }
+        .boxed()
     }
 
     fn complete_many<'a>(

@@ -6,30 +6,70 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Script, Value};
 
-use super::scripts::{reservation, script_reply};
+use super::scripts::{FirstStep, first_step, reservation, script_reply};
 use super::{Connection, RedisStore, server_error};
 use crate::fingerprint::Fingerprint;
 use crate::store::{Completion, Reservation, StoreError, StoreErrorKind, Token};
 
 impl RedisStore {
+    /// Each key's `SET NX GET` and `PTTL` in one pipeline; the keys found held by a pending
+    /// record then run the reserve script, in a second pipeline.
     pub(super) async fn reserve_batch(
         &self,
         requests: &[(&str, Fingerprint)],
         lease: Duration,
+        tokens: &[Token],
     ) -> Result<Vec<Result<Reservation, StoreError>>, StoreError> {
-        let mut commands = Vec::with_capacity(requests.len());
-        let mut tokens = Vec::with_capacity(requests.len());
-        for (key, fingerprint) in requests {
-            let (cmd, token) = self.reserve_cmd(key, *fingerprint, lease)?;
-            commands.push((self.redis_key(key), cmd));
-            tokens.push(token);
+        let mut commands = Vec::with_capacity(requests.len() * 2);
+        let mut pending = Vec::with_capacity(requests.len());
+        for ((key, fingerprint), &token) in requests.iter().zip(tokens) {
+            let fast = self.fast_reserve(key, token, *fingerprint, lease)?;
+            let [set, pttl] = fast.commands;
+            let redis_key = self.redis_key(key);
+            commands.push((redis_key.clone(), set));
+            commands.push((redis_key, pttl));
+            pending.push(fast.pending);
         }
-        let replies = self.send_scripts(&self.reserve, &commands).await?;
-        Ok(replies
-            .into_iter()
-            .zip(tokens)
-            .map(|(reply, token)| reservation(reply?, token))
-            .collect())
+        let mut replies = self.send_batch(&commands).await?.into_iter();
+        let mut answers = Vec::with_capacity(requests.len());
+        let mut scripted = Vec::new();
+        for (i, &token) in tokens.iter().enumerate() {
+            let (set, pttl) = (replies.next(), replies.next());
+            let step = match (set, pttl) {
+                (Some(set), Some(pttl)) => set.and_then(|set| first_step(set, pttl?, token)),
+                _ => Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "a batch entry got no reply",
+                )),
+            };
+            answers.push(match step {
+                Ok(FirstStep::Answered(reservation)) => Ok(reservation),
+                Ok(FirstStep::Pending) => {
+                    scripted.push(i);
+                    Err(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        "the reserve script did not answer",
+                    ))
+                }
+                Err(error) => Err(error),
+            });
+        }
+        if scripted.is_empty() {
+            return Ok(answers);
+        }
+        let scripts: Vec<(String, Cmd)> = scripted
+            .iter()
+            .map(|&i| {
+                let (key, fingerprint) = requests[i];
+                let cmd = self.reserve_cmd(key, fingerprint, lease, &pending[i]);
+                (self.redis_key(key), cmd)
+            })
+            .collect();
+        let replies = self.send_scripts(&self.reserve, &scripts).await?;
+        for (i, reply) in scripted.into_iter().zip(replies) {
+            answers[i] = reply.and_then(|reply| reservation(reply, tokens[i]));
+        }
+        Ok(answers)
     }
 
     pub(super) async fn complete_batch(
@@ -175,7 +215,7 @@ impl RedisStore {
 
     /// Sends `commands` as one pipeline: one write, one read of all replies. The number of
     /// replies is checked, so a short or long answer is an error, never a misplaced reply.
-    async fn pipeline<'c>(
+    pub(super) async fn pipeline<'c>(
         &self,
         commands: impl Iterator<Item = &'c Cmd>,
     ) -> Result<Vec<Value>, StoreError> {

@@ -7,161 +7,232 @@ use redis::{Cmd, Value};
 
 use super::{MAX_EXPIRY, RedisStore, server_error};
 use crate::fingerprint::Fingerprint;
-use crate::store::{Completion, Reservation, StoreError, Token, record};
+use crate::store::record::{self, Times};
+use crate::store::{Completion, Record, RecordState, Reservation, StoreError, Token};
 
-/// The Lua script behind [`reserve`](crate::store::Store::reserve): one round trip.
+// The scripts read the stored form of `store::record`, version 2, by its fixed places
+// (1-based in Lua): the version byte at 1, the state at 2 (`P` or `D`), the token at 3-38, the
+// fingerprint at 39-102, then `first_attempt_before_expiry_ms,kept_after_lease_ms\n` from
+// 103. Times are relative to the key's expiry, so `PTTL` and `PX` carry the server's clock.
+
+/// The Lua script behind the [`reserve`](crate::store::Store::reserve) of a key that
+/// `SET NX GET` found held by a pending record: whether its lease passed needs the server's
+/// clock.
 ///
-/// `KEYS[1]` the key, `ARGV[1]` the pending record without its times, `ARGV[2]` the
-/// fingerprint in hex, `ARGV[3]` the lease in ms, `ARGV[4]` how long a pending record is kept
-/// past its lease in ms. The record gets `first_attempt_at_ms` and `lease_until_ms` by the
-/// server's `TIME`, and lives `PX` lease plus that time, so a reserve after the lease can tell
-/// it takes the key over. Answers `{0}` when it reserved a free key, `{1, value, now}` when a
-/// live record holds it (`now` the server's time in ms), `{2, value, now}` when it took it
-/// over from a pending record whose lease passed (keeping its first attempt's time for the
-/// same fingerprint), `{-1}` when the key holds another Redis type. A value that is not a
-/// record this store writes (not JSON, or a pending record without its times) is answered as
-/// held, for the store to report as corrupt.
-pub(super) const RESERVE_SCRIPT: &str = r#"
+/// `KEYS[1]` the key, `ARGV[1]` the new pending record, `ARGV[2]` the fingerprint in hex,
+/// `ARGV[3]` its `PX` (the lease plus the time kept after it), `ARGV[4]` the time kept after
+/// the lease, in ms. Sets the pending record when the key is free, or held by a pending
+/// record whose lease passed: a takeover, which keeps the first attempt's time for the same
+/// fingerprint. Answers `{0}` when it reserved a free key, `{1, value, pttl}` when a live
+/// record holds it, `{2, value, pttl}` when it took it over, `{-1}` when the key holds
+/// another Redis type. A value that is not a record this store writes is answered as held,
+/// for the store to report as corrupt.
+pub(super) const RESERVE_SCRIPT: &str = r"
 local current = redis.pcall('GET', KEYS[1])
 if type(current) == 'table' then return {-1} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local first = now
-if current then
-  local ok, record = pcall(cjson.decode, current)
-  if not ok or type(record) ~= 'table' or record.state ~= 'pending'
-      or type(record.lease_until_ms) ~= 'number' or type(record.first_attempt_at_ms) ~= 'number'
-      or record.lease_until_ms > now then
-    return {1, current, now}
-  end
-  if record.fingerprint == ARGV[2] then
-    first = record.first_attempt_at_ms
-  end
+if not current then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+  return {0}
 end
-local lease = tonumber(ARGV[3])
-local value = string.sub(ARGV[1], 1, -2) .. string.format(
-  ',"first_attempt_at_ms":%d,"lease_until_ms":%d}', first, now + lease)
-redis.call('SET', KEYS[1], value, 'PX', lease + tonumber(ARGV[4]))
-if current then return {2, current, now} end
-return {0}
-"#;
+local left = redis.call('PTTL', KEYS[1])
+if string.byte(current, 1) ~= 2 or string.sub(current, 2, 2) ~= 'P' then
+  return {1, current, left}
+end
+local first, kept = string.match(current, '^(%d+),(%d+)\n', 103)
+if not kept or left > tonumber(kept) then return {1, current, left} end
+local value = ARGV[1]
+if string.sub(current, 39, 102) == ARGV[2] then
+  value = string.sub(value, 1, 102) .. string.format('%d,%s\n',
+    math.max(tonumber(first) - left, 0) + tonumber(ARGV[3]), ARGV[4])
+end
+redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
+return {2, current, left}
+";
 
 /// The Lua script behind [`retake`](crate::store::Store::retake).
 ///
-/// `KEYS[1]` the key, `ARGV[1]` the pending record without its times, `ARGV[2]` the
-/// fingerprint in hex, `ARGV[3]` the lease in ms, `ARGV[4]` the window in ms, `ARGV[5]` how
-/// long a pending record is kept past its lease in ms. Answers 1 when it took the key back
-/// (a done record of that fingerprint, a failure of category `unknown`, its first attempt
-/// younger than the window by the server's `TIME`; the first attempt's time is kept), 0
-/// when it changed nothing, -1 when the value under the key cannot be read.
-pub(super) const RETAKE_SCRIPT: &str = r#"
+/// `KEYS[1]` the key, `ARGV[1]` the new pending record, `ARGV[2]` the fingerprint in hex,
+/// `ARGV[3]` its `PX` (the lease plus the time kept after it), `ARGV[4]` the window in ms,
+/// `ARGV[5]` the time kept after the lease in ms. Answers 1 when it took the key back (a
+/// done record of that fingerprint, a failure of category `unknown`, its first attempt
+/// younger than the window; the first attempt's time is kept), 0 when it changed nothing,
+/// -1 when the value under the key cannot be read. The one script that decodes JSON: only a
+/// repeat inside the provider's window of an outcome of unknown delivery runs it.
+pub(super) const RETAKE_SCRIPT: &str = r"
 local current = redis.pcall('GET', KEYS[1])
 if not current then return 0 end
-if type(current) ~= 'string' then return -1 end
-local ok, record = pcall(cjson.decode, current)
-if not ok or type(record) ~= 'table' then return -1 end
-if record.state ~= 'done' or record.fingerprint ~= ARGV[2]
-    or type(record.first_attempt_at_ms) ~= 'number' or type(record.outcome) ~= 'table'
-    or type(record.outcome.failed) ~= 'table' or record.outcome.failed.category ~= 'unknown' then
+if type(current) ~= 'string' or string.byte(current, 1) ~= 2 then return -1 end
+if string.sub(current, 2, 2) ~= 'D' or string.sub(current, 39, 102) ~= ARGV[2] then
   return 0
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if now - record.first_attempt_at_ms >= tonumber(ARGV[4]) then return 0 end
-local lease = tonumber(ARGV[3])
-local value = string.sub(ARGV[1], 1, -2) .. string.format(
-  ',"first_attempt_at_ms":%d,"lease_until_ms":%d}', record.first_attempt_at_ms, now + lease)
-redis.call('SET', KEYS[1], value, 'PX', lease + tonumber(ARGV[5]))
+local first, at = string.match(current, '^(%d+),%d*\n()', 103)
+if not first then return 0 end
+local ok, outcome = pcall(cjson.decode, string.sub(current, at))
+if not ok or type(outcome) ~= 'table' or type(outcome.failed) ~= 'table'
+    or outcome.failed.category ~= 'unknown' then
+  return 0
+end
+local age = math.max(tonumber(first) - redis.call('PTTL', KEYS[1]), 0)
+if age >= tonumber(ARGV[4]) then return 0 end
+redis.call('SET', KEYS[1], string.sub(ARGV[1], 1, 102) .. string.format('%d,%s\n',
+  age + tonumber(ARGV[3]), ARGV[5]), 'PX', ARGV[3])
 return 1
-"#;
+";
 
-/// The Lua script behind [`complete`](crate::store::Store::complete).
+/// The Lua script behind [`complete`](crate::store::Store::complete): a fenced write.
 ///
-/// `KEYS[1]` the key, `ARGV[1]` the token, `ARGV[2]` the done record, `ARGV[3]` the ttl in ms.
-/// Writes when the token holds the key, when nothing does, or when another token's pending
-/// record has passed its lease (by the server's `TIME`); the record keeps the first attempt's
-/// time of the token's own record. Answers 1 when it wrote, 0 when another token holds the
-/// key, -1 when the value under the key cannot be read (it is then left as it is).
-pub(super) const COMPLETE_SCRIPT: &str = r#"
+/// `KEYS[1]` the key, `ARGV[1]` the token, `ARGV[2]` the done record without times,
+/// `ARGV[3]` the ttl in ms. Writes when the token holds the key (compared on the value's
+/// front), when nothing does, or when another token's pending record has passed its lease
+/// (by `PTTL`); the record keeps the first attempt's time of the token's own record.
+/// Answers 1 when it wrote, 0 when another token holds the key, -1 when the value under the
+/// key cannot be read (it is then left as it is).
+pub(super) const COMPLETE_SCRIPT: &str = r"
 local current = redis.pcall('GET', KEYS[1])
 local value = ARGV[2]
 if current then
-  if type(current) ~= 'string' then return -1 end
-  local ok, record = pcall(cjson.decode, current)
-  if not ok or type(record) ~= 'table' or type(record.token) ~= 'string' then return -1 end
-  if record.token ~= ARGV[1] then
-    if record.state ~= 'pending' or type(record.lease_until_ms) ~= 'number' then return 0 end
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    if record.lease_until_ms > now then return 0 end
-  elseif type(record.first_attempt_at_ms) == 'number' then
-    value = string.sub(value, 1, -2) .. string.format(
-      ',"first_attempt_at_ms":%d}', record.first_attempt_at_ms)
+  if type(current) ~= 'string' or string.byte(current, 1) ~= 2 then return -1 end
+  if string.sub(current, 3, 38) ~= ARGV[1] then
+    if string.sub(current, 2, 2) ~= 'P' then return 0 end
+    local kept = string.match(current, '^%d*,(%d+)\n', 103)
+    if not kept then return -1 end
+    if redis.call('PTTL', KEYS[1]) > tonumber(kept) then return 0 end
+  else
+    local first = string.match(current, '^(%d+),', 103)
+    if first then
+      local age = math.max(tonumber(first) - redis.call('PTTL', KEYS[1]), 0)
+      value = string.sub(value, 1, 102) .. string.format('%d', age + tonumber(ARGV[3]))
+        .. string.sub(value, 103)
+    end
   end
 end
 redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
 return 1
-"#;
+";
 
 /// The Lua script behind [`release`](crate::store::Store::release).
 ///
-/// `KEYS[1]` the key, `ARGV[1]` the token. Answers 1 when it deleted the key, 0 when the token
-/// does not hold it pending, -1 when the value under the key cannot be read (it is then left
-/// as it is).
+/// `KEYS[1]` the key, `ARGV[1]` `P` and the token: the value's front when the token holds
+/// it pending. Answers 1 when it deleted the key, 0 when the token does not hold it pending,
+/// -1 when the value under the key is not a record (it is then left as it is).
 pub(super) const RELEASE_SCRIPT: &str = r"
 local current = redis.pcall('GET', KEYS[1])
 if not current then return 0 end
-if type(current) ~= 'string' then return -1 end
-local ok, record = pcall(cjson.decode, current)
-if not ok or type(record) ~= 'table' or type(record.token) ~= 'string' then return -1 end
-if record.token ~= ARGV[1] or record.state ~= 'pending' then return 0 end
+if type(current) ~= 'string' or string.byte(current, 1) ~= 2 then return -1 end
+if string.sub(current, 2, 38) ~= ARGV[1] then return 0 end
 return redis.call('DEL', KEYS[1])
 ";
 
 /// The Lua script behind [`extend`](crate::store::Store::extend).
 ///
-/// `KEYS[1]` the key, `ARGV[1]` the token, `ARGV[2]` the new lease in ms, `ARGV[3]` how long a
-/// pending record is kept past its lease in ms. Answers 1 when it moved the lease's end to
-/// `ARGV[2]` ms from now (by the server's `TIME`, in the record's `lease_until_ms`, and its
-/// `PX` with it), 0 when the token does not hold it pending within its lease (a lease that
-/// passed is never revived), -1 when the value under the key cannot be read, a pending record
-/// without `lease_until_ms` included (it is then left as it is).
-pub(super) const EXTEND_SCRIPT: &str = r#"
+/// `KEYS[1]` the key, `ARGV[1]` `P` and the token, `ARGV[2]` the new `PX` (the lease plus the
+/// time kept after it), `ARGV[3]` the time kept after the lease, in ms. Answers 1 when it
+/// moved the lease's end to the new lease from now (the record's first attempt moves with
+/// its expiry, so its age stays), 0 when the token does not hold it pending within its
+/// lease (a lease that passed is never revived), -1 when the value under the key cannot be
+/// read (it is then left as it is).
+pub(super) const EXTEND_SCRIPT: &str = r"
 local current = redis.pcall('GET', KEYS[1])
 if not current then return 0 end
-if type(current) ~= 'string' then return -1 end
-local ok, record = pcall(cjson.decode, current)
-if not ok or type(record) ~= 'table' or type(record.token) ~= 'string' then return -1 end
-if record.token ~= ARGV[1] or record.state ~= 'pending' then return 0 end
-if type(record.lease_until_ms) ~= 'number' then return -1 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if record.lease_until_ms <= now then return 0 end
-local lease = tonumber(ARGV[2])
-local value = string.gsub(current, '"lease_until_ms":%d+',
-  string.format('"lease_until_ms":%d', now + lease), 1)
-redis.call('SET', KEYS[1], value, 'PX', lease + tonumber(ARGV[3]))
+if type(current) ~= 'string' or string.byte(current, 1) ~= 2 then return -1 end
+if string.sub(current, 2, 38) ~= ARGV[1] then return 0 end
+local first, kept = string.match(current, '^(%d+),(%d+)\n', 103)
+if not kept then return -1 end
+local left = redis.call('PTTL', KEYS[1])
+if left <= tonumber(kept) then return 0 end
+redis.call('SET', KEYS[1], string.sub(current, 1, 102) .. string.format('%d,%s\n',
+  math.max(tonumber(first) - left, 0) + tonumber(ARGV[2]), ARGV[3]), 'PX', ARGV[2])
 return 1
-"#;
+";
+
+/// A reserve's first step, and what it can answer without a script.
+pub(super) struct FastReserve {
+    /// `SET key <pending record> NX GET PX <lease + kept>`, then `PTTL key`: one round trip.
+    pub(super) commands: [Cmd; 2],
+    /// The pending record, for the script when one is needed.
+    pub(super) pending: Vec<u8>,
+}
 
 impl RedisStore {
-    /// `EVALSHA` of [`RESERVE_SCRIPT`] for one key, and the token it reserves under.
+    /// `PX` of a pending record: the lease, then the time it is kept after it.
+    fn pending_px(&self, lease: Duration) -> (u64, u64) {
+        let kept = millis_or_zero(self.pending_kept);
+        (millis(lease).saturating_add(kept), kept)
+    }
+
+    /// The commands of a reserve's first step, under `token`.
+    pub(super) fn fast_reserve(
+        &self,
+        key: &str,
+        token: Token,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<FastReserve, StoreError> {
+        let (px, kept) = self.pending_px(lease);
+        let pending = record::pending_value(
+            token,
+            fingerprint,
+            Times {
+                first_attempt_before_expiry_ms: Some(px),
+                kept_after_lease_ms: Some(kept),
+            },
+        )?;
+        let redis_key = self.redis_key(key);
+        let mut set = redis::cmd("SET");
+        set.arg(&redis_key)
+            .arg(&pending)
+            .arg("NX")
+            .arg("GET")
+            .arg("PX")
+            .arg(px);
+        let mut pttl = redis::cmd("PTTL");
+        pttl.arg(redis_key);
+        Ok(FastReserve {
+            commands: [set, pttl],
+            pending,
+        })
+    }
+
+    /// `EVALSHA` of [`RESERVE_SCRIPT`] for a key `SET NX GET` found held pending.
     pub(super) fn reserve_cmd(
         &self,
         key: &str,
         fingerprint: Fingerprint,
         lease: Duration,
-    ) -> Result<(Cmd, Token), StoreError> {
-        let token = Token::new();
-        let pending = record::pending_json(token, fingerprint)?;
+        pending: &[u8],
+    ) -> Cmd {
+        let (px, kept) = self.pending_px(lease);
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.reserve.get_hash())
             .arg(1)
             .arg(self.redis_key(key))
             .arg(pending)
             .arg(&fingerprint.hex()[..])
-            .arg(millis(lease))
-            .arg(millis_or_zero(self.pending_kept));
+            .arg(px)
+            .arg(kept);
+        cmd
+    }
+
+    /// `EVALSHA` of [`RETAKE_SCRIPT`] for one key, and the token it takes the key under.
+    pub(super) fn retake_cmd(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> Result<(Cmd, Token), StoreError> {
+        let token = Token::new();
+        let (px, kept) = self.pending_px(lease);
+        let pending = record::pending_value(token, fingerprint, Times::default())?;
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.retake.get_hash())
+            .arg(1)
+            .arg(self.redis_key(key))
+            .arg(pending)
+            .arg(&fingerprint.hex()[..])
+            .arg(px)
+            .arg(millis(within))
+            .arg(kept);
         Ok((cmd, token))
     }
 
@@ -171,7 +242,7 @@ impl RedisStore {
         c: &Completion<'_>,
         ttl: Duration,
     ) -> Result<Cmd, StoreError> {
-        let done = record::done_json(c.token, c.fingerprint, c.outcome)?;
+        let done = record::done_value(c.token, c.fingerprint, c.outcome)?;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.complete.get_hash())
             .arg(1)
@@ -188,41 +259,79 @@ impl RedisStore {
         cmd.arg(self.release.get_hash())
             .arg(1)
             .arg(self.redis_key(key))
-            .arg(token.to_string());
+            .arg(format!("P{token}"));
+        cmd
+    }
+
+    /// `EVALSHA` of [`EXTEND_SCRIPT`] for one key.
+    pub(super) fn extend_cmd(&self, key: &str, token: Token, lease: Duration) -> Cmd {
+        let (px, kept) = self.pending_px(lease);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.extend.get_hash())
+            .arg(1)
+            .arg(self.redis_key(key))
+            .arg(format!("P{token}"))
+            .arg(px)
+            .arg(kept);
         cmd
     }
 }
 
+/// What a reserve's first step found: its answer, or a pending record that needs the
+/// script.
+pub(super) enum FirstStep {
+    Answered(Reservation),
+    Pending,
+}
+
+/// What the replies to [`FastReserve`]'s commands say. A done record is answered as held
+/// (its first attempt's age is what it was before its expiry less the `PTTL` read with it);
+/// a pending record of our own token is ours (a reserve whose first reply was lost and that
+/// the client sent again); another pending record needs the server's clock.
+pub(super) fn first_step(set: Value, pttl: Value, token: Token) -> Result<FirstStep, StoreError> {
+    let value: Option<Vec<u8>> = from_reply(set)?;
+    let Some(value) = value else {
+        return Ok(FirstStep::Answered(Reservation::Reserved { token }));
+    };
+    let left: i64 = from_reply(pttl)?;
+    let (held_by, record) = held(&value, left)?;
+    Ok(match record.state {
+        RecordState::Done => FirstStep::Answered(Reservation::Held { record }),
+        RecordState::Pending if held_by == token => {
+            FirstStep::Answered(Reservation::Reserved { token })
+        }
+        RecordState::Pending => FirstStep::Pending,
+    })
+}
+
 /// What the reply to [`RESERVE_SCRIPT`] says: `token` reserved a free key, or took it over
-/// from the pending record answered; or the value that holds it. A record's first attempt's
-/// age is measured against the server's time the script answered.
+/// from the pending record answered; or the value that holds it.
 pub(super) fn reservation(reply: Value, token: Token) -> Result<Reservation, StoreError> {
     let reply = reply.extract_error().map_err(server_error)?;
-    let (tag, value, now): (i64, Option<Vec<u8>>, Option<u64>) = match reply {
-        Value::Array(parts) => {
-            let mut parts = parts.into_iter();
-            let mut next = || parts.next().unwrap_or(Value::Nil);
-            let tag = redis::from_redis_value(next()).map_err(|e| server_error(e.into()))?;
-            let value = redis::from_redis_value(next()).map_err(|e| server_error(e.into()))?;
-            let now = redis::from_redis_value(next()).map_err(|e| server_error(e.into()))?;
-            (tag, value, now)
-        }
-        _ => (99, None, None),
+    let Value::Array(parts) = reply else {
+        return Err(StoreError::corrupt("reserve: the script answered no list"));
     };
+    let mut parts = parts.into_iter();
+    let tag: i64 = from_reply(parts.next().unwrap_or(Value::Nil))?;
+    let value: Option<Vec<u8>> = from_reply(parts.next().unwrap_or(Value::Nil))?;
+    let left: Option<i64> = from_reply(parts.next().unwrap_or(Value::Nil))?;
     let record = || -> Result<_, StoreError> {
         let value = value.as_deref().ok_or_else(|| {
             StoreError::corrupt("reserve: the script answered a record without its value")
         })?;
-        let (_, mut record, times) = record::decode_record_times(value)?;
-        record.first_attempt_age = now.and_then(|now| times.first_attempt_age(now));
-        Ok(record)
+        held(value, left.unwrap_or(-1))
     };
     match tag {
         0 => Ok(Reservation::Reserved { token }),
-        1 => Ok(Reservation::Held { record: record()? }),
+        1 => match record()? {
+            (holder, record) if holder == token && record.state == RecordState::Pending => {
+                Ok(Reservation::Reserved { token })
+            }
+            (_, record) => Ok(Reservation::Held { record }),
+        },
         2 => Ok(Reservation::TakenOver {
             token,
-            previous: record()?,
+            previous: record()?.1,
         }),
         -1 => Err(StoreError::corrupt(
             "the key holds a value of another Redis type",
@@ -231,6 +340,21 @@ pub(super) fn reservation(reply: Value, token: Token) -> Result<Reservation, Sto
             "reserve: the script answered {other}"
         ))),
     }
+}
+
+/// The record in `value`, with its first attempt's age when the key has `left` ms to live
+/// (`PTTL`: negative when the key has no expiry or is gone, and the age unknown).
+fn held(value: &[u8], left: i64) -> Result<(Token, Record), StoreError> {
+    let (holder, mut record, times) = record::decode_record_times(value)?;
+    record.first_attempt_age = u64::try_from(left)
+        .ok()
+        .and_then(|left| times.first_attempt_age(left));
+    Ok((holder, record))
+}
+
+fn from_reply<T: redis::FromRedisValue>(reply: Value) -> Result<T, StoreError> {
+    let reply = reply.extract_error().map_err(server_error)?;
+    redis::from_redis_value(reply).map_err(|e| server_error(e.into()))
 }
 
 /// What the reply to a script says, as [`script_answer`] reads it.
@@ -267,6 +391,52 @@ pub(super) fn millis(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outcome::{Outcome, Receipt};
+
+    fn answered(step: FirstStep) -> Reservation {
+        match step {
+            FirstStep::Answered(reservation) => reservation,
+            FirstStep::Pending => panic!("the script was asked for"),
+        }
+    }
+
+    #[test]
+    fn the_first_step_decides_what_needs_no_clock() {
+        let (ours, fingerprint) = (Token::new(), Fingerprint::from_bytes([1; 32]));
+        let times = Times {
+            first_attempt_before_expiry_ms: Some(61_000),
+            kept_after_lease_ms: Some(1_000),
+        };
+        // A free key: SET NX answered no old value.
+        let free = first_step(Value::Nil, Value::Int(61_000), ours).unwrap();
+        assert!(matches!(answered(free), Reservation::Reserved { token } if token == ours));
+        // Our own pending record: a reserve the client sent again after its reply was lost.
+        let pending = record::pending_value(ours, fingerprint, times).unwrap();
+        let again = first_step(Value::BulkString(pending.clone()), Value::Int(60_000), ours);
+        assert!(
+            matches!(answered(again.unwrap()), Reservation::Reserved { token } if token == ours)
+        );
+        // Another token's pending record: whether its lease passed needs the server's clock.
+        let other = first_step(Value::BulkString(pending), Value::Int(60_000), Token::new());
+        assert!(matches!(other.unwrap(), FirstStep::Pending));
+        // A done record is held, its first attempt's age read against the PTTL.
+        let done =
+            record::done_value(ours, fingerprint, &Outcome::sent(Receipt::new("m", "t"))).unwrap();
+        let mut kept = done[..102].to_vec();
+        kept.extend_from_slice(b"90000");
+        kept.extend_from_slice(&done[102..]);
+        let held = first_step(Value::BulkString(kept), Value::Int(60_000), Token::new());
+        let Reservation::Held { record } = answered(held.unwrap()) else {
+            panic!("a done key is held")
+        };
+        assert_eq!(record.first_attempt_age, Some(Duration::from_secs(30)));
+        // Garbage is corrupt, never a reservation.
+        let garbage = first_step(Value::BulkString(b"garbage".to_vec()), Value::Int(1), ours);
+        assert_eq!(
+            garbage.err().map(|e| e.kind()),
+            Some(crate::store::StoreErrorKind::Corrupt)
+        );
+    }
 
     #[test]
     fn expiry_is_clamped_to_what_redis_accepts() {
