@@ -630,8 +630,12 @@ impl MySqlStore {
         writable.sort_by_key(|&at| completions[at].key);
         let mut written = vec![false; completions.len()];
         if !writable.is_empty() {
+            // In the statement's order: fingerprints, outcomes, the ttl, tokens twice.
             let mut params = Vec::new();
             for value in 0..4 {
+                if value == 2 {
+                    params.push(micros(ttl).into());
+                }
                 for &at in &writable {
                     let c = &completions[at];
                     params.push(c.key.into());
@@ -642,7 +646,6 @@ impl MySqlStore {
                     });
                 }
             }
-            params.push(micros(ttl).into());
             params.extend(writable.iter().map(|&at| completions[at].key.into()));
             self.write(&mut tx, &self.table.complete_many(writable.len()), params)
                 .await?;

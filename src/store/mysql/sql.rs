@@ -248,8 +248,8 @@ impl Table {
     }
 
     /// The batch complete's update of `n` rows it holds locked and may write: per row key
-    /// and value in each `CASE` (fingerprint, outcome, token for `first_attempt_at`,
-    /// token), then the ttl (µs), then the keys.
+    /// and value in the `CASE` of fingerprints, then of outcomes, the ttl (µs), then key and
+    /// token in each of the two `CASE`s of tokens, then the keys.
     pub(super) fn complete_many(&self, n: usize) -> String {
         let case = format!("CASE `key` {} END", vec!["WHEN ? THEN ?"; n].join(" "));
         format!(
