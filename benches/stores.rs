@@ -1,6 +1,7 @@
 //! Networked stores against the raw commands they issue, in one run.
 //!
-//! Each backend runs when its URL is set (`REDIS_URL`, `DATABASE_URL`) and its feature is on:
+//! Each backend runs when its URL is set (`REDIS_URL`, `DATABASE_URL`, `MYSQL_URL`) and its
+//! feature is on:
 //! `cargo bench --all-features --bench stores`. `record/*` (the stored form's encoding, no
 //! server) always runs.
 
@@ -9,6 +10,9 @@ use criterion::{Criterion, criterion_group, criterion_main};
 #[cfg(feature = "postgres")]
 #[path = "common/interleave.rs"]
 mod interleave;
+#[cfg(feature = "mysql")]
+#[path = "stores/mysql.rs"]
+mod mysql;
 #[cfg(feature = "postgres")]
 #[path = "stores/outbox.rs"]
 mod outbox;
@@ -32,6 +36,8 @@ fn benches(c: &mut Criterion) {
     postgres::bench(c);
     #[cfg(feature = "postgres")]
     outbox::bench(c);
+    #[cfg(feature = "mysql")]
+    mysql::bench(c);
     let _ = c;
 }
 
