@@ -121,7 +121,8 @@ impl Table {
             // update re-reads the latest version under its lock), and what peek read is the
             // row it took. `first_attempt_at` is assigned first, as MySQL assigns left to
             // right and later expressions see earlier assignments: it reads the old state
-            // and fingerprint. Parameters: fingerprint, fingerprint, token, lease (µs), key,
+            // and fingerprint (as it does under MariaDB's `SIMULTANEOUS_ASSIGNMENT` mode,
+            // where every expression reads the old row). Parameters: fingerprint, fingerprint, token, lease (µs), key,
             // peeked token, fingerprint.
             take: format!(
                 "UPDATE {q} SET
