@@ -479,3 +479,84 @@ async fn bad_calls_are_refused_before_any_statement() {
     assert!(err.to_string().contains("migrate"), "{err}");
     drop_table(&url, store.table_name()).await;
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn batches_write_what_the_single_operations_would_key_by_key() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_batches").await;
+    let short = Duration::from_millis(1);
+    let reserved = |answer: Reservation| match answer {
+        Reservation::Reserved { token } | Reservation::TakenOver { token, .. } => token,
+        other => panic!("not reserved: {other:?}"),
+    };
+    let own = reserved(store.reserve("own", fp(1), LEASE).await.unwrap());
+    let _other = reserved(store.reserve("other", fp(1), LEASE).await.unwrap());
+    let stale = reserved(store.reserve("stale", fp(1), short).await.unwrap());
+    let _expired = reserved(store.reserve("expired", fp(1), short).await.unwrap());
+    // A claim of the message the batch sends: a reserve takes it.
+    let claim = tower_idempotency::store::Claim::new("claimed", fp(1), LEASE);
+    let pool = admin(&url);
+    let mut conn = pool.get_conn().await.unwrap();
+    assert!(store.claim_in(&mut conn, &claim).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    // reserve_many: a free key, a live one, an expired one, a claim of the same message.
+    let answers = store
+        .reserve_many(
+            &[
+                ("free", fp(1)),
+                ("own", fp(1)),
+                ("expired", fp(1)),
+                ("claimed", fp(1)),
+            ],
+            LEASE,
+        )
+        .await
+        .unwrap();
+    let answers: Vec<Reservation> = answers.into_iter().map(Result::unwrap).collect();
+    assert!(matches!(answers[0], Reservation::Reserved { .. }));
+    assert!(matches!(&answers[1], Reservation::Held { record } if record.state == RecordState::Pending));
+    assert!(
+        matches!(&answers[2], Reservation::TakenOver { previous, .. } if previous.state == RecordState::Pending)
+    );
+    assert!(matches!(answers[3], Reservation::Reserved { .. }));
+
+    // complete_many: its own key, a key with no row, another token's live key, and a stale
+    // token over an expired row that nobody took: written, written, refused, written.
+    let sent = Outcome::sent(Receipt::new("m", "test"));
+    let completions = [
+        Completion { key: "own", token: own, fingerprint: fp(1), outcome: &sent },
+        Completion { key: "nothing", token: own, fingerprint: fp(1), outcome: &sent },
+        Completion { key: "other", token: own, fingerprint: fp(1), outcome: &sent },
+        Completion { key: "stale", token: stale, fingerprint: fp(1), outcome: &sent },
+    ];
+    assert_eq!(
+        store.complete_many(&completions, LEASE).await.unwrap(),
+        [true, true, false, true]
+    );
+    for key in ["own", "nothing", "stale"] {
+        match store.reserve(key, fp(1), LEASE).await.unwrap() {
+            Reservation::Held { record } => {
+                assert_eq!(record.state, RecordState::Done, "{key}");
+                assert_eq!(record.outcome.unwrap().receipt().unwrap().id, "m");
+            }
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+
+    // release_many: only the pending rows of the given tokens go.
+    let free = reserved(answers[0].clone());
+    assert_eq!(
+        store
+            .release_many(&[("free", free), ("own", own), ("other", own)])
+            .await
+            .unwrap(),
+        [true, false, false]
+    );
+    drop(conn);
+    drop_table(&url, store.table_name()).await;
+}
