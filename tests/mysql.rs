@@ -519,7 +519,9 @@ async fn batches_write_what_the_single_operations_would_key_by_key() {
         .unwrap();
     let answers: Vec<Reservation> = answers.into_iter().map(Result::unwrap).collect();
     assert!(matches!(answers[0], Reservation::Reserved { .. }));
-    assert!(matches!(&answers[1], Reservation::Held { record } if record.state == RecordState::Pending));
+    assert!(
+        matches!(&answers[1], Reservation::Held { record } if record.state == RecordState::Pending)
+    );
     assert!(
         matches!(&answers[2], Reservation::TakenOver { previous, .. } if previous.state == RecordState::Pending)
     );
@@ -529,10 +531,30 @@ async fn batches_write_what_the_single_operations_would_key_by_key() {
     // token over an expired row that nobody took: written, written, refused, written.
     let sent = Outcome::sent(Receipt::new("m", "test"));
     let completions = [
-        Completion { key: "own", token: own, fingerprint: fp(1), outcome: &sent },
-        Completion { key: "nothing", token: own, fingerprint: fp(1), outcome: &sent },
-        Completion { key: "other", token: own, fingerprint: fp(1), outcome: &sent },
-        Completion { key: "stale", token: stale, fingerprint: fp(1), outcome: &sent },
+        Completion {
+            key: "own",
+            token: own,
+            fingerprint: fp(1),
+            outcome: &sent,
+        },
+        Completion {
+            key: "nothing",
+            token: own,
+            fingerprint: fp(1),
+            outcome: &sent,
+        },
+        Completion {
+            key: "other",
+            token: own,
+            fingerprint: fp(1),
+            outcome: &sent,
+        },
+        Completion {
+            key: "stale",
+            token: stale,
+            fingerprint: fp(1),
+            outcome: &sent,
+        },
     ];
     assert_eq!(
         store.complete_many(&completions, LEASE).await.unwrap(),
