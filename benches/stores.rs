@@ -1,6 +1,7 @@
 //! Networked stores against the raw commands they issue, in one run.
 //!
-//! Each backend runs when its URL is set (`REDIS_URL`, `DATABASE_URL`) and its feature is on:
+//! Each backend runs when its URL is set (`REDIS_URL`, `DATABASE_URL`, `MYSQL_URL`) and its
+//! feature is on:
 //! `cargo bench --all-features --bench stores`. `record/*` (the stored form's encoding, no
 //! server) always runs.
 
@@ -12,6 +13,9 @@ mod claim_sqlx;
 #[cfg(feature = "postgres")]
 #[path = "common/interleave.rs"]
 mod interleave;
+#[cfg(feature = "mysql")]
+#[path = "stores/mysql.rs"]
+mod mysql;
 #[cfg(feature = "postgres")]
 #[path = "stores/outbox.rs"]
 mod outbox;
@@ -37,6 +41,8 @@ fn benches(c: &mut Criterion) {
     outbox::bench(c);
     #[cfg(feature = "sqlx")]
     claim_sqlx::bench(c);
+    #[cfg(feature = "mysql")]
+    mysql::bench(c);
     let _ = c;
 }
 

@@ -175,9 +175,9 @@
 //!   [`counts_against_provider`].
 //! - [`store`]: the [`Store`] trait and its records, [`admin`](store::admin) for settling
 //!   keys by hand, one module per store ([`store::memory`], and `store::redis`,
-//!   `store::postgres`, `store::sqlite` behind their features), and the conformance suite
-//!   behind `test-util`. Every store is at the crate root too: [`MemoryStore`], `RedisStore`,
-//!   `PostgresStore`, `SqliteStore`.
+//!   `store::postgres`, `store::sqlite`, `store::mysql` behind their features), and the
+//!   conformance suite behind `test-util`. Every store is at the crate root too:
+//!   [`MemoryStore`], `RedisStore`, `PostgresStore`, `SqliteStore`, `MySqlStore`.
 //! - [`layer`]: [`IdempotencyLayer`], its builder, the [`Idempotency`] service and its stats,
 //!   and [`IdempotentRequest`](layer::IdempotentRequest) for your own request types.
 //! - [`batch`]: [`Batch`](batch::Batch) and its outcomes, for providers that take batches.
@@ -201,6 +201,7 @@
 //! | `redis-cluster` | `RedisStore` over Redis Cluster | `redis = "1"` with `cluster-async` (`RedisStore::from_cluster`) |
 //! | `postgres` | `PostgresStore`, the `outbox` | `deadpool-postgres = "0.14"`, `tokio-postgres = "0.7"` (`PostgresStore::new`, `claim_in`, `Outbox::new`, `enqueue`) |
 //! | `sqlite` | `SqliteStore` | `rusqlite = "0.40"` (`SqliteStore::claim_in`) |
+//! | `mysql` | `MySqlStore` (MySQL 8, MariaDB 10.6+) | `mysql_async = "0.37"` (`MySqlStore::new`, `claim_in`) |
 //! | `http` | `HttpTransport` and the provider codecs | `http = "1"`, `bytes = "1"` (your client is a `Service<http::Request<Bytes>>`) |
 //! | `reqwest` | the default classifier reads `reqwest::Error` | `reqwest = "0.13"` |
 //! | `test-util` | the store conformance suite, `store::conformance` | |
@@ -253,6 +254,8 @@ pub use message::{Attachment, Envelope, IdempotencyKey, Message, MessageBuilder,
 pub use outcome::{BoxError, Category, Outcome, Receipt, SendError};
 pub use retry::RetryPolicy;
 pub use store::memory::MemoryStore;
+#[cfg(feature = "mysql")]
+pub use store::mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::PostgresStore;
 #[cfg(feature = "redis")]

@@ -393,7 +393,7 @@ pub(crate) fn split_cursor(cursor: &Cursor) -> Result<(&str, &str), StoreError> 
 
 /// [`split_cursor`] with the position parsed as a `T`: a cursor whose position does not parse
 /// is not one of this store's.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(crate) fn parse_cursor<T: FromStr>(cursor: &Cursor) -> Result<(T, &str), StoreError> {
     let (at, key) = split_cursor(cursor)?;
     let at = at.parse::<T>().map_err(|_| {

@@ -41,6 +41,7 @@
 //! | `redis::RedisStore` | `redis` (`redis-cluster` for Redis Cluster) | several processes; `SET NX GET PX` reserves, Lua scripts fence complete and release |
 //! | `postgres::PostgresStore` | `postgres` | several processes; one statement per operation, expiry by the server's `now()` |
 //! | `sqlite::SqliteStore` | `sqlite` | the processes of one host, no server: one database file, one statement per operation, expiry by SQLite's clock |
+//! | `mysql::MySqlStore` | `mysql` | several processes on MySQL 8 or MariaDB 10.6+; fenced autocommit statements, expiry by the server's `UTC_TIMESTAMP(6)` |
 //!
 //! Each store is in its backend's module, and at the crate root (`tower_idempotency::MemoryStore`,
 //! `tower_idempotency::RedisStore`, …).
@@ -66,8 +67,10 @@ use crate::outcome::{BoxError, Outcome};
 
 pub mod admin;
 pub mod memory;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod millis;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod record;
@@ -78,7 +81,7 @@ pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod statement;
 mod token;
-#[cfg(any(feature = "postgres", feature = "redis"))]
+#[cfg(any(feature = "postgres", feature = "redis", feature = "mysql"))]
 mod unanswered;
 
 #[cfg(any(test, feature = "test-util"))]

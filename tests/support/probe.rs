@@ -25,7 +25,7 @@ pub struct Server {
 }
 
 /// The shared servers, in the order the build script reports them.
-pub const SERVERS: [Server; 3] = [
+pub const SERVERS: [Server; 4] = [
     Server {
         var: "REDIS_URL",
         default: "redis://127.0.0.1:6379",
@@ -44,6 +44,12 @@ pub const SERVERS: [Server; 3] = [
         default: "postgres://postgres@127.0.0.1:5432/test",
         cfg: "backend_postgres",
         feature: "postgres",
+    },
+    Server {
+        var: "MYSQL_URL",
+        default: "mysql://root@127.0.0.1:3306/test",
+        cfg: "backend_mysql",
+        feature: "mysql",
     },
 ];
 
@@ -100,6 +106,7 @@ fn address(url: &str) -> Option<Vec<SocketAddr>> {
     let default_port = match scheme {
         "redis" | "rediss" => 6379,
         "postgres" | "postgresql" => 5432,
+        "mysql" => 3306,
         _ => return None,
     };
     let (host, port) = if let Some(bracketed) = host_port.strip_prefix('[') {

@@ -10,6 +10,7 @@
 //! #[cfg_attr(not(backend_redis_cluster), ignore = "no Redis Cluster at REDIS_CLUSTER_URLS or 127.0.0.1:7001-7003")]
 //! // (set too when redis-server and redis-cli are installed: the tests then start their own)
 //! #[cfg_attr(not(backend_postgres), ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test")]
+//! #[cfg_attr(not(backend_mysql), ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test")]
 //! #[cfg_attr(not(backend_redis_binaries), ignore = "no redis-server and redis-cli on PATH")]
 //! #[cfg_attr(not(backend_postgres_binaries), ignore = "no PostgreSQL server binaries")]
 //! ```
@@ -42,6 +43,7 @@ pub fn backend_url(var: &str) -> Option<String> {
         ("backend_redis", cfg!(backend_redis)),
         ("backend_redis_cluster", cfg!(backend_redis_cluster)),
         ("backend_postgres", cfg!(backend_postgres)),
+        ("backend_mysql", cfg!(backend_mysql)),
     ]
     .contains(&(server.cfg, true));
     // No cluster configured or running: the binary's own, started on first use.
@@ -110,6 +112,28 @@ pub mod postgres_admin {
     pub async fn drop_table(url: &str, table: &str) {
         let sql = format!("DROP TABLE IF EXISTS \"{table}\"");
         admin(url).await.batch_execute(&sql).await.expect("drop");
+    }
+}
+
+/// A pool that goes around the store, to plant rows and read them raw.
+#[cfg(feature = "mysql")]
+pub mod mysql_admin {
+    use mysql_async::prelude::Queryable;
+
+    /// A pool of the test's own on the server at `url`.
+    pub fn admin(url: &str) -> mysql_async::Pool {
+        mysql_async::Pool::from_url(url).expect("valid MYSQL_URL")
+    }
+
+    /// Drops the test's own `table` on the server at `url`, as the test's last step.
+    pub async fn drop_table(url: &str, table: &str) {
+        let pool = admin(url);
+        let mut conn = pool.get_conn().await.expect("admin connection");
+        conn.query_drop(format!("DROP TABLE IF EXISTS `{table}`"))
+            .await
+            .expect("drop");
+        drop(conn);
+        pool.disconnect().await.expect("disconnect");
     }
 }
 

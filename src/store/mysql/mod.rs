@@ -1,0 +1,883 @@
+//! [`MySqlStore`] (feature `mysql`): keys in a MySQL 8 or MariaDB 10.6+ table, shared by every
+//! process that uses the table.
+//!
+//! # Your driver
+//!
+//! The store runs on [mysql_async](https://docs.rs/mysql_async) 0.37: tokio-native, with its
+//! own pool and per-connection statement cache, maintained since 2016, and independent of any
+//! other database driver of this crate (sqlx's MySQL driver would tie the store to sqlx's
+//! release train and bring sqlx-core whether or not the service uses sqlx). Where you hand it
+//! your own, [`MySqlStore::new`] takes a `mysql_async::Pool` and [`MySqlStore::claim_in`] any
+//! `mysql_async::prelude::Queryable` (a `Transaction`, a `Conn`): add `mysql_async = "0.37"`
+//! to your dependencies, so your types are the store's. [`MySqlStore::connect`] needs none.
+//!
+//! # Schema
+//!
+//! [`MySqlStore::migrate`] creates the table (default name [`DEFAULT_TABLE`]) when it is
+//! absent:
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS `idempotency_keys` (
+//!     `key`            VARBINARY(1024) NOT NULL,   -- the key, compared byte for byte
+//!     state            VARCHAR(7) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+//!                                                  -- 'pending', 'done' or 'claimed'
+//!     token            BINARY(16) NOT NULL,        -- fences the reservation
+//!     fingerprint      VARBINARY(64) NOT NULL,     -- 32 bytes of SHA-256
+//!     outcome          JSON NULL,                  -- the kept outcome, once done
+//!     expires_at       DATETIME(6) NOT NULL,       -- UTC: end of the lease, or of the ttl
+//!     first_attempt_at DATETIME(6) NULL,           -- UTC: when the first attempt began
+//!     unknown_delivery TINYINT AS (IFNULL(state = 'done' AND
+//!         JSON_UNQUOTE(JSON_EXTRACT(outcome, '$.failed.category')) = 'unknown', 0)) STORED,
+//!     PRIMARY KEY (`key`),
+//!     INDEX expires_at_idx (expires_at),
+//!     INDEX unknown_idx (unknown_delivery, expires_at, `key`)
+//! ) ENGINE = InnoDB
+//! ```
+//!
+//! `unknown_delivery` (a generated column the server keeps) and its index serve the listing
+//! of [`StoreAdmin`](super::admin::StoreAdmin); neither server has partial indexes.
+//! The table holds the key, state, token, fingerprint and outcome only: no message content. A
+//! `claimed` row is a key claimed in the caller's own transaction ([`MySqlStore::claim_in`]);
+//! a reserve of the same message takes it. The outcome is the JSON of the stored form in
+//! [`store::record`](super::record) (version 1).
+//!
+//! # How each operation runs
+//!
+//! Every expiry is decided by the server's clock, `UTC_TIMESTAMP(6)`, never the client's;
+//! UTC, so neither a session's `time_zone` nor a daylight-saving change moves an expiry (the
+//! columns are `DATETIME` in UTC, not `TIMESTAMP`, which ends in 2038 on MySQL). Each single
+//! operation is autocommit statements, at most a few, each fenced on its own so that no
+//! interleaving lets two holders in:
+//!
+//! - `reserve` first runs `INSERT IGNORE`: a key with no row (what most sends find) is taken
+//!   by that plain insert. When a row is there it reads it (`SELECT`, no lock): a live row,
+//!   or a kept outcome, answers the reserve with nothing written. A row that can be taken (it
+//!   expired, or it is a claim of the same message) is taken by an `UPDATE … WHERE token =
+//!   <the token read>` and the condition again: a compare-and-set, so of racing reserves
+//!   exactly one takes it, and the one that did knows which row it replaced (a pending row
+//!   past its lease answers [`TakenOver`](super::Reservation::TakenOver)). A reserve whose
+//!   row changed between its statements asks again (at most three times).
+//! - `complete` is `UPDATE … WHERE key = ? AND (token = ? OR expires_at <= now)`, then, when
+//!   no row was there, `INSERT IGNORE` of the done row: a stale owner never overwrites a new
+//!   owner's record.
+//! - `release` is `DELETE … WHERE key = ? AND token = ? AND state = 'pending'`; `extend` and
+//!   `retake` one `UPDATE` each, fenced the same way as PostgreSQL's.
+//!
+//! The batch operations take as many round trips whatever the number of keys:
+//! `reserve_many` is one multi-row `INSERT IGNORE` (in key order) and one `SELECT … WHERE key
+//! IN (…)`; rows it finds takeable go through the single reserve's compare-and-set.
+//! `complete_many` and `release_many` run in one `READ COMMITTED` transaction that locks the
+//! rows in key order (`SELECT … ORDER BY key FOR UPDATE`), decides on the locked rows, and
+//! writes them with one statement (`UPDATE … CASE`, `DELETE … IN`, and an `INSERT IGNORE` for
+//! keys with no row). Overlapping batches therefore wait for each other instead of
+//! deadlocking; a deadlock the server still reports fails the call as
+//! [`Unavailable`](super::StoreErrorKind::Unavailable), and the layer retries a settlement.
+//! The keys of one call must be distinct: a repeated key fails the call with an
+//! [`InvalidInput`](super::StoreErrorKind::InvalidInput) error before any statement is sent.
+//!
+//! Whether an `UPDATE` wrote is read from the affected-row count. Without the
+//! `CLIENT_FOUND_ROWS` flag (mysql_async's default) a matched row whose values stay the same
+//! counts as unaffected; every fenced update here moves `expires_at` to a new `now()`, so only
+//! a repeat of the same call within one microsecond could be miscounted. With the flag, the
+//! count is exact. `INSERT IGNORE` counts the same either way.
+//!
+//! Every operation, including the wait for a pooled connection, is bounded by a timeout
+//! ([`DEFAULT_TIMEOUT`]) and fails with a [`Timeout`](super::StoreErrorKind::Timeout) error. A
+//! row that does not decode or breaks the [record rules](super::record#the-record-rules) is
+//! a [`Corrupt`](super::StoreErrorKind::Corrupt) error, never a panic. Keys longer than
+//! 1,024 bytes are refused with [`InvalidInput`](super::StoreErrorKind::InvalidInput)
+//! before any statement is sent (the layer's keys are at most 256 bytes).
+//!
+//! # MySQL 8 and MariaDB
+//!
+//! The statements use only what both servers run the same way, and avoid what differs:
+//! `RETURNING` (MariaDB only), `VALUES()` in `ON DUPLICATE KEY UPDATE` (deprecated by MySQL
+//! 8.0.20) and the row alias that replaces it (MySQL only), `CREATE INDEX IF NOT EXISTS`
+//! (MariaDB only), and `ON DUPLICATE KEY UPDATE` itself, whose affected-row count depends on
+//! `CLIENT_FOUND_ROWS`. `JSON` is a checked `LONGTEXT` on MariaDB and a binary type on MySQL;
+//! the store reads either as JSON text. The tests run against MariaDB (10.11 on our
+//! machines); MySQL 8 is not run here.
+//!
+//! # Expired rows
+//!
+//! An expired row is dead to the protocol at once, but stays on disk until a reserve takes
+//! the key again or a purge deletes it: call [`MySqlStore::purge_expired`] from a scheduled
+//! job, or let [`MySqlStore::spawn_purge`] run it. Purge rarely (hourly): a reserve after a
+//! purge can no longer report a takeover.
+//!
+//! # Guarantee
+//!
+//! At-least-once with deduplication, not exactly-once, as for every store: two sends under
+//! one key never both hold it while its lease runs; a crash after the provider took a
+//! message but before its outcome was kept lets it go again after the lease, unless the
+//! provider deduplicates on the forwarded `Idempotency-Key` header.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, IsolationLevel, Opts, Pool, Row, TxOpts, Value};
+use uuid::Uuid;
+
+use super::millis::millis;
+use super::unanswered::Unanswered;
+use super::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, record};
+use crate::fingerprint::Fingerprint;
+use crate::outcome::Outcome;
+
+mod admin;
+mod claim;
+mod purge;
+mod row;
+mod sql;
+
+pub use purge::PurgeTask;
+pub use sql::InvalidTableName;
+
+use row::positions;
+use sql::Table;
+
+/// The table a [`MySqlStore`] uses unless told otherwise.
+pub const DEFAULT_TABLE: &str = "idempotency_keys";
+
+/// The default bound on each store operation, including the wait for a pooled connection.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The default number of rows one purge statement deletes.
+pub const DEFAULT_PURGE_BATCH: u32 = 1_000;
+
+/// How often a reserve asks again when the row changed between its statements.
+const RESERVE_ATTEMPTS: usize = 3;
+
+/// DDL waits for metadata locks: a `migrate` given much less could fail for no good reason.
+const MIN_MIGRATE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A duration as the microseconds of an SQL `INTERVAL`, bounded as [`millis`] bounds it.
+fn micros(duration: Duration) -> i64 {
+    millis(duration) * 1000
+}
+
+/// A token as the table keeps it.
+fn token_bytes(token: Token) -> Value {
+    Value::Bytes(Uuid::from(token).as_bytes().to_vec())
+}
+
+/// An idempotency store on a MySQL 8 or MariaDB 10.6+ table, reached through a
+/// `mysql_async` pool.
+///
+/// Clones share the pool. See the [module docs](self) for the schema, the statements and the
+/// differences between the servers.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_idempotency::store::{Reservation, Store};
+/// use tower_idempotency::{Fingerprint, MySqlStore};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MySqlStore::connect("mysql://app@db.internal/app")
+///     .await?
+///     .table("idempotency_keys")?
+///     .timeout(Duration::from_secs(1));
+/// store.migrate().await?;
+/// // Deletes expired rows every ten minutes until `purge` is dropped.
+/// let purge = store.spawn_purge(Duration::from_secs(600))?;
+///
+/// let fingerprint = Fingerprint::from_bytes([7; 32]);
+/// match store.reserve("welcome:42", fingerprint, Duration::from_secs(600)).await? {
+///     Reservation::Reserved { token } => { /* send, then complete or release */ }
+///     Reservation::Held { record } => { /* in flight, or replay record.outcome */ }
+///     _ => { /* taken over from a crashed holder, or an answer of a later release */ }
+/// }
+/// # drop(purge);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MySqlStore {
+    pool: Pool,
+    table: Arc<Table>,
+    timeout: Duration,
+    purge_batch: u32,
+}
+
+impl fmt::Debug for MySqlStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlStore")
+            .field("table", &self.table.name)
+            .field("timeout", &self.timeout)
+            .field("purge_batch", &self.purge_batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MySqlStore {
+    /// A store on `pool` (mysql_async 0.37, see [Your driver](self#your-driver)), using the
+    /// table [`DEFAULT_TABLE`]. The pool decides connections, TLS and size.
+    pub fn new(pool: Pool) -> Self {
+        Self {
+            pool,
+            // The default name passes the check (see the unit tests).
+            table: Arc::new(Table::checked(DEFAULT_TABLE, None, DEFAULT_TABLE)),
+            timeout: DEFAULT_TIMEOUT,
+            purge_batch: DEFAULT_PURGE_BATCH,
+        }
+    }
+
+    /// Connects to the server at `url` (`mysql://user:password@host:port/db?…`, with
+    /// mysql_async's URL options), and checks that one connection opens.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let opts = Opts::from_url(url).map_err(|e| {
+            StoreError::new(StoreErrorKind::Unavailable, "invalid MySQL URL").with_source(e)
+        })?;
+        let store = Self::new(Pool::new(opts));
+        store
+            .bounded(|| async { store.conn().await.map(drop) })
+            .await?;
+        Ok(store)
+    }
+
+    /// Uses the table `name` (`table` or `database.table`) instead of [`DEFAULT_TABLE`].
+    ///
+    /// The name is checked, never pasted into SQL as given: see [`InvalidTableName`].
+    pub fn table(mut self, name: &str) -> Result<Self, InvalidTableName> {
+        self.table = Arc::new(Table::new(name)?);
+        Ok(self)
+    }
+
+    /// Bounds each operation, including the wait for a pooled connection (default
+    /// [`DEFAULT_TIMEOUT`]). An operation that takes longer fails with a
+    /// [`Timeout`](StoreErrorKind::Timeout) error; its statement may still finish on the
+    /// server, which the protocol allows (a reserve nobody heard of expires with its lease).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets how many rows one purge statement deletes (default [`DEFAULT_PURGE_BATCH`];
+    /// `0` counts as `1`). Smaller batches hold fewer locks at a time.
+    #[must_use]
+    pub fn purge_batch(mut self, rows: u32) -> Self {
+        self.purge_batch = rows.max(1);
+        self
+    }
+
+    /// The table name, as given.
+    pub fn table_name(&self) -> &str {
+        &self.table.name
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Creates the table with its indexes when it is absent (see the [module docs](self) for
+    /// the schema). Safe to run from several processes at once.
+    ///
+    /// Bounded by the operation timeout, or 30 s if that is shorter.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let timeout = self.timeout.max(MIN_MIGRATE_TIMEOUT);
+        let work = async {
+            let mut conn = self.conn().await?;
+            conn.query_drop(&self.table.sql.migrate)
+                .await
+                .map_err(|e| self.db_error(e))
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .unwrap_or_else(|_| Err(StoreError::timeout()))
+    }
+
+    /// Runs the call `work` makes within the operation timeout, failing it as timed out past
+    /// it: the store bounds its own calls, with the layer or without it.
+    fn bounded<T, F>(&self, work: impl FnOnce() -> F) -> impl Future<Output = Result<T, StoreError>>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        let timeout = self.timeout;
+        async move {
+            tokio::time::timeout(timeout, work())
+                .await
+                .unwrap_or_else(|_elapsed| Err(StoreError::timeout()))
+        }
+    }
+
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        self.pool.get_conn().await.map_err(|e| {
+            StoreError::new(
+                StoreErrorKind::Unavailable,
+                "could not get a MySQL connection",
+            )
+            .with_source(e)
+        })
+    }
+
+    /// A transaction at `READ COMMITTED` on a pooled connection: no gap locks, so batches
+    /// lock only the rows they name. Dropped unfinished, the pool rolls it back.
+    async fn transaction(&self) -> Result<mysql_async::Transaction<'static>, StoreError> {
+        let mut options = TxOpts::new();
+        options.with_isolation_level(IsolationLevel::ReadCommitted);
+        self.pool
+            .start_transaction(options)
+            .await
+            .map_err(|e| self.db_error(e))
+    }
+
+    fn db_error(&self, error: mysql_async::Error) -> StoreError {
+        let (kind, detail) = match &error {
+            // ER_NO_SUCH_TABLE
+            mysql_async::Error::Server(e) if e.code == 1146 => (
+                StoreErrorKind::Unavailable,
+                format!(
+                    "table {:?} does not exist: run MySqlStore::migrate",
+                    self.table.name
+                ),
+            ),
+            // MariaDB's max_statement_time, MySQL's max_execution_time.
+            mysql_async::Error::Server(e) if e.code == 1969 || e.code == 3024 => (
+                StoreErrorKind::Timeout,
+                "the server stopped the statement".to_owned(),
+            ),
+            _ => (StoreErrorKind::Unavailable, "MySQL failed".to_owned()),
+        };
+        StoreError::new(kind, detail).with_source(error)
+    }
+
+    /// Runs a statement that returns no rows; answers how many rows it changed.
+    async fn write<Q: Queryable>(
+        &self,
+        conn: &mut Q,
+        sql: &str,
+        params: Vec<Value>,
+    ) -> Result<u64, StoreError> {
+        let result = conn
+            .exec_iter(sql, params)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let changed = result.affected_rows();
+        result.drop_result().await.map_err(|e| self.db_error(e))?;
+        Ok(changed)
+    }
+
+    async fn read<Q: Queryable>(
+        &self,
+        conn: &mut Q,
+        sql: &str,
+        params: Vec<Value>,
+    ) -> Result<Vec<Row>, StoreError> {
+        conn.exec(sql, params).await.map_err(|e| self.db_error(e))
+    }
+
+    async fn try_reserve(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        token: Token,
+    ) -> Result<Reservation, StoreError> {
+        check_key(key)?;
+        let mut conn = self.conn().await?;
+        self.reserve_on(&mut conn, key, fingerprint, lease, token)
+            .await
+    }
+
+    /// The single reserve's statements on `conn`; see the [module docs](self).
+    async fn reserve_on(
+        &self,
+        conn: &mut Conn,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        token: Token,
+    ) -> Result<Reservation, StoreError> {
+        let fp = fingerprint.as_bytes().to_vec();
+        for _ in 0..RESERVE_ATTEMPTS {
+            let inserted = self
+                .write(
+                    conn,
+                    &self.table.sql.insert,
+                    vec![
+                        key.into(),
+                        token_bytes(token),
+                        fp.clone().into(),
+                        micros(lease).into(),
+                    ],
+                )
+                .await?;
+            if inserted == 1 {
+                return Ok(Reservation::Reserved { token });
+            }
+            // A row is there, most often a live one: a repeat, answered from the row as read.
+            let rows = self
+                .read(conn, &self.table.sql.peek, vec![key.into()])
+                .await?;
+            let Some(row) = rows.first() else {
+                // Deleted since the insert (released, purged): insert again.
+                continue;
+            };
+            let peeked = self.peeked(row, 0)?;
+            if !peeked.takeable_by(&fp) {
+                return self
+                    .record(row, 0)
+                    .map(|record| Reservation::Held { record });
+            }
+            let taken = self
+                .write(
+                    conn,
+                    &self.table.sql.take,
+                    vec![
+                        fp.clone().into(),
+                        fp.clone().into(),
+                        token_bytes(token),
+                        micros(lease).into(),
+                        key.into(),
+                        peeked.token.clone().into(),
+                        fp.clone().into(),
+                    ],
+                )
+                .await?;
+            if taken == 1 {
+                return self.taken(row, &peeked, token);
+            }
+            // Another session changed the row after the peek: read it again.
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "reserve found the key changing under it on every attempt",
+        ))
+    }
+
+    async fn try_retake(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> Result<Option<Token>, StoreError> {
+        check_key(key)?;
+        let mut conn = self.conn().await?;
+        let token = Token::new();
+        let taken = self
+            .write(
+                &mut conn,
+                &self.table.sql.retake,
+                vec![
+                    token_bytes(token),
+                    micros(lease).into(),
+                    key.into(),
+                    fingerprint.as_bytes().to_vec().into(),
+                    micros(within).into(),
+                ],
+            )
+            .await?;
+        Ok((taken == 1).then_some(token))
+    }
+
+    async fn try_reserve_many(
+        &self,
+        requests: &[(&str, Fingerprint)],
+        lease: Duration,
+        tokens: &[Token],
+    ) -> Result<Vec<Result<Reservation, StoreError>>, StoreError> {
+        let positions = positions("reserve_many", requests.iter().map(|(key, _)| *key))?;
+        for (key, _) in requests {
+            check_key(key)?;
+        }
+        let mut order: Vec<usize> = (0..requests.len()).collect();
+        order.sort_by_key(|&at| requests[at].0);
+        let mut params = Vec::with_capacity(requests.len() * 4);
+        for &at in &order {
+            let (key, fingerprint) = requests[at];
+            params.push(key.into());
+            params.push(token_bytes(tokens[at]));
+            params.push(fingerprint.as_bytes().to_vec().into());
+            params.push(micros(lease).into());
+        }
+        let mut conn = self.conn().await?;
+        self.write(&mut conn, &self.table.insert_many(requests.len()), params)
+            .await?;
+        let keys = order.iter().map(|&at| requests[at].0.into()).collect();
+        let rows = self
+            .read(&mut conn, &self.table.peek_many(requests.len()), keys)
+            .await?;
+        let mut answers: Vec<Option<Result<Reservation, StoreError>>> =
+            requests.iter().map(|_| None).collect();
+        let mut answered = vec![false; requests.len()];
+        for row in &rows {
+            let at = self.position(&positions, row, &mut answered)?;
+            let token = tokens[at];
+            let fp = requests[at].1.as_bytes();
+            let answer = self.peeked(row, 1).and_then(|peeked| {
+                if peeked.token == Uuid::from(token).as_bytes() {
+                    Ok(Some(Reservation::Reserved { token }))
+                } else if peeked.takeable_by(fp) {
+                    // Taken by the single reserve's compare-and-set, below.
+                    Ok(None)
+                } else {
+                    self.record(row, 1)
+                        .map(|record| Some(Reservation::Held { record }))
+                }
+            });
+            answers[at] = answer.transpose();
+        }
+        // Takeable rows, and keys whose row went between the two statements.
+        for at in order {
+            if answers[at].is_none() {
+                let (key, fingerprint) = requests[at];
+                let answer = self
+                    .reserve_on(&mut conn, key, fingerprint, lease, tokens[at])
+                    .await;
+                match answer {
+                    Err(e) if e.kind() != StoreErrorKind::Corrupt => return Err(e),
+                    answer => answers[at] = Some(answer),
+                }
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        "reserve_many left this key unanswered",
+                    ))
+                })
+            })
+            .collect())
+    }
+
+    async fn try_complete(
+        &self,
+        key: &str,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        check_key(key)?;
+        let outcome = record::outcome_json(outcome)?;
+        let fp = fingerprint.as_bytes().to_vec();
+        let mut conn = self.conn().await?;
+        let written = self
+            .write(
+                &mut conn,
+                &self.table.sql.complete,
+                vec![
+                    fp.clone().into(),
+                    outcome.as_str().into(),
+                    micros(ttl).into(),
+                    token_bytes(token),
+                    token_bytes(token),
+                    key.into(),
+                    token_bytes(token),
+                ],
+            )
+            .await?;
+        if written > 0 {
+            return Ok(true);
+        }
+        // No row of this token, nor an expired one: a key with no row gets the done row; a
+        // key another token holds is left alone.
+        let inserted = self
+            .write(
+                &mut conn,
+                &self.table.sql.complete_insert,
+                vec![
+                    key.into(),
+                    token_bytes(token),
+                    fp.into(),
+                    outcome.into(),
+                    micros(ttl).into(),
+                ],
+            )
+            .await?;
+        Ok(inserted == 1)
+    }
+
+    async fn try_complete_many(
+        &self,
+        completions: &[Completion<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        let positions = positions("complete_many", completions.iter().map(|c| c.key))?;
+        for c in completions {
+            check_key(c.key)?;
+        }
+        let outcomes = completions
+            .iter()
+            .map(|c| record::outcome_json(c.outcome))
+            .collect::<Result<Vec<String>, _>>()?;
+        let mut order: Vec<usize> = (0..completions.len()).collect();
+        order.sort_by_key(|&at| completions[at].key);
+        let mut tx = self.transaction().await?;
+        let keys: Vec<Value> = order.iter().map(|&at| completions[at].key.into()).collect();
+        let rows = self
+            .read(&mut tx, &self.table.lock_many(keys.len()), keys)
+            .await?;
+        // Each key's row, locked: written when it holds this token or expired; a key with no
+        // row gets one.
+        let mut found = vec![false; completions.len()];
+        let mut writable = Vec::new();
+        for row in &rows {
+            let at = self.position(&positions, row, &mut found)?;
+            let locked = self.locked(row)?;
+            if locked.token == Uuid::from(completions[at].token).as_bytes() || locked.expired {
+                writable.push(at);
+            }
+        }
+        writable.sort_by_key(|&at| completions[at].key);
+        let mut written = vec![false; completions.len()];
+        if !writable.is_empty() {
+            // In the statement's order: fingerprints, outcomes, the ttl, tokens twice.
+            let mut params = Vec::new();
+            for value in 0..4 {
+                if value == 2 {
+                    params.push(micros(ttl).into());
+                }
+                for &at in &writable {
+                    let c = &completions[at];
+                    params.push(c.key.into());
+                    params.push(match value {
+                        0 => c.fingerprint.as_bytes().to_vec().into(),
+                        1 => outcomes[at].as_str().into(),
+                        _ => token_bytes(c.token),
+                    });
+                }
+            }
+            params.extend(writable.iter().map(|&at| completions[at].key.into()));
+            self.write(&mut tx, &self.table.complete_many(writable.len()), params)
+                .await?;
+            for &at in &writable {
+                written[at] = true;
+            }
+        }
+        let missing: Vec<usize> = order.iter().copied().filter(|&at| !found[at]).collect();
+        if !missing.is_empty() {
+            let mut params = Vec::new();
+            for &at in &missing {
+                let c = &completions[at];
+                params.push(c.key.into());
+                params.push(token_bytes(c.token));
+                params.push(c.fingerprint.as_bytes().to_vec().into());
+                params.push(outcomes[at].as_str().into());
+                params.push(micros(ttl).into());
+            }
+            self.write(
+                &mut tx,
+                &self.table.complete_insert_many(missing.len()),
+                params,
+            )
+            .await?;
+            // A key inserted by another session meanwhile was ignored: its row holds
+            // another token.
+            let keys = missing
+                .iter()
+                .map(|&at| completions[at].key.into())
+                .collect();
+            let rows = self
+                .read(&mut tx, &self.table.tokens_many(missing.len()), keys)
+                .await?;
+            let mut seen = vec![false; completions.len()];
+            for row in &rows {
+                let at = self.position(&positions, row, &mut seen)?;
+                let holder: Option<Vec<u8>> = row.get_opt(1).and_then(Result::ok);
+                written[at] =
+                    holder.as_deref() == Some(Uuid::from(completions[at].token).as_bytes());
+            }
+        }
+        tx.commit().await.map_err(|e| self.db_error(e))?;
+        Ok(written)
+    }
+
+    async fn try_release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
+        check_key(key)?;
+        let mut conn = self.conn().await?;
+        let deleted = self
+            .write(
+                &mut conn,
+                &self.table.sql.release,
+                vec![key.into(), token_bytes(token)],
+            )
+            .await?;
+        Ok(deleted > 0)
+    }
+
+    async fn try_release_many(&self, releases: &[(&str, Token)]) -> Result<Vec<bool>, StoreError> {
+        let positions = positions("release_many", releases.iter().map(|(key, _)| *key))?;
+        for (key, _) in releases {
+            check_key(key)?;
+        }
+        let mut keys: Vec<&str> = releases.iter().map(|(key, _)| *key).collect();
+        keys.sort_unstable();
+        let mut tx = self.transaction().await?;
+        let rows = self
+            .read(
+                &mut tx,
+                &self.table.lock_many(keys.len()),
+                keys.iter().map(|&key| key.into()).collect(),
+            )
+            .await?;
+        let mut found = vec![false; releases.len()];
+        let mut doomed = Vec::new();
+        for row in &rows {
+            let at = self.position(&positions, row, &mut found)?;
+            let locked = self.locked(row)?;
+            if locked.state == "pending" && locked.token == Uuid::from(releases[at].1).as_bytes() {
+                doomed.push(at);
+            }
+        }
+        let mut deleted = vec![false; releases.len()];
+        if !doomed.is_empty() {
+            let keys = doomed.iter().map(|&at| releases[at].0.into()).collect();
+            self.write(&mut tx, &self.table.delete_many(doomed.len()), keys)
+                .await?;
+            for at in doomed {
+                deleted[at] = true;
+            }
+        }
+        tx.commit().await.map_err(|e| self.db_error(e))?;
+        Ok(deleted)
+    }
+
+    async fn try_extend(
+        &self,
+        key: &str,
+        token: Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        check_key(key)?;
+        let mut conn = self.conn().await?;
+        let moved = self
+            .write(
+                &mut conn,
+                &self.table.sql.extend,
+                vec![micros(lease).into(), key.into(), token_bytes(token)],
+            )
+            .await?;
+        Ok(moved > 0)
+    }
+}
+
+/// Refuses a key longer than the table's column, which a server in a non-strict `sql_mode`
+/// would truncate (two long keys becoming one).
+fn check_key(key: &str) -> Result<(), StoreError> {
+    if key.len() > sql::MAX_KEY_LEN {
+        return Err(StoreError::new(
+            StoreErrorKind::InvalidInput,
+            format!(
+                "a key of {} bytes: MySqlStore keeps keys of at most {} bytes",
+                key.len(),
+                sql::MAX_KEY_LEN
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl Store for MySqlStore {
+    fn reserve<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
+        Box::pin(async move {
+            let token = Token::new();
+            let unanswered = Unanswered::arm(self, vec![(key, token)]);
+            let reservation = self
+                .bounded(move || self.try_reserve(key, fingerprint, lease, token))
+                .await?;
+            unanswered.answered();
+            Ok(reservation)
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        fingerprint: Fingerprint,
+        outcome: &'a Outcome,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.bounded(move || self.try_complete(key, token, fingerprint, outcome, ttl)))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.bounded(move || self.try_release(key, token)))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.bounded(move || self.try_extend(key, token, lease)))
+    }
+
+    fn retake<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
+        Box::pin(self.bounded(move || self.try_retake(key, fingerprint, lease, within)))
+    }
+
+    fn reserve_many<'a>(
+        &'a self,
+        requests: &'a [(&'a str, Fingerprint)],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
+        Box::pin(async move {
+            if requests.is_empty() {
+                return Ok(Vec::new());
+            }
+            let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
+            let reserved = requests
+                .iter()
+                .map(|(key, _)| *key)
+                .zip(tokens.iter().copied());
+            let unanswered = Unanswered::arm(self, reserved.collect());
+            let answers = self
+                .bounded(|| self.try_reserve_many(requests, lease, &tokens))
+                .await?;
+            unanswered.answered();
+            Ok(answers)
+        })
+    }
+
+    fn complete_many<'a>(
+        &'a self,
+        completions: &'a [Completion<'a>],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        Box::pin(async move {
+            if completions.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.bounded(move || self.try_complete_many(completions, ttl))
+                .await
+        })
+    }
+
+    fn release_many<'a>(
+        &'a self,
+        releases: &'a [(&'a str, Token)],
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        Box::pin(async move {
+            if releases.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.bounded(move || self.try_release_many(releases)).await
+        })
+    }
+}

@@ -1,0 +1,584 @@
+//! `MySqlStore` against a real server (MariaDB here; the statements are MySQL 8's too): the
+//! conformance suite, races across connections and through the layer, claims in the caller's
+//! transaction, corrupt rows, expiry by the server's clock whatever the session's time zone,
+//! purges and the batch statements.
+//!
+//! Runs against `MYSQL_URL`, else `mysql://root@127.0.0.1:3306/test`; reported as ignored when
+//! neither answered as the suite was built (see `support::stores`).
+#![cfg(feature = "mysql")]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use mysql_async::prelude::Queryable;
+use mysql_async::{OptsBuilder, Pool, TxOpts};
+use tower::{Layer, ServiceExt};
+
+use support::Provider;
+use support::stores::mysql_admin::{admin, drop_table};
+use support::stores::{backend_url, broken_records, fp, unique};
+use tower_idempotency::outcome::{Outcome, Receipt};
+use tower_idempotency::store::conformance::Conformance;
+use tower_idempotency::store::{Completion, RecordState, Reservation, Store, StoreErrorKind};
+use tower_idempotency::{IdempotencyLayer, Message, MySqlStore};
+
+/// The table the conformance cases share; each case uses its own random key prefix.
+const CONFORMANCE_TABLE: &str = "idem_conformance";
+
+const LEASE: Duration = Duration::from_secs(60);
+
+fn mysql_url() -> Option<String> {
+    backend_url("MYSQL_URL")
+}
+
+/// A store on a fresh table of the test's own.
+async fn fresh_store(url: &str, test: &str) -> MySqlStore {
+    let store = MySqlStore::connect(url)
+        .await
+        .expect("connect")
+        .table(&unique(test))
+        .expect("valid table name");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+mod mysql_conformance {
+    use super::*;
+
+    async fn suite() -> Option<Conformance> {
+        let url = mysql_url()?;
+        let store = MySqlStore::connect(&url)
+            .await
+            .expect("connect")
+            .table(CONFORMANCE_TABLE)
+            .expect("valid table name");
+        store.migrate().await.expect("migrate");
+        // Rows earlier runs left, not the stale pending rows of cases running now.
+        let pool = admin(&url);
+        let mut conn = pool.get_conn().await.expect("admin connection");
+        conn.query_drop(format!(
+            "DELETE FROM {CONFORMANCE_TABLE} \
+             WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE"
+        ))
+        .await
+        .expect("delete old rows");
+        // A lease of 3 s, as for PostgreSQL: the whole suite shares two cores.
+        Some(Conformance::with_admin(store).lease(Duration::from_secs(3)))
+    }
+
+    tower_idempotency::store_conformance_tests!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[cfg_attr(
+            not(backend_mysql),
+            ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+        )]
+        suite()
+    );
+}
+
+fn alert(text: &str) -> Message {
+    Message::builder()
+        .from("orders@shop.example")
+        .to("seller@example.com")
+        .subject("New order")
+        .text(text)
+        .idempotency_key("order.created:ord_1:email")
+        .build()
+        .expect("valid message")
+}
+
+fn layer(store: &MySqlStore) -> IdempotencyLayer {
+    IdempotencyLayer::builder()
+        .store(store.clone())
+        .namespace("alerts")
+        .build()
+        .expect("valid layer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn concurrent_reserves_across_connections_reserve_once() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_race").await;
+    // Fresh keys, then keys whose rows expired: the insert and the compare-and-set each race.
+    for round in 0..2 {
+        let key = format!("race-{round}");
+        if round == 1 {
+            let Reservation::Reserved { .. } = store
+                .reserve(&key, fp(1), Duration::from_millis(1))
+                .await
+                .unwrap()
+            else {
+                panic!("a fresh key is reserved");
+            };
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let barrier = Arc::new(tokio::sync::Barrier::new(24));
+        let tasks: Vec<_> = (0..24)
+            .map(|_| {
+                let store = store.clone();
+                let key = key.clone();
+                let barrier = Arc::clone(&barrier);
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.reserve(&key, fp(1), LEASE).await
+                })
+            })
+            .collect();
+        let mut reserved = 0;
+        for task in tasks {
+            match task.await.expect("task panicked") {
+                Ok(Reservation::Reserved { .. } | Reservation::TakenOver { .. }) => reserved += 1,
+                Ok(Reservation::Held { record }) => {
+                    assert_eq!(record.state, RecordState::Pending);
+                }
+                Ok(other) => panic!("unexpected reservation {other:?}"),
+                Err(e) => panic!("reserve failed under the race: {e}"),
+            }
+        }
+        assert_eq!(reserved, 1, "round {round}");
+    }
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn many_tasks_sending_under_one_key_send_once_through_the_layer() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_layer_race").await;
+    // Two layers on two pools: two processes, as far as the server can tell.
+    let other = MySqlStore::new(admin(&url))
+        .table(store.table_name())
+        .unwrap();
+    let (first, second) = (layer(&store), layer(&other));
+    let provider = Provider::ok();
+    let barrier = Arc::new(tokio::sync::Barrier::new(32));
+    let sends = (0..32).map(|i| {
+        let service = if i % 2 == 0 { &first } else { &second }.layer(provider.clone());
+        let barrier = Arc::clone(&barrier);
+        tokio::spawn(async move {
+            barrier.wait().await;
+            service.oneshot(alert("sold")).await
+        })
+    });
+    let answers: Vec<_> = join_all(sends)
+        .await
+        .into_iter()
+        .map(|joined| joined.expect("task panicked"))
+        .collect();
+    assert_eq!(provider.calls(), 1, "one send reached the provider");
+    let sent = answers
+        .iter()
+        .filter(|a| a.as_ref().is_ok_and(|r| !r.replayed))
+        .count();
+    assert_eq!(sent, 1);
+    for answer in &answers {
+        if let Err(e) = answer {
+            assert_eq!(e.code(), "idempotency.in_flight", "{e}");
+        }
+    }
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn a_claim_rolls_back_with_the_callers_transaction() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_claim_rollback").await;
+    let layer = layer(&store);
+    let claim = layer.claim(&alert("sold")).unwrap().expect("keyed");
+    let pool = admin(&url);
+    let mut tx = pool.start_transaction(TxOpts::default()).await.unwrap();
+    assert!(store.claim_in(&mut tx, &claim).await.unwrap());
+    tx.rollback().await.unwrap();
+    assert!(store.claims(10).await.unwrap().is_empty());
+
+    let provider = Provider::ok();
+    layer
+        .layer(provider.clone())
+        .oneshot(alert("sold"))
+        .await
+        .unwrap();
+    assert_eq!(provider.calls(), 1);
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn a_claim_left_by_a_crash_before_the_send_is_found_and_sent_once() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_claim_crash").await;
+    let layer = layer(&store);
+    let message = alert("sold");
+    let claim = layer.claim(&message).unwrap().unwrap();
+    let pool = admin(&url);
+    let mut tx = pool.start_transaction(TxOpts::default()).await.unwrap();
+    tx.exec_drop("SELECT 1", ()).await.unwrap();
+    assert!(store.claim_in(&mut tx, &claim).await.unwrap());
+    tx.commit().await.unwrap();
+    // The process dies here, before the send. The next run finds the claim …
+    assert_eq!(
+        store.claims(10).await.unwrap(),
+        std::slice::from_ref(&claim.key)
+    );
+    // … and sends the same message under the same key: once.
+    let provider = Provider::ok();
+    let service = layer.layer(provider.clone());
+    let first = service.clone().oneshot(message.clone()).await.unwrap();
+    assert!(!first.replayed);
+    assert!(
+        store.claims(10).await.unwrap().is_empty(),
+        "the send took it"
+    );
+    let again = service.oneshot(message).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.id, first.id);
+    assert_eq!(provider.calls(), 1);
+
+    // A claim of a key already sent writes nothing; on a plain connection too.
+    let mut conn = pool.get_conn().await.unwrap();
+    assert!(!store.claim_in(&mut conn, &claim).await.unwrap());
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn another_message_under_a_claimed_key_is_key_reused_and_not_sent() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_claim_reused").await;
+    let layer = layer(&store);
+    let claim = layer.claim(&alert("sold")).unwrap().unwrap();
+    let pool = admin(&url);
+    let mut tx = pool.start_transaction(TxOpts::default()).await.unwrap();
+    assert!(store.claim_in(&mut tx, &claim).await.unwrap());
+    tx.commit().await.unwrap();
+
+    let provider = Provider::ok();
+    let error = layer
+        .layer(provider.clone())
+        .oneshot(alert("a different text"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), "idempotency.key_reused");
+    assert_eq!(provider.calls(), 0);
+    assert_eq!(store.claims(10).await.unwrap(), [claim.key]);
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn expiry_follows_the_servers_utc_clock_whatever_the_sessions_time_zone() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_time_zone").await;
+    // Two sessions fourteen hours apart: a DATETIME written by `NOW()` in one would read as
+    // long expired, or far from expiring, in the other.
+    let zoned = |zone: &str| {
+        let opts = OptsBuilder::from_opts(mysql_async::Opts::from_url(&url).unwrap())
+            .init(vec![format!("SET time_zone = '{zone}'")]);
+        MySqlStore::new(Pool::new(opts))
+            .table(store.table_name())
+            .unwrap()
+    };
+    let (east, west) = (zoned("+07:00"), zoned("-07:00"));
+    let Reservation::Reserved { token } = east.reserve("k", fp(1), LEASE).await.unwrap() else {
+        panic!("a fresh key is reserved");
+    };
+    match west.reserve("k", fp(1), LEASE).await.unwrap() {
+        Reservation::Held { record } => assert_eq!(record.state, RecordState::Pending),
+        other => panic!("a live lease read from another zone: {other:?}"),
+    }
+    assert!(west.extend("k", token, LEASE).await.unwrap());
+    let short = Duration::from_millis(200);
+    assert!(west.extend("k", token, short).await.unwrap());
+    tokio::time::sleep(short * 2).await;
+    assert!(
+        matches!(
+            east.reserve("k", fp(1), LEASE).await.unwrap(),
+            Reservation::TakenOver { .. }
+        ),
+        "a lease set from -07:00 ends for +07:00 when it ends"
+    );
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn rows_that_break_the_record_rules_are_corrupt_never_a_panic() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_corrupt").await;
+    let pool = admin(&url);
+    let mut conn = pool.get_conn().await.unwrap();
+    let insert = format!(
+        "INSERT INTO {} (`key`, state, token, fingerprint, outcome, expires_at) \
+         VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)",
+        store.table_name()
+    );
+    let mut planted = broken_records::PARTS
+        .iter()
+        .map(|(name, state, outcome)| (name.to_string(), *state, vec![7u8; 32], *outcome))
+        .collect::<Vec<_>>();
+    planted.push((
+        "short-fingerprint".into(),
+        "done",
+        vec![7; 5],
+        broken_records::RECEIPT,
+    ));
+    planted.push((
+        "unknown-state".into(),
+        "lost",
+        vec![7; 32],
+        broken_records::RECEIPT,
+    ));
+    planted.push((
+        "not-an-outcome".into(),
+        "done",
+        vec![7; 32],
+        r#"{"what":1}"#,
+    ));
+    for (name, state, fingerprint, outcome) in planted {
+        conn.exec_drop(&insert, (&name, state, vec![1u8; 16], fingerprint, outcome))
+            .await
+            .unwrap();
+        let err = store.reserve(&name, fp(7), LEASE).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{name}: {err}");
+        let fresh = format!("{name}-fresh");
+        let answers = store
+            .reserve_many(&[(&name, fp(7)), (&fresh, fp(7))], LEASE)
+            .await
+            .expect("the batch as a whole succeeds");
+        assert!(
+            matches!(&answers[0], Err(e) if e.kind() == StoreErrorKind::Corrupt),
+            "{name}: {:?}",
+            answers[0]
+        );
+        assert!(matches!(answers[1], Ok(Reservation::Reserved { .. })));
+    }
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn purge_deletes_expired_rows_in_batches_and_keeps_live_ones() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_purge").await.purge_batch(2);
+    for i in 0..5 {
+        store
+            .reserve(&format!("short-{i}"), fp(1), Duration::from_millis(1))
+            .await
+            .unwrap();
+    }
+    let Reservation::Reserved { token } = store.reserve("live", fp(1), LEASE).await.unwrap() else {
+        panic!("a fresh key is reserved");
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(store.purge_expired().await.unwrap(), 5);
+    assert_eq!(store.purge_expired().await.unwrap(), 0);
+    // The purged keys are free, with nothing to report as taken over; the live one is held.
+    assert!(matches!(
+        store.reserve("short-0", fp(1), LEASE).await.unwrap(),
+        Reservation::Reserved { .. }
+    ));
+    assert!(store.release("live", token).await.unwrap());
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn keys_differing_only_in_case_or_trailing_spaces_are_different_keys() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_collation").await;
+    for key in ["Key", "key", "key ", "kéy", "ke\u{301}y"] {
+        assert!(
+            matches!(
+                store.reserve(key, fp(1), LEASE).await.unwrap(),
+                Reservation::Reserved { .. }
+            ),
+            "{key:?} is a key of its own"
+        );
+    }
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn bad_calls_are_refused_before_any_statement() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_bad_calls").await;
+    let long = "k".repeat(1025);
+    let err = store.reserve(&long, fp(1), LEASE).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::InvalidInput);
+    let err = store
+        .reserve_many(&[("a", fp(1)), ("a", fp(2))], LEASE)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::InvalidInput);
+    let sent = Outcome::sent(Receipt::new("m", "test"));
+    let token = tower_idempotency::store::Token::new();
+    let twice = [
+        Completion {
+            key: "a",
+            token,
+            fingerprint: fp(1),
+            outcome: &sent,
+        },
+        Completion {
+            key: "a",
+            token,
+            fingerprint: fp(1),
+            outcome: &sent,
+        },
+    ];
+    let err = store.complete_many(&twice, LEASE).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::InvalidInput);
+    // Nothing was written by any of them.
+    assert!(matches!(
+        store.reserve("a", fp(1), LEASE).await.unwrap(),
+        Reservation::Reserved { .. }
+    ));
+
+    let missing = MySqlStore::connect(&url)
+        .await
+        .unwrap()
+        .table(&unique("idem_never_migrated"))
+        .unwrap();
+    let err = missing.reserve("a", fp(1), LEASE).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable);
+    assert!(err.to_string().contains("migrate"), "{err}");
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn batches_write_what_the_single_operations_would_key_by_key() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_batches").await;
+    let short = Duration::from_millis(1);
+    let reserved = |answer: Reservation| match answer {
+        Reservation::Reserved { token } | Reservation::TakenOver { token, .. } => token,
+        other => panic!("not reserved: {other:?}"),
+    };
+    let own = reserved(store.reserve("own", fp(1), LEASE).await.unwrap());
+    let _other = reserved(store.reserve("other", fp(1), LEASE).await.unwrap());
+    let stale = reserved(store.reserve("stale", fp(1), short).await.unwrap());
+    let _expired = reserved(store.reserve("expired", fp(1), short).await.unwrap());
+    // A claim of the message the batch sends: a reserve takes it.
+    let claim = tower_idempotency::store::Claim::new("claimed", fp(1), LEASE);
+    let pool = admin(&url);
+    let mut conn = pool.get_conn().await.unwrap();
+    assert!(store.claim_in(&mut conn, &claim).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    // reserve_many: a free key, a live one, an expired one, a claim of the same message.
+    let answers = store
+        .reserve_many(
+            &[
+                ("free", fp(1)),
+                ("own", fp(1)),
+                ("expired", fp(1)),
+                ("claimed", fp(1)),
+            ],
+            LEASE,
+        )
+        .await
+        .unwrap();
+    let answers: Vec<Reservation> = answers.into_iter().map(Result::unwrap).collect();
+    assert!(matches!(answers[0], Reservation::Reserved { .. }));
+    assert!(
+        matches!(&answers[1], Reservation::Held { record } if record.state == RecordState::Pending)
+    );
+    assert!(
+        matches!(&answers[2], Reservation::TakenOver { previous, .. } if previous.state == RecordState::Pending)
+    );
+    assert!(matches!(answers[3], Reservation::Reserved { .. }));
+
+    // complete_many: its own key, a key with no row, another token's live key, and a stale
+    // token over an expired row that nobody took: written, written, refused, written.
+    let sent = Outcome::sent(Receipt::new("m", "test"));
+    let completions = [
+        Completion {
+            key: "own",
+            token: own,
+            fingerprint: fp(1),
+            outcome: &sent,
+        },
+        Completion {
+            key: "nothing",
+            token: own,
+            fingerprint: fp(1),
+            outcome: &sent,
+        },
+        Completion {
+            key: "other",
+            token: own,
+            fingerprint: fp(1),
+            outcome: &sent,
+        },
+        Completion {
+            key: "stale",
+            token: stale,
+            fingerprint: fp(1),
+            outcome: &sent,
+        },
+    ];
+    assert_eq!(
+        store.complete_many(&completions, LEASE).await.unwrap(),
+        [true, true, false, true]
+    );
+    for key in ["own", "nothing", "stale"] {
+        match store.reserve(key, fp(1), LEASE).await.unwrap() {
+            Reservation::Held { record } => {
+                assert_eq!(record.state, RecordState::Done, "{key}");
+                assert_eq!(record.outcome.unwrap().receipt().unwrap().id, "m");
+            }
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+
+    // release_many: only the pending rows of the given tokens go.
+    let free = reserved(answers[0].clone());
+    assert_eq!(
+        store
+            .release_many(&[("free", free), ("own", own), ("other", own)])
+            .await
+            .unwrap(),
+        [true, false, false]
+    );
+    drop(conn);
+    drop_table(&url, store.table_name()).await;
+}
