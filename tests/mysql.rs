@@ -22,7 +22,9 @@ use support::stores::mysql_admin::{admin, drop_table};
 use support::stores::{backend_url, broken_records, fp, unique};
 use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::conformance::Conformance;
-use tower_idempotency::store::{Completion, RecordState, Reservation, Store, StoreErrorKind};
+use tower_idempotency::store::{
+    Completion, RecordState, Reservation, Store, StoreErrorKind, WaitingClaim,
+};
 use tower_idempotency::{IdempotencyLayer, Message, MySqlStore};
 
 /// The table the conformance cases share; each case uses its own random key prefix.
@@ -234,7 +236,7 @@ async fn a_claim_left_by_a_crash_before_the_send_is_found_and_sent_once() {
     // The process dies here, before the send. The next run finds the claim …
     assert_eq!(
         store.claims(10).await.unwrap(),
-        std::slice::from_ref(&claim.key)
+        [WaitingClaim::new(claim.key.clone(), claim.fingerprint)]
     );
     // … and sends the same message under the same key: once.
     let provider = Provider::ok();
@@ -279,7 +281,10 @@ async fn another_message_under_a_claimed_key_is_key_reused_and_not_sent() {
         .unwrap_err();
     assert_eq!(error.code(), "idempotency.key_reused");
     assert_eq!(provider.calls(), 0);
-    assert_eq!(store.claims(10).await.unwrap(), [claim.key]);
+    assert_eq!(
+        store.claims(10).await.unwrap(),
+        [WaitingClaim::new(claim.key.clone(), claim.fingerprint)]
+    );
     drop_table(&url, store.table_name()).await;
 }
 

@@ -29,7 +29,7 @@ use support::Provider;
 use support::stores::postgres_admin::{admin, drop_table};
 use support::stores::{SqliteDir, backend_url, unique};
 use tower_idempotency::outbox::{Enqueued, Outbox};
-use tower_idempotency::store::{ClaimParam, ClaimStatement, StoreErrorKind};
+use tower_idempotency::store::{ClaimParam, ClaimStatement, StoreErrorKind, WaitingClaim};
 use tower_idempotency::{IdempotencyLayer, Message, PostgresStore, SqliteStore};
 
 /// A store on a fresh table of the test's own (see `backend_url` for the `Option`).
@@ -179,7 +179,7 @@ async fn a_sqlx_commit_then_a_crash_before_the_send_is_sent_once_by_the_next_run
     let claim = layer.claim(&message).unwrap().unwrap();
     assert_eq!(
         store.claims(10).await.unwrap(),
-        std::slice::from_ref(&claim.key)
+        [WaitingClaim::new(claim.key.clone(), claim.fingerprint)]
     );
 
     // … and sends the same message under the same key: once.
@@ -232,7 +232,7 @@ async fn another_message_under_a_key_claimed_through_sqlx_is_key_reused_and_not_
     assert_eq!(provider.calls(), 0);
     assert_eq!(
         store.claims(10).await.unwrap(),
-        [claim.key],
+        [WaitingClaim::new(claim.key.clone(), claim.fingerprint)],
         "the claim still waits"
     );
     drop_table(&url, store.table_name()).await;
@@ -424,7 +424,7 @@ async fn the_postgres_claim_statement_with_typed_binds_commits_a_claim_the_send_
     tx.commit().await.unwrap();
     assert_eq!(
         store.claims(10).await.unwrap(),
-        std::slice::from_ref(&claim.key)
+        [WaitingClaim::new(claim.key.clone(), claim.fingerprint)]
     );
     let tx = client.transaction().await.unwrap();
     assert_eq!(
@@ -503,7 +503,7 @@ async fn the_sqlite_claim_statement_run_by_diesel_commits_a_claim_the_send_takes
     assert_eq!(claimed, Ok(1));
     assert_eq!(
         store.claims(10).await.unwrap(),
-        std::slice::from_ref(&claim.key)
+        [WaitingClaim::new(claim.key.clone(), claim.fingerprint)]
     );
     let again = connection.immediate_transaction(|connection| {
         claim_with_diesel(connection, &store.claim_statement(&claim))

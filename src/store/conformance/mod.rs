@@ -221,7 +221,6 @@ impl Conformance {
             prefix: format!("{}{case}:", self.prefix),
             clock: self.clock,
             lease: self.lease,
-            lists_stale_pending: self.lists_stale_pending,
             resend: self.resend,
             not_run: Mutex::new(None),
         }

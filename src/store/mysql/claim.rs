@@ -4,7 +4,8 @@
 use mysql_async::prelude::Queryable;
 
 use super::{MySqlStore, check_key, micros, token_bytes};
-use crate::store::{Claim, StoreError, StoreErrorKind, Token};
+use crate::fingerprint::Fingerprint;
+use crate::store::{Claim, StoreError, StoreErrorKind, Token, WaitingClaim};
 
 /// How often a claim asks again when the row it found was deleted before it could replace it.
 const CLAIM_ATTEMPTS: usize = 3;
@@ -104,10 +105,13 @@ impl MySqlStore {
         ))
     }
 
-    /// Up to `limit` keys (as stored: `namespace:key`, or `namespace:h1:<digest>` with hashed
-    /// keys) claimed and not yet taken by a send, oldest first: after a crash, the messages
-    /// the next run must send.
-    pub async fn claims(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+    /// Up to `limit` claims not yet taken by a send, oldest first: after a crash, the messages
+    /// the next run must send. Each is the key as stored (`namespace:key`, or
+    /// `namespace:h1:<digest>` with hashed keys) and the message's fingerprint:
+    /// [`WaitingClaim::is_claim_of`] with the layer's claim of a message you rebuilt tells
+    /// whether it is that message's claim, hashed keys included (as
+    /// [`PostgresStore::claims`](crate::PostgresStore::claims) shows).
+    pub async fn claims(&self, limit: u32) -> Result<Vec<WaitingClaim>, StoreError> {
         let rows = self
             .bounded(|| async {
                 let mut conn = self.conn().await?;
@@ -118,8 +122,13 @@ impl MySqlStore {
         rows.iter()
             .map(|row| {
                 let key: Vec<u8> = self.column(row, 0, "has no readable key")?;
-                String::from_utf8(key)
-                    .map_err(|e| self.corrupt("has a key that is not UTF-8").with_source(e))
+                let key = String::from_utf8(key)
+                    .map_err(|e| self.corrupt("has a key that is not UTF-8").with_source(e))?;
+                let fingerprint: Vec<u8> = self.column(row, 1, "has no readable fingerprint")?;
+                let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
+                    .map(Fingerprint::from_bytes)
+                    .map_err(|_| self.corrupt("has a fingerprint that is not 32 bytes"))?;
+                Ok(WaitingClaim::new(key, fingerprint))
             })
             .collect()
     }

@@ -177,7 +177,7 @@ impl Table {
                  WHERE `key` = ? AND expires_at <= {NOW}"
             ),
             claims: format!(
-                "SELECT `key` FROM {q} WHERE state = 'claimed' AND expires_at > {NOW}
+                "SELECT `key`, fingerprint FROM {q} WHERE state = 'claimed' AND expires_at > {NOW}
                  ORDER BY expires_at, `key` LIMIT ?"
             ),
             inspect: format!("SELECT {ADMIN_COLUMNS} FROM {q} WHERE `key` = ?"),

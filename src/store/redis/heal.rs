@@ -194,6 +194,21 @@ fn answered_with_error(error: &RedisError) -> bool {
     error.code().is_some()
 }
 
+impl HealingCluster {
+    /// `cmd` sent where `routing` says (every primary, one node by address), noted as any
+    /// other call: the stale-key listing asks each primary by name.
+    pub(super) async fn route_command(
+        &self,
+        cmd: Cmd,
+        routing: redis::cluster_routing::RoutingInfo,
+    ) -> RedisResult<Value> {
+        let mut connection = self.begin();
+        let result = connection.route_command(cmd, routing).await;
+        self.finish(&result);
+        result
+    }
+}
+
 impl ConnectionLike for HealingCluster {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {

@@ -103,7 +103,6 @@ impl RedisStore {
             #[cfg(feature = "redis-cluster")]
             Connection::Cluster(connection) => {
                 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
-                let mut connection = connection.clone();
                 let reply = connection
                     .route_command(
                         redis::cmd("PING"),
@@ -153,7 +152,6 @@ impl RedisStore {
                             format!("{node:?} is not a node of this cluster"),
                         )
                     })?;
-                let mut connection = connection.clone();
                 connection
                     .route_command(
                         cmd,
