@@ -117,7 +117,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, IsolationLevel, Opts, Pool, Row, TxOpts, Value};
+use mysql_async::{
+    Conn, DEFAULT_POOL_CONSTRAINTS, IsolationLevel, Opts, OptsBuilder, Pool, PoolConstraints, Row,
+    TxOpts, Value,
+};
 use uuid::Uuid;
 
 use super::millis::millis;
@@ -140,6 +143,15 @@ pub const DEFAULT_TABLE: &str = "idempotency_keys";
 
 /// The default bound on each store operation, including the wait for a pooled connection.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The most connections [`MySqlStore::connect`]'s pool keeps, unless the URL says otherwise.
+pub const DEFAULT_POOL_MAX: usize = 16;
+
+/// No idle connections kept open beyond what the load asks for, at most [`DEFAULT_POOL_MAX`].
+const STORE_POOL_CONSTRAINTS: PoolConstraints = match PoolConstraints::new(0, DEFAULT_POOL_MAX) {
+    Some(constraints) => constraints,
+    None => DEFAULT_POOL_CONSTRAINTS,
+};
 
 /// The default number of rows one purge statement deletes.
 pub const DEFAULT_PURGE_BATCH: u32 = 1_000;
@@ -219,10 +231,22 @@ impl MySqlStore {
 
     /// Connects to the server at `url` (`mysql://user:password@host:port/db?…`, with
     /// mysql_async's URL options), and checks that one connection opens.
+    ///
+    /// The pool keeps at most [`DEFAULT_POOL_MAX`] connections unless the URL sets
+    /// `pool_min`/`pool_max`: mysql_async's own default (up to 100 a pool) lets a few
+    /// processes take all of a server's connections (151 by default).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let opts = Opts::from_url(url).map_err(|e| {
-            StoreError::new(StoreErrorKind::Unavailable, "invalid MySQL URL").with_source(e)
-        })?;
+        let opts = Opts::from_url(url)
+            .map_err(|e| StoreError::misconfigured("invalid MySQL URL").with_source(e))?;
+        let opts = if opts.pool_opts().constraints() == DEFAULT_POOL_CONSTRAINTS {
+            let pool = opts
+                .pool_opts()
+                .clone()
+                .with_constraints(STORE_POOL_CONSTRAINTS);
+            OptsBuilder::from_opts(opts).pool_opts(pool).into()
+        } else {
+            opts
+        };
         let store = Self::new(Pool::new(opts));
         store
             .bounded(|| async { store.conn().await.map(drop) })
