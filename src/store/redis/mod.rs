@@ -201,6 +201,7 @@ use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
 mod admin;
+mod durable;
 #[cfg(feature = "redis-cluster")]
 mod heal;
 mod pipeline;
@@ -261,6 +262,7 @@ pub struct RedisStore {
     prefix: Arc<str>,
     timeout: Duration,
     pending_kept: Duration,
+    durability: Option<durable::Durability>,
     reserve: Arc<Script>,
     retake: Arc<Script>,
     complete: Arc<Script>,
@@ -469,6 +471,7 @@ impl RedisStore {
             prefix: Arc::from(DEFAULT_KEY_PREFIX),
             timeout: DEFAULT_TIMEOUT,
             pending_kept: DEFAULT_PENDING_KEPT,
+            durability: None,
             reserve: Arc::new(Script::new(RESERVE_SCRIPT)),
             retake: Arc::new(Script::new(RETAKE_SCRIPT)),
             complete: Arc::new(Script::new(COMPLETE_SCRIPT)),
@@ -515,6 +518,19 @@ impl RedisStore {
         self
     }
 
+    /// Requires `replicas` replicas to acknowledge each reservation and completion within
+    /// `timeout` (off by default; see [Durability](self#durability)): `WAIT replicas
+    /// timeout` goes in the same pipeline as the write, to the same node. When fewer
+    /// acknowledge, the operation fails with an
+    /// [`Unavailable`](super::StoreErrorKind::Unavailable) error naming how many did, so the
+    /// layer sends nothing; a reservation so refused is released first. `replicas` 0 turns
+    /// the option off. Keep `timeout` well under the store's [`timeout`](Self::timeout).
+    #[must_use]
+    pub fn require_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.durability = (replicas > 0).then(|| durable::Durability::new(replicas, timeout));
+        self
+    }
+
     fn redis_key(&self, key: &str) -> String {
         let mut k = String::with_capacity(self.prefix.len() + key.len());
         k.push_str(&self.prefix);
@@ -539,27 +555,35 @@ impl RedisStore {
         }
     }
 
+    /// The outer error: the answer is lost, the caller's guard must release `token`. The
+    /// inner one: an answer (a reservation the replicas did not acknowledge, released).
     async fn reserve_once(
         &self,
         key: &str,
         token: Token,
         fingerprint: Fingerprint,
         lease: Duration,
-    ) -> Result<Reservation, StoreError> {
+    ) -> Result<Result<Reservation, StoreError>, StoreError> {
         let fast = self.fast_reserve(key, token, fingerprint, lease)?;
-        let [set, pttl] = self
-            .pipeline(fast.commands.iter())
-            .await?
-            .try_into()
-            .map_err(|_| {
-                StoreError::corrupt("reserve: the server answered two commands otherwise")
-            })?;
-        match first_step(set, pttl, token)? {
-            FirstStep::Answered(reservation) => Ok(reservation),
+        let (replies, short) = self.pipeline_acked(fast.commands.iter(), true).await?;
+        let [set, pttl] = replies.try_into().map_err(|_| {
+            StoreError::corrupt("reserve: the server answered two commands otherwise")
+        })?;
+        let (reservation, short) = match first_step(set, pttl, token)? {
+            FirstStep::Answered(reservation) => (reservation, short),
             FirstStep::Pending => {
                 let cmd = self.reserve_cmd(key, fingerprint, lease, &fast.pending);
-                reservation(self.run_script(&self.reserve, &cmd).await?, token)
+                let (reply, short) = self.run_script_acked(&self.reserve, &cmd).await?;
+                (reservation(reply, token)?, short)
             }
+        };
+        match short {
+            // Taken but not acknowledged: free the key before answering the failure.
+            Some(unacked) if reservation.token().is_some() => {
+                self.release_once(key, token).await?;
+                Ok(Err(unacked))
+            }
+            _ => Ok(Ok(reservation)),
         }
     }
 
@@ -571,8 +595,15 @@ impl RedisStore {
         within: Duration,
     ) -> Result<Option<Token>, StoreError> {
         let (cmd, token) = self.retake_cmd(key, fingerprint, lease, within)?;
-        let reply = self.run_script(&self.retake, &cmd).await?;
-        Ok(script_reply(reply, "retake")?.then_some(token))
+        let (reply, short) = self.run_script_acked(&self.retake, &cmd).await?;
+        let retaken = script_reply(reply, "retake")?;
+        match short {
+            Some(unacked) if retaken => {
+                self.release_once(key, token).await?;
+                Err(unacked)
+            }
+            _ => Ok(retaken.then_some(token)),
+        }
     }
 
     async fn complete_once(
@@ -590,7 +621,11 @@ impl RedisStore {
             outcome,
         };
         let cmd = self.complete_cmd(&completion, ttl)?;
-        let written = script_reply(self.run_script(&self.complete, &cmd).await?, "complete")?;
+        let (reply, short) = self.run_script_acked(&self.complete, &cmd).await?;
+        let written = script_reply(reply, "complete")?;
+        if let Some(unacked) = short {
+            return Err(unacked);
+        }
         if written && admin::is_indexed(outcome) {
             // After the record, so a listing never drops the entry of a record it read
             // before this complete wrote it.
@@ -646,7 +681,7 @@ impl Store for RedisStore {
                 .bounded(move || self.reserve_once(key, token, fingerprint, lease))
                 .await?;
             unanswered.answered();
-            Ok(reservation)
+            reservation
         }
         .boxed()
     }
