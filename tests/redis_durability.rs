@@ -169,3 +169,51 @@ async fn with_the_option_off_a_primary_without_replicas_sends() {
 
     assert_eq!(provider.calls(), 1, "stats {:?}", layer.stats());
 }
+
+/// Each slot's pipeline carries its own `WAIT` to the key's node; the private cluster's
+/// primaries have no replica, so with the option on every shard refuses every send.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
+async fn a_cluster_shard_without_a_replica_refuses_every_send_and_frees_its_keys() {
+    let Some(cluster) = support::servers::RedisCluster::shared() else {
+        return;
+    };
+    let user = cluster.user().await;
+    let store = RedisStore::connect_cluster(user.urls.iter().map(String::as_str))
+        .await
+        .expect("connect to the private cluster")
+        .key_prefix(unique_prefix("durable-cluster"))
+        .timeout(STORE_TIMEOUT)
+        .require_replicas(1, WAIT);
+    let layer = layer(store.clone());
+    let provider = Provider::ok();
+
+    // Keys without a hash tag: several slots, on several primaries.
+    let keys: Vec<String> = (0..6).map(|i| format!("ord_{i}:email")).collect();
+    for key in &keys {
+        let refused = send(&layer, &provider, key)
+            .await
+            .expect_err("no replica acknowledged the reservation");
+        assert_eq!(refused.code(), codes::STORE_FAILED, "{refused}");
+    }
+    let requests: Vec<(&str, Fingerprint)> = keys
+        .iter()
+        .map(|k| (k.as_str(), Fingerprint::from_bytes([4; 32])))
+        .collect();
+    let answers = store
+        .reserve_many(&requests, WAIT * 10)
+        .await
+        .expect("the batch answers per key");
+
+    assert_eq!(provider.calls(), 0, "a send went with no replica");
+    for (key, answer) in keys.iter().zip(&answers) {
+        assert!(answer.is_err(), "{key} was reserved: {answer:?}");
+        assert!(store.inspect(key).await.expect("inspect").is_none());
+        let layered = format!("{NAMESPACE}:{key}");
+        assert!(store.inspect(&layered).await.expect("inspect").is_none());
+    }
+}
