@@ -63,9 +63,7 @@ async fn a_send_its_replica_acknowledged_goes_once_and_replays() {
     let layer = layer(store);
     let provider = Provider::ok();
 
-    let first = send(&layer, &provider, "ord_1:email")
-        .await
-        .expect("sent");
+    let first = send(&layer, &provider, "ord_1:email").await.expect("sent");
     let again = send(&layer, &provider, "ord_1:email")
         .await
         .expect("replayed");
@@ -109,7 +107,10 @@ async fn a_send_no_replica_acknowledged_fails_sends_nothing_and_frees_the_key() 
     assert_eq!(provider.calls(), 0, "a send went with no replica");
     let key = format!("{NAMESPACE}:ord_1:email");
     let held = store.inspect(&key).await.expect("inspect");
-    assert!(held.is_none(), "the refused reservation holds the key: {held:?}");
+    assert!(
+        held.is_none(),
+        "the refused reservation holds the key: {held:?}"
+    );
 
     // The store's own answer names how many replicas acknowledged.
     let error = store

@@ -39,7 +39,9 @@ pub fn bench(c: &mut Criterion) {
         .block_on(RedisStore::connect(&url))
         .expect("connect to REDIS_REPLICATED_URL")
         .key_prefix(prefix);
-    let durable = plain.clone().require_replicas(1, Duration::from_millis(100));
+    let durable = plain
+        .clone()
+        .require_replicas(1, Duration::from_millis(100));
     let next = AtomicU64::new(0);
     let fingerprint = Fingerprint::from_bytes([7; 32]);
     let reserve = |store: &RedisStore| {

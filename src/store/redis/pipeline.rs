@@ -70,8 +70,9 @@ impl RedisStore {
                     (self.redis_key(key), cmd)
                 })
                 .collect();
-            let (replies, script_short) =
-                self.send_scripts_acked(&self.reserve, &scripts, true).await?;
+            let (replies, script_short) = self
+                .send_scripts_acked(&self.reserve, &scripts, true)
+                .await?;
             for ((i, reply), unacked) in scripted.into_iter().zip(replies).zip(script_short) {
                 answers[i] = reply.and_then(|reply| reservation(reply, tokens[i]));
                 short[i] = unacked;
