@@ -176,8 +176,8 @@
 //! on a 6-node cluster, killing a master after a second of writes its replica never got
 //! sent 23 to 30 of 2,000 keys again; an experiment with `WAIT 1 100` in the reserve's
 //! pipeline sent none. Give every primary at least `n + 1` replicas if it must keep sending
-//! while one is down, and
-//! keep `timeout` well under the store's [`timeout`](RedisStore::timeout).
+//! while one is down, and keep `timeout` well under the store's
+//! [`timeout`](RedisStore::timeout).
 //!
 //! # Connections
 //!
@@ -546,12 +546,9 @@ impl RedisStore {
     }
 
     /// Requires `replicas` replicas to acknowledge each reservation and completion within
-    /// `timeout` (off by default; see [Durability](self#durability)): `WAIT replicas
-    /// timeout` goes in the same pipeline as the write, to the same node. When fewer
-    /// acknowledge, the operation fails with an
-    /// [`Unavailable`](super::StoreErrorKind::Unavailable) error naming how many did, so the
-    /// layer sends nothing; a reservation so refused is released first. `replicas` 0 turns
-    /// the option off. Keep `timeout` well under the store's [`timeout`](Self::timeout).
+    /// `timeout` (`WAIT` in the write's own pipeline), else the operation fails as
+    /// [`Unavailable`](super::StoreErrorKind::Unavailable) and nothing is sent; off by
+    /// default, and `replicas` 0 turns it off. See [Durability](self#durability).
     #[must_use]
     pub fn require_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.durability = (replicas > 0).then(|| durable::Durability::new(replicas, timeout));
