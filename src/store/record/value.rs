@@ -36,6 +36,7 @@ pub(crate) struct Times {
 
 impl Times {
     /// The first attempt's age when the value has `left_ms` to live.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn first_attempt_age(&self, left_ms: u64) -> Option<Duration> {
         self.first_attempt_before_expiry_ms
             .map(|before| Duration::from_millis(before.saturating_sub(left_ms)))

@@ -446,14 +446,26 @@ impl RedisStore {
         }
         // Where the index starts: the listing's second part.
         let index_start = || Cursor::new("0:");
-        match after {
-            None => return self.list_stale(None, limit, index_start()).await,
-            Some(cursor) => {
-                if let Some(position) = super::stale::Position::of(cursor) {
-                    return self.list_stale(Some(position?), limit, index_start()).await;
-                }
+        let from = match after {
+            None => Some(None),
+            Some(cursor) => super::stale::Position::of(cursor).transpose()?.map(Some),
+        };
+        if let Some(from) = from {
+            let mut page = self.list_stale(from, limit, index_start()).await?;
+            if page.entries.len() < limit && page.next == Some(index_start()) {
+                // The stale keys ended inside this page: the index fills the rest of it, so
+                // a page short of `limit` is never followed by more.
+                let rest = self.list_index(None, limit - page.entries.len()).await?;
+                page.entries.extend(rest.entries);
+                page.next = rest.next;
             }
+            return Ok(page);
         }
+        self.list_index(after, limit).await
+    }
+
+    /// The listing's second part: keys of unknown delivery, from the index, after `after`.
+    async fn list_index(&self, after: Option<&Cursor>, limit: usize) -> Result<Page, StoreError> {
         let (score, after_key) = match after {
             None => ("", ""),
             Some(cursor) => {
