@@ -219,8 +219,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::{BoxFuture, FutureExt};
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, Script};
 
 use super::unanswered::Unanswered;
 use super::{Completion, Reservation, Store, StoreError, Token};
@@ -228,12 +228,15 @@ use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 
 mod admin;
+mod connection;
 mod durable;
 #[cfg(feature = "redis-cluster")]
 mod heal;
 mod pipeline;
 mod scripts;
 mod stale;
+
+use connection::Connection;
 
 pub use admin::UNKNOWN_INDEX_SUFFIX;
 #[cfg(feature = "redis-cluster")]
@@ -296,45 +299,6 @@ pub struct RedisStore {
     release: Arc<Script>,
     extend: Arc<Script>,
     admin: Arc<admin::Scripts>,
-}
-
-/// The connection kinds a store runs on.
-#[derive(Clone)]
-enum Connection {
-    Single(ConnectionManager),
-    #[cfg(feature = "redis-cluster")]
-    Cluster(heal::HealingCluster),
-}
-
-impl ConnectionLike for Connection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Self::Single(c) => c.req_packed_command(cmd),
-            #[cfg(feature = "redis-cluster")]
-            Self::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            #[cfg(feature = "redis-cluster")]
-            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Self::Single(c) => c.get_db(),
-            #[cfg(feature = "redis-cluster")]
-            Self::Cluster(c) => c.get_db(),
-        }
-    }
 }
 
 impl RedisStore {
