@@ -30,11 +30,16 @@ mod record;
 #[cfg(feature = "redis")]
 #[path = "stores/redis.rs"]
 mod redis;
+#[cfg(feature = "redis")]
+#[path = "stores/redis_durable.rs"]
+mod redis_durable;
 
 fn benches(c: &mut Criterion) {
     record::bench(c);
     #[cfg(feature = "redis")]
     redis::bench(c);
+    #[cfg(feature = "redis")]
+    redis_durable::bench(c);
     #[cfg(feature = "postgres")]
     postgres::bench(c);
     #[cfg(feature = "postgres")]

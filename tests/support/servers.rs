@@ -152,6 +152,37 @@ impl RedisServer {
         .expect("wait for redis-server");
         Some(server)
     }
+
+    /// Starts a replica of `primary` (`--replicaof`) and waits (bounded) until its link to
+    /// the primary is up (`master_link_status:up` in `INFO replication`); `None` as
+    /// [`start`](Self::start).
+    pub async fn start_replica_of(primary: &RedisServer) -> Option<Self> {
+        on_path("redis-server").or_else(|| missing("redis-server"))?;
+        let primary_port = primary.port().to_string();
+        let port = free_port(0);
+        let server = Self {
+            child: spawn_redis(port, &["--replicaof", "127.0.0.1", &primary_port]),
+            url: format!("redis://127.0.0.1:{port}"),
+        };
+        tokio::task::spawn_blocking(move || {
+            wait_ready("the private replica's link to its primary", || {
+                redis_line(port, "INFO replication")
+                    .is_some_and(|info| info.contains("master_link_status:up"))
+            });
+        })
+        .await
+        .expect("wait for the replica");
+        Some(server)
+    }
+
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a redis://127.0.0.1:<port> URL")
+    }
 }
 
 #[cfg(feature = "redis")]

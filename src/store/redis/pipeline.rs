@@ -11,6 +11,10 @@ use super::{Connection, RedisStore, server_error};
 use crate::fingerprint::Fingerprint;
 use crate::store::{Completion, Reservation, StoreError, StoreErrorKind, Token};
 
+/// A batch's replies, one per command, and per command why its pipeline's writes were not
+/// acknowledged by the replicas required (`None` when they were, or none were asked).
+pub(super) type Batch = (Vec<Result<Value, StoreError>>, Vec<Option<String>>);
+
 impl RedisStore {
     /// Each key's `SET NX GET` and `PTTL` in one pipeline; the keys found held by a pending
     /// record then run the reserve script, in a second pipeline.
@@ -30,7 +34,10 @@ impl RedisStore {
             commands.push((redis_key, pttl));
             pending.push(fast.pending);
         }
-        let mut replies = self.send_batch(&commands).await?.into_iter();
+        let (replies, fast_short) = self.send_batch(&commands, true).await?;
+        let mut replies = replies.into_iter();
+        // One shortfall per key: its two commands went in the same pipeline.
+        let mut short: Vec<Option<String>> = fast_short.into_iter().step_by(2).collect();
         let mut answers = Vec::with_capacity(requests.len());
         let mut scripted = Vec::new();
         for (i, &token) in tokens.iter().enumerate() {
@@ -54,20 +61,48 @@ impl RedisStore {
                 Err(error) => Err(error),
             });
         }
-        if scripted.is_empty() {
-            return Ok(answers);
+        if !scripted.is_empty() {
+            let scripts: Vec<(String, Cmd)> = scripted
+                .iter()
+                .map(|&i| {
+                    let (key, fingerprint) = requests[i];
+                    let cmd = self.reserve_cmd(key, fingerprint, lease, &pending[i]);
+                    (self.redis_key(key), cmd)
+                })
+                .collect();
+            let (replies, script_short) = self
+                .send_scripts_acked(&self.reserve, &scripts, true)
+                .await?;
+            for ((i, reply), unacked) in scripted.into_iter().zip(replies).zip(script_short) {
+                answers[i] = reply.and_then(|reply| reservation(reply, tokens[i]));
+                short[i] = unacked;
+            }
         }
-        let scripts: Vec<(String, Cmd)> = scripted
-            .iter()
-            .map(|&i| {
-                let (key, fingerprint) = requests[i];
-                let cmd = self.reserve_cmd(key, fingerprint, lease, &pending[i]);
-                (self.redis_key(key), cmd)
-            })
-            .collect();
-        let replies = self.send_scripts(&self.reserve, &scripts).await?;
-        for (i, reply) in scripted.into_iter().zip(replies) {
-            answers[i] = reply.and_then(|reply| reservation(reply, tokens[i]));
+        self.refuse_unacknowledged(requests, tokens, answers, short)
+            .await
+    }
+
+    /// Turns each reservation whose write the replicas did not acknowledge into a store
+    /// failure, after releasing it (one pipeline): nothing is sent for it, and its key is
+    /// not left held. When that release fails the whole call fails, so that the caller's
+    /// guard releases the keys in the background.
+    async fn refuse_unacknowledged(
+        &self,
+        requests: &[(&str, Fingerprint)],
+        tokens: &[Token],
+        mut answers: Vec<Result<Reservation, StoreError>>,
+        short: Vec<Option<String>>,
+    ) -> Result<Vec<Result<Reservation, StoreError>>, StoreError> {
+        let mut refused = Vec::new();
+        for (i, unacked) in short.into_iter().enumerate() {
+            let Some(unacked) = unacked else { continue };
+            if matches!(&answers[i], Ok(reservation) if reservation.token().is_some()) {
+                refused.push((requests[i].0, tokens[i]));
+                answers[i] = Err(StoreError::new(StoreErrorKind::Unavailable, unacked));
+            }
+        }
+        if !refused.is_empty() {
+            self.release_batch(&refused).await?;
         }
         Ok(answers)
     }
@@ -81,7 +116,12 @@ impl RedisStore {
         for c in completions {
             commands.push((self.redis_key(c.key), self.complete_cmd(c, ttl)?));
         }
-        let replies = self.send_scripts(&self.complete, &commands).await?;
+        let (replies, short) = self
+            .send_scripts_acked(&self.complete, &commands, true)
+            .await?;
+        if let Some(unacked) = short.into_iter().flatten().next() {
+            return Err(StoreError::new(StoreErrorKind::Unavailable, unacked));
+        }
         let written = replies
             .into_iter()
             .map(|reply| script_reply(reply?, "complete"))
@@ -119,7 +159,19 @@ impl RedisStore {
         script: &Script,
         commands: &[(String, Cmd)],
     ) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
-        let mut replies = self.send_batch(commands).await?;
+        Ok(self.send_scripts_acked(script, commands, false).await?.0)
+    }
+
+    /// [`send_scripts`](Self::send_scripts), each pipeline followed by `WAIT` when `ack` is
+    /// set and the store [requires replicas](Self::require_replicas): also answers, per
+    /// entry, why its pipeline's write was not acknowledged by enough replicas.
+    pub(super) async fn send_scripts_acked(
+        &self,
+        script: &Script,
+        commands: &[(String, Cmd)],
+        ack: bool,
+    ) -> Result<Batch, StoreError> {
+        let (mut replies, mut short) = self.send_batch(commands, ack).await?;
         let unknown: Vec<usize> = replies
             .iter()
             .enumerate()
@@ -129,7 +181,7 @@ impl RedisStore {
             .map(|(i, _)| i)
             .collect();
         if unknown.is_empty() {
-            return Ok(replies);
+            return Ok((replies, short));
         }
         let mut connection = self.connection.clone();
         script
@@ -137,10 +189,12 @@ impl RedisStore {
             .await
             .map_err(server_error)?;
         let again: Vec<(String, Cmd)> = unknown.iter().map(|&i| commands[i].clone()).collect();
-        for (i, reply) in unknown.into_iter().zip(self.send_batch(&again).await?) {
+        let (again_replies, again_short) = self.send_batch(&again, ack).await?;
+        for ((i, reply), unacked) in unknown.into_iter().zip(again_replies).zip(again_short) {
             replies[i] = reply;
+            short[i] = unacked;
         }
-        Ok(replies)
+        Ok((replies, short))
     }
 
     /// Sends one command per key and answers one reply per command, in order. A reply the
@@ -150,27 +204,31 @@ impl RedisStore {
     /// per hash slot (a cluster pipeline may not cross slots), all sent at once; a slot whose
     /// pipeline fails gets that error for each of its entries, and the other slots' replies
     /// stand.
-    async fn send_batch(
-        &self,
-        commands: &[(String, Cmd)],
-    ) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
+    ///
+    /// With `ack` (and replicas required), each pipeline ends with `WAIT`; its entries'
+    /// shortfalls say why a pipeline's writes were not acknowledged, `None` when they were.
+    async fn send_batch(&self, commands: &[(String, Cmd)], ack: bool) -> Result<Batch, StoreError> {
         if commands.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         match &self.connection {
-            Connection::Single(_) => Ok(self
-                .pipeline(commands.iter().map(|(_, cmd)| cmd))
-                .await?
-                .into_iter()
-                .map(Ok)
-                .collect()),
+            Connection::Single(_) => {
+                let (values, short) = self
+                    .pipeline_acked(commands.iter().map(|(_, cmd)| cmd), ack)
+                    .await?;
+                let short = short.map(|e| e.to_string());
+                Ok((
+                    values.into_iter().map(Ok).collect(),
+                    vec![short; commands.len()],
+                ))
+            }
             #[cfg(feature = "redis-cluster")]
-            Connection::Cluster(_) => Ok(self.send_by_slot(commands).await),
+            Connection::Cluster(_) => Ok(self.send_by_slot(commands, ack).await),
         }
     }
 
     #[cfg(feature = "redis-cluster")]
-    async fn send_by_slot(&self, commands: &[(String, Cmd)]) -> Vec<Result<Value, StoreError>> {
+    async fn send_by_slot(&self, commands: &[(String, Cmd)], ack: bool) -> Batch {
         use redis::cluster_routing::Slot;
         use std::collections::HashMap;
 
@@ -179,18 +237,23 @@ impl RedisStore {
             slots.entry(Slot::for_key(key)).or_default().push(i);
         }
         let sent = futures_util::future::join_all(slots.into_values().map(|entries| async move {
-            let replies = self.pipeline(entries.iter().map(|&i| &commands[i].1)).await;
+            let replies = self
+                .pipeline_acked(entries.iter().map(|&i| &commands[i].1), ack)
+                .await;
             (entries, replies)
         }))
         .await;
         let mut replies: Vec<Option<Result<Value, StoreError>>> = std::iter::repeat_with(|| None)
             .take(commands.len())
             .collect();
+        let mut short: Vec<Option<String>> = vec![None; commands.len()];
         for (entries, answer) in sent {
             match answer {
-                Ok(values) => {
+                Ok((values, unacked)) => {
+                    let unacked = unacked.map(|e| e.to_string());
                     for (i, value) in entries.into_iter().zip(values) {
                         replies[i] = Some(Ok(value));
+                        short[i].clone_from(&unacked);
                     }
                 }
                 Err(error) => {
@@ -200,7 +263,7 @@ impl RedisStore {
                 }
             }
         }
-        replies
+        let replies = replies
             .into_iter()
             .map(|reply| {
                 reply.unwrap_or_else(|| {
@@ -210,18 +273,29 @@ impl RedisStore {
                     ))
                 })
             })
-            .collect()
+            .collect();
+        (replies, short)
     }
 
     /// Sends `commands` as one pipeline: one write, one read of all replies. The number of
     /// replies is checked, so a short or long answer is an error, never a misplaced reply.
-    pub(super) async fn pipeline<'c>(
+    ///
+    /// Followed by `WAIT` in the same pipeline when `ack` is set and the store
+    /// [requires replicas](Self::require_replicas). Answers the commands'
+    /// replies (not `WAIT`'s) and, when `WAIT` counted fewer replicas than required, the
+    /// store failure that says so: the writes ran on the primary all the same.
+    pub(super) async fn pipeline_acked<'c>(
         &self,
         commands: impl Iterator<Item = &'c Cmd>,
-    ) -> Result<Vec<Value>, StoreError> {
+        ack: bool,
+    ) -> Result<(Vec<Value>, Option<StoreError>), StoreError> {
         let mut pipe = redis::pipe();
         for cmd in commands {
             pipe.add_command(cmd.clone());
+        }
+        let durability = self.durability.filter(|_| ack);
+        if let Some(durability) = durability {
+            pipe.add_command(durability.wait_cmd());
         }
         let sent = pipe.len();
         let mut connection = self.connection.clone();
@@ -238,6 +312,11 @@ impl RedisStore {
                 ),
             ));
         }
-        Ok(replies)
+        let mut replies = replies;
+        let short = match durability {
+            Some(durability) => durability.judge(replies.pop()),
+            None => None,
+        };
+        Ok((replies, short))
     }
 }
