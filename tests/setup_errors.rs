@@ -83,6 +83,15 @@ async fn postgres_connect_with_an_invalid_url_is_misconfigured() {
     assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
 }
 
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_connect_with_an_invalid_url_is_misconfigured() {
+    let error = tower_idempotency::MySqlStore::connect("mysql://127.0.0.1:notaport/test")
+        .await
+        .expect_err("not a MySQL URL");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+}
+
 #[tokio::test]
 async fn redis_connect_with_an_invalid_url_is_misconfigured_and_hides_the_password() {
     let error = RedisStore::connect("http://user:s3cret@127.0.0.1:6379")
