@@ -35,9 +35,9 @@
 //! the listing of [`StoreAdmin`](super::admin::StoreAdmin).
 //!
 //! `first_attempt_at` (by the server's `now()`) serves re-sends inside the provider's window
-//! ([`Store::retake`]) and takeovers that check first. It is NULL where the first attempt is
-//! unknown: a claim not yet taken, or a row completed after its own pending row was gone;
-//! such a row is never re-sent.
+//! ([`Store::retake`](super::Store::retake)) and takeovers that check first. It is NULL
+//! where the first attempt is unknown: a claim not yet taken, or a row completed after its
+//! own pending row was gone; such a row is never re-sent.
 //!
 //! The table holds the key, state, token, fingerprint and outcome only: no message content.
 //! A `claimed` row is a key claimed in the caller's own transaction
@@ -104,8 +104,8 @@
 //! Statements are prepared once per pooled connection (deadpool's statement cache). Every
 //! operation, including the wait for a pooled connection, is bounded by a timeout
 //! ([`DEFAULT_TIMEOUT`]) and fails with a [`Timeout`](super::StoreErrorKind::Timeout) error.
-//! A row that does not decode (unknown state, an outcome that is not a kept [`Outcome`], a
-//! fingerprint that is not 32 bytes) or breaks the
+//! A row that does not decode (unknown state, an outcome that is not a kept
+//! [`Outcome`](crate::outcome::Outcome), a fingerprint that is not 32 bytes) or breaks the
 //! [record rules](super::record#the-record-rules) (a pending row with an outcome, a done row
 //! without, a failure of category `delivered`: the same damage every store reports) is
 //! reported as a [`Corrupt`](super::StoreErrorKind::Corrupt) error, never a panic.
