@@ -1,4 +1,4 @@
-//! A Redis Cluster store replaces a connection that stops answering (issue 35): a connection
+//! A Redis Cluster store replaces a connection that stops answering: a connection
 //! that cannot recover is replaced by one from the store's client, and after a storm of killed
 //! connections every sender sends again within 5 s, no key sent twice.
 //!

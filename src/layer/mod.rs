@@ -30,6 +30,7 @@
 
 mod batch;
 mod config;
+mod error;
 mod future;
 mod key;
 #[allow(clippy::module_inception)]
