@@ -19,7 +19,7 @@ pub(crate) fn encode(bytes: &[u8]) -> String {
 }
 
 /// Padded base64 back to bytes; `None` for anything [`encode`] would not write.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) fn decode(text: &str) -> Option<Vec<u8>> {
     let text = text.as_bytes();
     if !text.len().is_multiple_of(4) {

@@ -223,7 +223,7 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(any(feature = "http", feature = "postgres"))]
+#[cfg(any(feature = "http", feature = "postgres", feature = "mysql"))]
 mod base64;
 pub mod batch;
 pub mod classify;
@@ -235,7 +235,7 @@ pub mod layer;
 pub mod message;
 #[cfg(any(feature = "ses", feature = "smtp"))]
 mod mime;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod outbox;
 pub mod outcome;
 pub mod reconcile;

@@ -1,11 +1,11 @@
-//! The transactional outbox on PostgreSQL (feature `postgres`): commit a message with your
-//! business rows, and let a [`Worker`] send it.
+//! The transactional outbox on PostgreSQL (feature `postgres`) or MySQL 8 / MariaDB 10.6+
+//! (feature `mysql`): commit a message with your business rows, and let a [`Worker`] send it.
 //!
-//! [`Outbox::enqueue`] writes the message into the outbox table **inside a transaction you
-//! already hold**, so the alert commits or rolls back with the order it is about. A
-//! [`Worker`] (any number of them, on any number of machines) drains the table and sends each
-//! message through the `Service<Message>` stack you give it, usually the
-//! [`IdempotencyLayer`](crate::IdempotencyLayer) stack of the README:
+//! [`Outbox::enqueue`] (PostgreSQL) or [`Outbox::enqueue_mysql`] writes the message into the
+//! outbox table **inside a transaction you already hold**, so the alert commits or rolls back
+//! with the order it is about. A [`Worker`] (any number of them, on any number of machines)
+//! drains the table and sends each message through the `Service<Message>` stack you give it,
+//! usually the [`IdempotencyLayer`](crate::IdempotencyLayer) stack of the README:
 //!
 //! - it claims waiting rows with `FOR UPDATE SKIP LOCKED`, so workers never take the same
 //!   row, under a **lease** (`claimed_until`) rather than an open transaction: a worker that
@@ -20,10 +20,15 @@
 //!   `dead`, as is a message the provider refused for good (permanent, validation) or whose
 //!   delivery is unknown (the idempotency layer keeps its key: settle it by hand), with its
 //!   last error;
-//! - it wakes on `LISTEN`/`NOTIFY` (every enqueue notifies when its transaction commits),
-//!   with polling as the fallback;
+//! - on PostgreSQL it wakes on `LISTEN`/`NOTIFY` (every enqueue notifies when its
+//!   transaction commits), with polling as the fallback; MySQL has no notifications, so there
+//!   an idle worker polls every [`poll_interval`](Worker::poll_interval) (a worker that finds
+//!   rows claims again at once);
 //! - told to stop, it lets the sends in flight answer and records them, and puts back the
 //!   rows it claimed but did not hand to the stack.
+//!
+//! Every time (backoff, leases, lag, retention) is read on the database server's clock,
+//! never the worker's.
 //!
 //! # The guarantee
 //!
@@ -45,6 +50,8 @@
 //!
 //! # Schema
 //!
+//! On PostgreSQL:
+//!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS "idempotency_outbox" (
 //!     id            bigserial   PRIMARY KEY,
@@ -63,17 +70,54 @@
 //! );
 //! ```
 //!
+//! On MySQL 8 and MariaDB 10.6+ (the times are UTC, by `UTC_TIMESTAMP(6)`, as
+//! [`MySqlStore`](crate::MySqlStore) keeps them):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS `idempotency_outbox` (
+//!     id            BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+//!     `key`         VARBINARY(1024) NOT NULL,          -- the key, compared byte for byte
+//!     message       JSON NOT NULL,                     -- the stored form, version 1
+//!     state         VARCHAR(7) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT 'waiting',
+//!     attempts      INT NOT NULL DEFAULT 0,
+//!     available_at  DATETIME(6) NOT NULL,              -- UTC; not before: backoff
+//!     claim_token   BINARY(16) NULL,                   -- the worker's claim, fencing its writes
+//!     claimed_until DATETIME(6) NULL,                  -- UTC; the claim's lease
+//!     enqueued_at   DATETIME(6) NOT NULL,
+//!     finished_at   DATETIME(6) NULL,
+//!     provider_id   TEXT NULL,
+//!     transport     TEXT NULL,
+//!     last_error    TEXT NULL,
+//!     UNIQUE INDEX key_idx (`key`),
+//!     INDEX waiting_idx (state, available_at, id),
+//!     INDEX done_idx (state, finished_at)
+//! ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin
+//! ```
+//!
+//! `message` is `JSON`, as PostgreSQL's is `jsonb`: the server refuses a value that is not
+//! JSON, and your queries can read it with the JSON functions. MySQL keeps it in a binary
+//! form and gives back equivalent text (keys and spacing may move: the stored form is read by
+//! field, never by its text); MariaDB's `JSON` is a checked `LONGTEXT` in the table's
+//! character set, hence the table's `utf8mb4`, so a body in any script round-trips. The key
+//! is bytes (`VARBINARY(1024)`, as [`MySqlStore`](crate::MySqlStore) keeps its keys), so
+//! its unique index compares exactly and stays within InnoDB's 3,072-byte index limit.
+//! Neither server has partial indexes: the indexes lead with `state`.
+//!
 //! The message's stored form is JSON with a version (`"v":1`), every field of a
-//! [`Message`], attachment content in base64, pinned by a golden test.
+//! [`Message`](crate::Message), attachment content in base64, pinned by a golden test; it is the same on
+//! both databases.
 //!
 //! # Your driver
 //!
-//! As [`PostgresStore`](crate::PostgresStore), the outbox runs on tokio-postgres 0.7 through
-//! a deadpool-postgres 0.14 pool: [`Outbox::new`] takes a `deadpool_postgres::Pool`,
-//! [`Outbox::listen`] a `tokio_postgres::Config` and [`Outbox::enqueue`] a
-//! `tokio_postgres::GenericClient`. Add those crates at the same versions to your
-//! dependencies (`deadpool-postgres = "0.14"`, `tokio-postgres = "0.7"`) to hand them in;
-//! [`Outbox::connect`] needs neither.
+//! As [`PostgresStore`](crate::PostgresStore), the PostgreSQL outbox runs on tokio-postgres
+//! 0.7 through a deadpool-postgres 0.14 pool: [`Outbox::new`] takes a
+//! `deadpool_postgres::Pool`, [`Outbox::listen`] a `tokio_postgres::Config` and
+//! [`Outbox::enqueue`] a `tokio_postgres::GenericClient`. Add those crates at the same
+//! versions to your dependencies (`deadpool-postgres = "0.14"`, `tokio-postgres = "0.7"`) to
+//! hand them in. As [`MySqlStore`](crate::MySqlStore), the MySQL outbox runs on mysql_async
+//! 0.37: [`Outbox::mysql`] takes a `mysql_async::Pool` and [`Outbox::enqueue_mysql`] any
+//! `mysql_async::prelude::Queryable` (a `Transaction`, a `Conn`). [`Outbox::connect`] needs
+//! none of them, and picks the database by the URL's scheme.
 //!
 //! # Example
 //!
@@ -115,24 +159,63 @@
 //! let stats = worker.await??;
 //! # let _ = stats; Ok(()) }
 //! ```
+//!
+//! The same on MySQL, enqueued in a mysql_async transaction:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use mysql_async::TxOpts;
+//! use mysql_async::prelude::Queryable;
+//! use tower_idempotency::outbox::Outbox;
+//! use tower_idempotency::{BoxError, IdempotencyLayer, Message, MySqlStore, Receipt};
+//!
+//! # async fn run(alert: Message) -> Result<(), BoxError> {
+//! let url = "mysql://app@localhost/app";
+//! let outbox = Outbox::connect(url).await?;
+//! outbox.migrate().await?;
+//!
+//! let pool = mysql_async::Pool::from_url(url)?;
+//! let mut tx = pool.start_transaction(TxOpts::default()).await?;
+//! tx.exec_drop("INSERT INTO orders (id) VALUES (?)", ("ord_1",)).await?;
+//! outbox.enqueue_mysql(&mut tx, &alert).await?;
+//! tx.commit().await?; // the order and its alert, together
+//!
+//! // In a worker process: no notifications on MySQL, so the poll interval is the wait of
+//! // a message enqueued into an idle outbox.
+//! let store = MySqlStore::connect(url).await?;
+//! let provider = tower::service_fn(|_m: Message| async { Ok::<_, BoxError>(Receipt::new("id", "fake")) });
+//! let stack = IdempotencyLayer::new(store).layer(provider);
+//! # use tower::Layer;
+//! let worker = outbox.worker(stack).poll_interval(Duration::from_millis(500));
+//! let stats = worker.run(std::future::pending()).await?;
+//! # let _ = stats; Ok(()) }
+//! ```
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
-use tokio_postgres::GenericClient;
+use crate::store::StoreError;
+use crate::store::millis::millis;
 
-use crate::message::Message;
-use crate::store::postgres::InvalidTableName;
-use crate::store::postgres::{pool_from_url, pooled};
-use crate::store::{StoreError, StoreErrorKind};
+/// Runs `$call` with `$db` bound to the outbox's database, whichever it is: every backend
+/// has the same methods, so the worker and the operations below are written once.
+macro_rules! on_backend {
+    ($backend:expr, $db:ident => $call:expr) => {
+        match $backend {
+            #[cfg(feature = "postgres")]
+            $crate::outbox::Backend::Postgres($db) => $call,
+            #[cfg(feature = "mysql")]
+            $crate::outbox::Backend::MySql($db) => $call,
+        }
+    };
+}
 
 mod drain;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod rows;
-mod sql;
-#[cfg(feature = "sqlx")]
-mod sqlx;
 mod stored;
 mod worker;
 
@@ -141,36 +224,57 @@ pub use worker::{
     DEFAULT_POLL_INTERVAL, Worker, WorkerStats, WorkerStatsHandle,
 };
 
-use sql::OutboxSql;
-
 /// The table an [`Outbox`] uses unless told otherwise.
 pub const DEFAULT_OUTBOX_TABLE: &str = "idempotency_outbox";
 
 /// The default bound on each outbox statement.
 pub const DEFAULT_OUTBOX_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A PostgreSQL outbox table: [`enqueue`](Self::enqueue) in your transaction, drain with a
-/// [`Worker`]. See the [module docs](self). Cheap to clone: clones share the pool.
+/// DDL waits for locks: a `migrate` given much less could fail for no good reason.
+const MIN_MIGRATE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An outbox table, on PostgreSQL or MySQL: [`enqueue`](Self::enqueue) (or
+/// [`enqueue_mysql`](Self::enqueue_mysql)) in your transaction, drain with a [`Worker`]. See
+/// the [module docs](self). Cheap to clone: clones share the pool.
 #[derive(Clone)]
 pub struct Outbox {
-    pool: Pool,
-    sql: Arc<OutboxSql>,
-    /// Where the worker opens its `LISTEN` connection; `None`: polling only.
-    listen: Option<tokio_postgres::Config>,
+    backend: Backend,
     timeout: Duration,
+}
+
+/// The database an outbox's rows live in, and its statements on them. Each has the same
+/// methods (see `on_backend!`), in a file of its own.
+#[derive(Clone, Debug)]
+enum Backend {
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::Postgres),
+    #[cfg(feature = "mysql")]
+    MySql(mysql::MySql),
+}
+
+impl Backend {
+    /// The database's name, for errors that say an operation belongs to the other one.
+    #[cfg_attr(not(all(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    fn database(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => "PostgreSQL",
+            #[cfg(feature = "mysql")]
+            Backend::MySql(_) => "MySQL",
+        }
+    }
 }
 
 impl fmt::Debug for Outbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Outbox")
-            .field("table", &self.sql.name)
-            .field("listen", &self.listen.is_some())
+            .field("backend", &self.backend)
             .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
-/// What [`Outbox::enqueue`] did.
+/// What [`Outbox::enqueue`] (or `enqueue_mysql`, `enqueue_sqlx`) did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Enqueued {
@@ -207,44 +311,71 @@ pub struct DeadLetter {
 }
 
 impl Outbox {
-    /// An outbox on `pool`, table [`DEFAULT_OUTBOX_TABLE`], polling only (a pool cannot
-    /// `LISTEN`: see [`listen`](Self::listen)).
-    pub fn new(pool: Pool) -> Self {
+    fn on(backend: Backend) -> Self {
         Self {
-            pool,
-            // The default name passes the check (see the tests).
-            sql: Arc::new(match OutboxSql::new(DEFAULT_OUTBOX_TABLE) {
-                Ok(sql) => sql,
-                Err(_) => unreachable!("the default outbox table name is valid"),
-            }),
-            listen: None,
+            backend,
             timeout: DEFAULT_OUTBOX_TIMEOUT,
         }
     }
 
-    /// Connects to `url` without TLS, with a pool of deadpool's default size, checks that a
-    /// connection opens, and lets workers `LISTEN` on the same server.
+    /// Connects to `url` and checks that a connection opens; the scheme picks the database:
+    ///
+    /// - `postgres://` or `postgresql://` (or tokio-postgres's `key=value` settings):
+    ///   PostgreSQL without TLS, with a pool of deadpool's default size, and workers that
+    ///   `LISTEN` on the same server (feature `postgres`);
+    /// - `mysql://`: MySQL or MariaDB, with the pool [`MySqlStore::connect`] makes (feature
+    ///   `mysql`).
+    ///
+    /// # Errors
+    /// [`Misconfigured`](crate::store::StoreErrorKind::Misconfigured) for a URL that does not
+    /// parse, another scheme, or a database whose feature this build leaves out;
+    /// [`Unavailable`](crate::store::StoreErrorKind::Unavailable) or
+    /// [`Timeout`](crate::store::StoreErrorKind::Timeout) when no connection opens.
+    ///
+    /// [`MySqlStore::connect`]: crate::MySqlStore::connect
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let (pool, config) = pool_from_url(url, DEFAULT_OUTBOX_TIMEOUT)?;
-        let outbox = Self::new(pool).listen(config);
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+        let backend = match scheme {
+            #[cfg(feature = "mysql")]
+            Some("mysql") => Backend::MySql(mysql::MySql::connect(url).await?),
+            #[cfg(feature = "postgres")]
+            Some("postgres" | "postgresql") | None => {
+                Backend::Postgres(postgres::Postgres::from_url(url, DEFAULT_OUTBOX_TIMEOUT)?)
+            }
+            #[cfg(not(feature = "mysql"))]
+            Some("mysql") => return Err(feature_off("a MySQL", "mysql")),
+            #[cfg(not(feature = "postgres"))]
+            Some("postgres" | "postgresql") | None => {
+                return Err(feature_off("a PostgreSQL", "postgres"));
+            }
+            Some(other) => {
+                return Err(StoreError::misconfigured(format!(
+                    "an outbox URL starts with postgres:// or mysql://, not {other}://"
+                )));
+            }
+        };
+        let outbox = Self::on(backend);
         outbox
-            .bounded(async { outbox.client().await.map(drop) })
+            .bounded(async { on_backend!(&outbox.backend, db => db.ping().await) })
             .await?;
         Ok(outbox)
     }
 
-    /// Lets workers open a `LISTEN` connection with `config` (no TLS), so an enqueue wakes an
-    /// idle worker at once instead of at its next poll.
-    #[must_use]
-    pub fn listen(mut self, config: tokio_postgres::Config) -> Self {
-        self.listen = Some(config);
-        self
-    }
-
-    /// Uses the table `name` (`table` or `schema.table`, checked like
-    /// [`PostgresStore::table`](crate::store::postgres::PostgresStore::table)).
-    pub fn table(mut self, name: &str) -> Result<Self, InvalidTableName> {
-        self.sql = Arc::new(OutboxSql::new(name)?);
+    /// Uses the table `name` (`table` or `schema.table`), checked as the database's store
+    /// checks its own
+    /// ([`PostgresStore::table`](crate::PostgresStore::table),
+    /// [`MySqlStore::table`](crate::MySqlStore::table)).
+    ///
+    /// # Errors
+    /// [`Misconfigured`](crate::store::StoreErrorKind::Misconfigured), its source the store's
+    /// `InvalidTableName`, for a name that check refuses.
+    pub fn table(mut self, name: &str) -> Result<Self, StoreError> {
+        self.backend = match &self.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => Backend::Postgres(pg.table(name)?),
+            #[cfg(feature = "mysql")]
+            Backend::MySql(my) => Backend::MySql(my.table(name)?),
+        };
         Ok(self)
     }
 
@@ -258,7 +389,7 @@ impl Outbox {
 
     /// The table name, as given.
     pub fn table_name(&self) -> &str {
-        &self.sql.name
+        on_backend!(&self.backend, db => db.name())
     }
 
     /// A worker that sends this outbox's messages through `service`; see [`Worker`].
@@ -267,79 +398,31 @@ impl Outbox {
     }
 
     /// Creates the table and its indexes when absent. Safe to run from several processes.
+    ///
+    /// Bounded by the statement timeout, or 30 s if that is shorter.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let work = async {
-            let client = self.client().await?;
-            client
-                .batch_execute(&self.sql.migrate)
-                .await
-                .map_err(|e| self.db_error(e))
-        };
-        tokio::time::timeout(self.timeout.max(Duration::from_secs(30)), work)
+        let work = async { on_backend!(&self.backend, db => db.migrate().await) };
+        tokio::time::timeout(self.timeout.max(MIN_MIGRATE_TIMEOUT), work)
             .await
             .unwrap_or_else(|_| Err(StoreError::timeout()))
-    }
-
-    /// Writes `message` into the outbox through `client`: pass the transaction that writes
-    /// your business rows (`&tx` for a `tokio_postgres::Transaction`, `&*tx` for a
-    /// `deadpool_postgres` one), so the message commits or rolls back with them. Workers are
-    /// notified when it commits.
-    ///
-    /// # Errors
-    /// [`InvalidInput`](StoreErrorKind::InvalidInput) for a message without an idempotency
-    /// key (or scheduled before 1970); [`Unavailable`](StoreErrorKind::Unavailable) when the
-    /// statement fails (then your transaction is aborted too, as PostgreSQL does).
-    pub async fn enqueue<C: GenericClient>(
-        &self,
-        client: &C,
-        message: &Message,
-    ) -> Result<Enqueued, StoreError> {
-        let stored = stored::encode(message)?;
-        let key = message.idempotency_key().map(|k| k.as_str()).unwrap_or("");
-        let rows = client
-            .query(
-                &self.sql.enqueue,
-                &[&key, &stored.as_str(), &self.sql.channel.as_str()],
-            )
-            .await
-            .map_err(|e| self.db_error(e))?;
-        match rows.first() {
-            Some(row) => Ok(Enqueued::New(row.try_get(0).map_err(|e| self.db_error(e))?)),
-            None => Ok(Enqueued::AlreadyThere),
-        }
     }
 
     /// How long the oldest row that is ready to send has been waiting; `None` when none is.
     /// Alert on it: a growing lag means the workers do not keep up, or are down.
     pub async fn lag(&self) -> Result<Option<Duration>, StoreError> {
-        let row = self
-            .bounded(async {
-                let client = self.client().await?;
-                client
-                    .query_one(&self.sql.lag, &[])
-                    .await
-                    .map_err(|e| self.db_error(e))
-            })
+        let millis = self
+            .bounded(async { on_backend!(&self.backend, db => db.lag_ms().await) })
             .await?;
-        let millis: Option<i64> = row.try_get(0).map_err(|e| self.db_error(e))?;
         Ok(millis.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
     }
 
     /// How many rows are in each state.
     pub async fn counts(&self) -> Result<OutboxCounts, StoreError> {
         let rows = self
-            .bounded(async {
-                let client = self.client().await?;
-                client
-                    .query(&self.sql.counts, &[])
-                    .await
-                    .map_err(|e| self.db_error(e))
-            })
+            .bounded(async { on_backend!(&self.backend, db => db.counts().await) })
             .await?;
         let mut counts = OutboxCounts::default();
-        for row in rows {
-            let state: String = row.try_get(0).map_err(|e| self.db_error(e))?;
-            let n: i64 = row.try_get(1).map_err(|e| self.db_error(e))?;
+        for (state, n) in rows {
             let n = u64::try_from(n).unwrap_or(0);
             match state.as_str() {
                 "waiting" => counts.waiting = n,
@@ -357,25 +440,8 @@ impl Outbox {
 
     /// Up to `limit` dead rows, oldest first, without their content.
     pub async fn dead_letters(&self, limit: u32) -> Result<Vec<DeadLetter>, StoreError> {
-        let rows = self
-            .bounded(async {
-                let client = self.client().await?;
-                client
-                    .query(&self.sql.dead_letters, &[&i64::from(limit)])
-                    .await
-                    .map_err(|e| self.db_error(e))
-            })
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(DeadLetter {
-                    id: row.try_get(0).map_err(|e| self.db_error(e))?,
-                    key: row.try_get(1).map_err(|e| self.db_error(e))?,
-                    attempts: row.try_get(2).map_err(|e| self.db_error(e))?,
-                    last_error: row.try_get(3).map_err(|e| self.db_error(e))?,
-                })
-            })
-            .collect()
+        self.bounded(async { on_backend!(&self.backend, db => db.dead_letters(limit).await) })
+            .await
     }
 
     /// Puts the dead row of the message whose idempotency key is `key` back to waiting, with
@@ -394,16 +460,8 @@ impl Outbox {
     /// # Ok(()) }
     /// ```
     pub async fn requeue(&self, key: &str) -> Result<bool, StoreError> {
-        let rows = self
-            .bounded(async {
-                let client = self.client().await?;
-                client
-                    .query(&self.sql.requeue, &[&key, &self.sql.channel.as_str()])
-                    .await
-                    .map_err(|e| self.db_error(e))
-            })
-            .await?;
-        Ok(!rows.is_empty())
+        self.bounded(async { on_backend!(&self.backend, db => db.requeue(key).await) })
+            .await
     }
 
     /// Deletes done rows finished more than `older_than` ago, in statements of at most
@@ -411,16 +469,12 @@ impl Outbox {
     /// never purged.
     pub async fn purge_done(&self, older_than: Duration, batch: u32) -> Result<u64, StoreError> {
         let batch = batch.max(1);
-        let older_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        let older_ms = millis(older_than);
         let mut purged = 0;
         loop {
             let deleted = self
                 .bounded(async {
-                    let client = self.client().await?;
-                    client
-                        .execute(&self.sql.purge, &[&older_ms, &i64::from(batch)])
-                        .await
-                        .map_err(|e| self.db_error(e))
+                    on_backend!(&self.backend, db => db.purge(older_ms, batch).await)
                 })
                 .await?;
             purged += deleted;
@@ -438,19 +492,12 @@ impl Outbox {
             .await
             .unwrap_or_else(|_| Err(StoreError::timeout()))
     }
+}
 
-    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
-        pooled(&self.pool).await
-    }
-
-    pub(crate) fn db_error(&self, error: tokio_postgres::Error) -> StoreError {
-        let detail = match error.code() {
-            Some(code) if *code == tokio_postgres::error::SqlState::UNDEFINED_TABLE => format!(
-                "outbox table {:?} does not exist: run Outbox::migrate",
-                self.sql.name
-            ),
-            _ => "PostgreSQL failed".to_owned(),
-        };
-        StoreError::new(StoreErrorKind::Unavailable, detail).with_source(error)
-    }
+/// The error of a URL for a database this build leaves out.
+#[cfg(not(all(feature = "postgres", feature = "mysql")))]
+fn feature_off(url: &str, feature: &str) -> StoreError {
+    StoreError::misconfigured(format!(
+        "{url} URL, and tower-idempotency was built without its `{feature}` feature: turn it on to use this database"
+    ))
 }

@@ -14,6 +14,7 @@ use crate::message::Message;
 use crate::outcome::{Receipt, SendError};
 use crate::retry::unit_random;
 use crate::store::StoreError;
+use crate::store::millis::millis;
 
 /// A row a claim took: what the worker needs to record its answer. Each claim statement has
 /// a token of its own, so a row claimed again after its lease passed, even by the same
@@ -31,11 +32,50 @@ pub(super) struct Claimed {
     pub(super) message: Result<Message, StoreError>,
 }
 
+/// A row as a claim statement read it, before its message is decoded.
+pub(super) struct ClaimedRow {
+    pub(super) id: i64,
+    /// The stored form (see [`stored`]).
+    pub(super) message: String,
+    /// Attempts, this claim's included.
+    pub(super) attempts: i32,
+    /// How long the row had been ready when claimed, in milliseconds.
+    pub(super) waited_ms: Option<i64>,
+}
+
 /// What the worker does with a row after its send.
 pub(super) enum Verdict {
     Done(Receipt),
     Retry { after: Duration, error: SendError },
     Dead(String),
+}
+
+impl Verdict {
+    /// The row's state once recorded.
+    pub(super) fn state(&self) -> &'static str {
+        match self {
+            Verdict::Done(_) => "done",
+            Verdict::Retry { .. } => "waiting",
+            Verdict::Dead(_) => "dead",
+        }
+    }
+
+    /// The error the row keeps: code and text, never content.
+    pub(super) fn last_error(&self) -> Option<String> {
+        match self {
+            Verdict::Done(_) => None,
+            Verdict::Retry { error, .. } => Some(format!("{}: {}", error.code(), error.message())),
+            Verdict::Dead(why) => Some(why.clone()),
+        }
+    }
+
+    /// How long a row put back waits before its next attempt, in milliseconds.
+    pub(super) fn after_ms(&self) -> i64 {
+        match self {
+            Verdict::Retry { after, .. } => millis(*after),
+            _ => 0,
+        }
+    }
 }
 
 /// A row's verdict, waiting for the next mark statement.
@@ -89,39 +129,31 @@ impl Settings {
     /// Claims up to `rows` waiting rows under a new token, and reads their messages.
     pub(super) async fn claim(self: Arc<Self>, rows: u32) -> Result<Vec<Claimed>, StoreError> {
         let token = Uuid::new_v4();
-        let lease_ms = i64::try_from(self.claim_lease.as_millis()).unwrap_or(i64::MAX);
+        let lease_ms = millis(self.claim_lease);
         let outbox = &self.outbox;
         let answer = outbox
             .bounded(async {
-                let client = outbox.client().await?;
-                let statement = client
-                    .prepare_cached(&outbox.sql.claim)
-                    .await
-                    .map_err(|e| outbox.db_error(e))?;
-                client
-                    .query(&statement, &[&token, &lease_ms, &i64::from(rows)])
-                    .await
-                    .map_err(|e| outbox.db_error(e))
+                on_backend!(&outbox.backend, db => db.claim(token, lease_ms, rows).await)
             })
             .await;
         Counters::add(&self.counters.polls, 1);
-        let mut claimed = Vec::new();
-        for row in answer? {
-            let waited_ms: Option<i64> = row.try_get(3).map_err(|e| outbox.db_error(e))?;
-            self.counters.last_lag_ms.store(
-                u64::try_from(waited_ms.unwrap_or(0)).unwrap_or(0),
-                Ordering::Relaxed,
-            );
-            let text: String = row.try_get(1).map_err(|e| outbox.db_error(e))?;
-            claimed.push(Claimed {
-                row: Row {
-                    id: row.try_get(0).map_err(|e| outbox.db_error(e))?,
-                    token,
-                    attempts: row.try_get(2).map_err(|e| outbox.db_error(e))?,
-                },
-                message: stored::decode(&text),
-            });
-        }
+        let claimed: Vec<Claimed> = answer?
+            .into_iter()
+            .map(|row| {
+                self.counters.last_lag_ms.store(
+                    u64::try_from(row.waited_ms.unwrap_or(0)).unwrap_or(0),
+                    Ordering::Relaxed,
+                );
+                Claimed {
+                    row: Row {
+                        id: row.id,
+                        token,
+                        attempts: row.attempts,
+                    },
+                    message: stored::decode(&row.message),
+                }
+            })
+            .collect();
         Counters::add(&self.counters.claimed, claimed.len() as u64);
         if !claimed.is_empty() {
             tracing::debug!(
@@ -135,69 +167,12 @@ impl Settings {
 
     /// Records the verdicts of `marks` in one statement, then counts and logs each row.
     pub(super) async fn mark(self: Arc<Self>, marks: Vec<Mark>) {
-        let mut ids = Vec::with_capacity(marks.len());
-        let mut tokens = Vec::with_capacity(marks.len());
-        let mut states = Vec::with_capacity(marks.len());
-        let mut provider_ids = Vec::with_capacity(marks.len());
-        let mut transports = Vec::with_capacity(marks.len());
-        let mut errors = Vec::with_capacity(marks.len());
-        let mut after_ms = Vec::with_capacity(marks.len());
-        for Mark { row, verdict } in &marks {
-            ids.push(row.id);
-            tokens.push(row.token);
-            let (state, provider_id, transport, error, after) = match verdict {
-                Verdict::Done(receipt) => (
-                    "done",
-                    Some(receipt.id.as_str()),
-                    Some(receipt.transport.as_str()),
-                    None,
-                    0,
-                ),
-                Verdict::Retry { after, error } => (
-                    "waiting",
-                    None,
-                    None,
-                    Some(format!("{}: {}", error.code(), error.message())),
-                    i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
-                ),
-                Verdict::Dead(why) => ("dead", None, None, Some(why.clone()), 0),
-            };
-            states.push(state);
-            provider_ids.push(provider_id);
-            transports.push(transport);
-            errors.push(error);
-            after_ms.push(after);
-        }
         let outbox = &self.outbox;
         let answer = outbox
-            .bounded(async {
-                let client = outbox.client().await?;
-                let statement = client
-                    .prepare_cached(&outbox.sql.mark)
-                    .await
-                    .map_err(|e| outbox.db_error(e))?;
-                client
-                    .query(
-                        &statement,
-                        &[
-                            &ids,
-                            &tokens,
-                            &states,
-                            &provider_ids,
-                            &transports,
-                            &errors,
-                            &after_ms,
-                        ],
-                    )
-                    .await
-                    .map_err(|e| outbox.db_error(e))
-            })
+            .bounded(async { on_backend!(&outbox.backend, db => db.mark(&marks).await) })
             .await;
-        let mut marked: Vec<(i64, Uuid)> = match answer {
-            Ok(rows) => rows
-                .iter()
-                .filter_map(|row| Some((row.try_get(0).ok()?, row.try_get(1).ok()?)))
-                .collect(),
+        let mut marked = match answer {
+            Ok(marked) => marked,
             Err(error) => {
                 tracing::warn!(
                     rows = marks.len(),
@@ -245,22 +220,14 @@ impl Settings {
 
     /// Puts back rows claimed but not sent, so another worker takes them at once.
     pub(super) async fn release(self: Arc<Self>, rows: Vec<Row>) {
-        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        let tokens: Vec<Uuid> = rows.iter().map(|r| r.token).collect();
         let outbox = &self.outbox;
         let answer = outbox
-            .bounded(async {
-                let client = outbox.client().await?;
-                client
-                    .execute(&outbox.sql.release, &[&ids, &tokens])
-                    .await
-                    .map_err(|e| outbox.db_error(e))
-            })
+            .bounded(async { on_backend!(&outbox.backend, db => db.release(&rows).await) })
             .await;
         match answer {
             Ok(released) => Counters::add(&self.counters.released, released),
             Err(error) => tracing::warn!(
-                rows = ids.len(),
+                rows = rows.len(),
                 error = %error,
                 "outbox could not put back unsent rows; they return when their claims pass"
             ),

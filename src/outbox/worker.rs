@@ -7,11 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures_util::future::{Either, select};
-use futures_util::{FutureExt, StreamExt};
+use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tokio_postgres::{AsyncMessage, NoTls};
 use tower_service::Service;
 
 use super::Outbox;
@@ -31,7 +29,8 @@ pub const DEFAULT_BATCH: u32 = 16;
 /// How long a claim holds its rows, by default: longer than a send with every retry of the
 /// stack, or a slow send's row is claimed again (and answered by the idempotency layer).
 pub const DEFAULT_CLAIM_LEASE: Duration = Duration::from_secs(5 * 60);
-/// How often an idle worker looks for rows when no notification wakes it, by default.
+/// How often an idle worker looks for rows when no notification wakes it, by default (on
+/// MySQL, which has no notifications, how often it looks).
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// Attempts before a retryable failure becomes dead, by default.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
@@ -227,7 +226,9 @@ impl<S> Worker<S> {
         self
     }
 
-    /// How often an idle worker looks for rows when no notification wakes it.
+    /// How often an idle worker looks for rows when no notification wakes it. On MySQL,
+    /// which has no notifications, this is how long a message enqueued into an idle outbox
+    /// may wait before it is sent: a worker that keeps finding rows claims again at once.
     #[must_use]
     pub fn poll_interval(mut self, every: Duration) -> Self {
         self.settings.poll_interval = every.max(Duration::from_millis(1));
@@ -282,40 +283,10 @@ where
 }
 
 impl Settings {
-    /// Starts the `LISTEN` task, when the outbox has a connection to open: it wakes the
-    /// worker on every notification, and once when it starts listening (for what was
-    /// enqueued meanwhile). When the connection fails the task ends, the worker keeps
-    /// polling, and its next poll starts it again.
+    /// Starts the task that wakes the worker when rows are enqueued, where the database has
+    /// one (PostgreSQL's `LISTEN`, when the outbox has a connection to open); `None`:
+    /// polling only.
     pub(super) fn listen(&self, wake: &Arc<Notify>) -> Option<JoinHandle<()>> {
-        let config = self.outbox.listen.clone()?;
-        let listen = format!("LISTEN \"{}\"", self.outbox.sql.channel);
-        let timeout = self.outbox.timeout;
-        let wake = Arc::clone(wake);
-        Some(tokio::spawn(async move {
-            let Ok(Ok((client, mut connection))) =
-                tokio::time::timeout(timeout, config.connect(NoTls)).await
-            else {
-                tracing::debug!("outbox LISTEN connection failed; polling");
-                return;
-            };
-            // Polling the connection drives it: the LISTEN statement and every notification.
-            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-            let mut listening = pin!(client.batch_execute(&listen));
-            loop {
-                match select(listening.as_mut(), messages.next()).await {
-                    Either::Left((Ok(()), _)) => break,
-                    Either::Left((Err(_), _)) | Either::Right((None | Some(Err(_)), _)) => {
-                        return;
-                    }
-                    Either::Right((Some(Ok(_)), _)) => {}
-                }
-            }
-            wake.notify_one();
-            while let Some(Ok(message)) = messages.next().await {
-                if let AsyncMessage::Notification(_) = message {
-                    wake.notify_one();
-                }
-            }
-        }))
+        on_backend!(&self.outbox.backend, db => db.listen(self.outbox.timeout, wake))
     }
 }

@@ -68,7 +68,7 @@ use crate::outcome::{BoxError, Outcome};
 pub mod admin;
 pub mod memory;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-mod millis;
+pub(crate) mod millis;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "postgres")]

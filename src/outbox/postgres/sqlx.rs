@@ -2,8 +2,8 @@
 
 use ::sqlx::{PgExecutor, Row};
 
-use super::{Enqueued, Outbox, stored};
 use crate::message::Message;
+use crate::outbox::{Enqueued, Outbox, stored};
 use crate::store::StoreError;
 use crate::store::postgres::sqlx::sqlx_error;
 
@@ -38,7 +38,9 @@ impl Outbox {
     /// [`InvalidInput`](crate::store::StoreErrorKind::InvalidInput) for a message without an
     /// idempotency key (or scheduled before 1970);
     /// [`Unavailable`](crate::store::StoreErrorKind::Unavailable) when the statement fails
-    /// (then your transaction is aborted too, as PostgreSQL does).
+    /// (then your transaction is aborted too, as PostgreSQL does);
+    /// [`Misconfigured`](crate::store::StoreErrorKind::Misconfigured) on an outbox of another
+    /// database.
     pub async fn enqueue_sqlx<'c, E>(
         &self,
         executor: E,
@@ -47,12 +49,13 @@ impl Outbox {
     where
         E: PgExecutor<'c>,
     {
+        let pg = self.postgres("enqueue_sqlx")?;
         let stored = stored::encode(message)?;
         let key = message.idempotency_key().map(|k| k.as_str()).unwrap_or("");
-        let row = ::sqlx::query(&self.sql.enqueue)
+        let row = ::sqlx::query(&pg.sql.enqueue)
             .bind(key)
             .bind(stored.as_str())
-            .bind(self.sql.channel.as_str())
+            .bind(pg.sql.channel.as_str())
             .fetch_optional(executor)
             .await
             .map_err(|e| sqlx_error(e, self.table_name()))?;
