@@ -20,6 +20,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::{Notify, Semaphore, oneshot};
 use tower::{Layer, ServiceExt};
 
+use support::outbox::{Gated, Provider, Running, eventually, message, start};
 use support::stores::postgres_admin::{admin, drop_table};
 use support::stores::{backend_url, unique};
 use tower_idempotency::outbox::{Enqueued, Outbox, WorkerStats};
@@ -38,17 +39,6 @@ async fn outbox(test: &str) -> Option<(String, Outbox)> {
     Some((url, outbox))
 }
 
-fn message(key: &str) -> Message {
-    Message::builder()
-        .from("orders@shop.example")
-        .to("seller@example.com")
-        .subject("New order")
-        .text(format!("{key} sold."))
-        .idempotency_key(key)
-        .build()
-        .expect("valid message")
-}
-
 /// Enqueues `keys` in one committed transaction.
 async fn enqueue(url: &str, outbox: &Outbox, keys: impl IntoIterator<Item = String>) {
     let mut client = admin(url).await;
@@ -57,115 +47,6 @@ async fn enqueue(url: &str, outbox: &Outbox, keys: impl IntoIterator<Item = Stri
         outbox.enqueue(&tx, &message(&key)).await.expect("enqueue");
     }
     tx.commit().await.expect("commit");
-}
-
-/// How a test provider answers a key.
-type Answer = dyn Fn(&str) -> Result<Receipt, SendError> + Send + Sync;
-
-/// A provider that counts its calls per key and answers by `answer`.
-#[derive(Clone)]
-struct Provider {
-    calls: Arc<Mutex<HashMap<String, usize>>>,
-    answer: Arc<Answer>,
-}
-
-impl Provider {
-    fn ok() -> Self {
-        Self::answering(|key| Ok(Receipt::new(format!("id-{key}"), "fake")))
-    }
-
-    fn answering(
-        answer: impl Fn(&str) -> Result<Receipt, SendError> + Send + Sync + 'static,
-    ) -> Self {
-        Self {
-            calls: Arc::default(),
-            answer: Arc::new(answer),
-        }
-    }
-
-    fn calls(&self, key: &str) -> usize {
-        self.calls.lock().unwrap().get(key).copied().unwrap_or(0)
-    }
-
-    fn total(&self) -> usize {
-        self.calls.lock().unwrap().values().sum()
-    }
-
-    fn service(
-        &self,
-    ) -> impl tower::Service<
-        Message,
-        Response = Receipt,
-        Error = BoxError,
-        Future = BoxFuture<'static, Result<Receipt, BoxError>>,
-    > + Clone
-    + Send
-    + 'static {
-        let provider = self.clone();
-        tower::service_fn(move |m: Message| {
-            let key = m
-                .idempotency_key()
-                .map(|k| k.as_str().to_owned())
-                .unwrap_or_default();
-            *provider
-                .calls
-                .lock()
-                .unwrap()
-                .entry(key.clone())
-                .or_default() += 1;
-            let answer = (provider.answer)(&key).map_err(BoxError::from);
-            async move { answer }.boxed()
-        })
-    }
-}
-
-/// Waits until `condition` holds on the outbox, polling it; fails after `limit`.
-async fn eventually<F, Fut>(limit: Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let waited = tokio::time::timeout(limit, async {
-        while !condition().await {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    assert!(
-        waited.is_ok(),
-        "the condition did not hold within {limit:?}"
-    );
-}
-
-/// A worker's run, and the switch that stops it.
-struct Running {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<WorkerStats>,
-}
-
-impl Running {
-    async fn stop(self) -> WorkerStats {
-        let _ = self.stop.send(());
-        self.task.await.expect("the worker does not panic")
-    }
-}
-
-fn start<S>(worker: tower_idempotency::outbox::Worker<S>) -> Running
-where
-    S: tower::Service<Message, Response = Receipt> + Send + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send,
-{
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        worker
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("the worker runs")
-    });
-    Running { stop, task }
 }
 
 #[tokio::test]
@@ -560,56 +441,6 @@ async fn a_worker_killed_after_the_provider_took_the_message_does_not_send_it_ag
         "the row keeps the original receipt"
     );
     drop_table(&url, outbox.table_name()).await;
-}
-
-/// A stack in front of `provider` whose sends each wait for a permit of `gate`, and that
-/// counts the sends in flight: `peak` is the most at once, and `reached` fires once `n` are.
-#[derive(Clone)]
-struct Gated {
-    gate: Arc<Semaphore>,
-    in_flight: Arc<AtomicUsize>,
-    peak: Arc<AtomicUsize>,
-    reached: Arc<Notify>,
-}
-
-impl Gated {
-    fn new() -> Self {
-        Self {
-            gate: Arc::new(Semaphore::new(0)),
-            in_flight: Arc::default(),
-            peak: Arc::default(),
-            reached: Arc::default(),
-        }
-    }
-
-    fn service(
-        &self,
-        provider: &Provider,
-        n: usize,
-    ) -> impl tower::Service<
-        Message,
-        Response = Receipt,
-        Error = BoxError,
-        Future = BoxFuture<'static, Result<Receipt, BoxError>>,
-    > + Clone
-    + Send
-    + 'static {
-        let (gated, inner) = (self.clone(), provider.service());
-        tower::service_fn(move |m: Message| {
-            let (gated, inner) = (gated.clone(), inner.clone());
-            async move {
-                let now = gated.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-                gated.peak.fetch_max(now, Ordering::SeqCst);
-                if now == n {
-                    gated.reached.notify_one();
-                }
-                gated.gate.acquire().await.expect("never closed").forget();
-                gated.in_flight.fetch_sub(1, Ordering::SeqCst);
-                inner.oneshot(m).await
-            }
-            .boxed()
-        })
-    }
 }
 
 #[tokio::test]

@@ -12,6 +12,8 @@
 
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub mod outbox;
 pub mod probe;
 #[cfg(any(feature = "ses", feature = "smtp"))]
 pub mod python;
