@@ -10,20 +10,17 @@
 mod support;
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures_util::FutureExt;
-use futures_util::future::BoxFuture;
-use tokio::sync::{Notify, Semaphore, oneshot};
+use tokio::sync::Notify;
 use tower::{Layer, ServiceExt};
 
 use support::outbox::{Gated, Provider, Running, eventually, message, start};
 use support::stores::postgres_admin::{admin, drop_table};
 use support::stores::{backend_url, unique};
-use tower_idempotency::outbox::{Enqueued, Outbox, WorkerStats};
+use tower_idempotency::outbox::{Enqueued, Outbox};
 use tower_idempotency::store::StoreErrorKind;
 use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
 
