@@ -502,3 +502,70 @@ async fn a_mysql_outbox_refuses_bad_names_other_schemes_and_another_databases_en
     let error = missing.counts().await.unwrap_err();
     assert!(error.to_string().contains("Outbox::migrate"), "{error}");
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn the_late_answer_of_a_claim_that_passed_is_not_recorded_over_the_next_claims() {
+    let Some((url, outbox)) = outbox("outbox_my_fence").await else {
+        return;
+    };
+    enqueue(&url, &outbox, ["k".to_owned()]).await;
+    let slow = Provider::answering(|_| Ok(Receipt::new("late", "fake")));
+    let gated = Gated::new();
+    let first = outbox
+        .worker(gated.service(&slow, 1))
+        .claim_lease(Duration::from_millis(200));
+    let first = start(first);
+    tokio::time::timeout(Duration::from_secs(5), gated.reached.notified())
+        .await
+        .expect("the first send is in flight");
+
+    // Its lease passes while the send hangs: a second worker takes the row, and its send
+    // hangs too.
+    let provider = Provider::ok();
+    let gated_second = Gated::new();
+    let second = start(
+        outbox
+            .worker(gated_second.service(&provider, 1))
+            .poll_interval(Duration::from_millis(20)),
+    );
+    tokio::time::timeout(Duration::from_secs(5), gated_second.reached.notified())
+        .await
+        .expect("the second claim's send is in flight");
+
+    // The first send answers now, while the second claim holds the row: nothing recorded.
+    gated.gate.add_permits(1);
+    let stats = first.stop().await;
+    assert_eq!(
+        (stats.claimed, stats.sent),
+        (1, 0),
+        "the late answer is not counted"
+    );
+    assert_eq!(
+        outbox.counts().await.unwrap().waiting,
+        1,
+        "still the second's"
+    );
+
+    gated_second.gate.add_permits(1);
+    eventually(Duration::from_secs(5), || async {
+        outbox.counts().await.unwrap().done == 1
+    })
+    .await;
+    assert_eq!(second.stop().await.sent, 1);
+    let rows = rows(&url, &outbox).await;
+    assert_eq!(
+        rows[0],
+        (
+            "k".to_owned(),
+            "done".to_owned(),
+            2,
+            Some("id-k".to_owned())
+        ),
+        "the row keeps the second claim's answer"
+    );
+    drop_table(&url, outbox.table_name()).await;
+}
