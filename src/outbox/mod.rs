@@ -496,8 +496,8 @@ impl Outbox {
 
 /// The error of a URL for a database this build leaves out.
 #[cfg(not(all(feature = "postgres", feature = "mysql")))]
-fn feature_off(url: &str, feature: &str) -> StoreError {
+fn feature_off(database: &str, feature: &str) -> StoreError {
     StoreError::misconfigured(format!(
-        "{url} URL, and tower-idempotency was built without its `{feature}` feature: turn it on to use this database"
+        "{database} URL, and tower-idempotency was built without its `{feature}` feature: turn it on to use this database"
     ))
 }

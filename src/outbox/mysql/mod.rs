@@ -287,6 +287,9 @@ impl MySql {
         }
         let id = |m: &Mark| Value::from(m.row.id);
         let mut params = Vec::with_capacity(held.len() * 13);
+        // One `CASE` per column, in the order of `OutboxSql::mark`: available_at (a wait for
+        // a row put back), finished_at (whether it finished), state, provider id, transport,
+        // last error.
         let columns: [&dyn Fn(&Mark) -> Value; 6] = [
             &|m| match &m.verdict {
                 Verdict::Retry { .. } => micros(m.verdict.after_ms()),
