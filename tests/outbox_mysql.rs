@@ -17,7 +17,7 @@ use std::time::Duration;
 use mysql_async::TxOpts;
 use mysql_async::prelude::Queryable;
 
-use support::outbox::{Gated, Provider, Running, eventually, message, start};
+use support::outbox::{Gated, Provider, cases, eventually, message, start};
 use support::stores::mysql_admin::{admin, drop_table};
 use support::stores::{backend_url, unique};
 use tower_idempotency::message::Attachment;
@@ -221,30 +221,9 @@ async fn four_workers_on_one_mysql_table_send_a_thousand_messages_exactly_once()
     let Some((url, outbox)) = outbox("outbox_my_four").await else {
         return;
     };
-    enqueue(&url, &outbox, (0..1000).map(|i| format!("four-{i}"))).await;
-    let provider = Provider::ok();
-    let workers: Vec<Running> = (0..4)
-        .map(|_| {
-            start(
-                outbox
-                    .worker(provider.service())
-                    .batch(25)
-                    .poll_interval(Duration::from_millis(20)),
-            )
-        })
-        .collect();
-    eventually(Duration::from_secs(60), || async {
-        outbox.counts().await.unwrap().done == 1000
-    })
-    .await;
-    let mut sent = Vec::new();
-    for worker in workers {
-        sent.push(worker.stop().await.sent);
-    }
-    assert_eq!(sent.iter().sum::<u64>(), 1000);
-    let calls = provider.calls.lock().unwrap().clone();
-    assert_eq!(calls.len(), 1000);
-    assert!(calls.values().all(|&n| n == 1), "a message went twice");
+    let keys: Vec<String> = (0..1000).map(|i| format!("four-{i}")).collect();
+    enqueue(&url, &outbox, keys.clone()).await;
+    cases::four_workers_send_each_message_once(&outbox, &keys).await;
     drop_table(&url, outbox.table_name()).await;
 }
 
@@ -376,52 +355,13 @@ async fn a_mysql_worker_told_to_stop_lets_its_sends_answer_and_puts_back_the_row
     let Some((url, outbox)) = outbox("outbox_my_stop").await else {
         return;
     };
-    enqueue(&url, &outbox, (0..10).map(|i| format!("stop-{i}"))).await;
-    let provider = Provider::ok();
-    let gated = Gated::new();
-    // The stack takes two sends at a time: of the six rows the worker claims, four wait
-    // for it to be ready.
-    let stack = tower::ServiceBuilder::new()
-        .concurrency_limit(2)
-        .service(gated.service(&provider, 2));
-    let worker = outbox
-        .worker(stack)
-        .concurrency(6)
-        .batch(6)
-        .claim_lease(Duration::from_secs(3600));
-    let stats_handle = worker.stats();
-    let worker = start(worker);
-    tokio::time::timeout(Duration::from_secs(5), gated.reached.notified())
-        .await
-        .expect("two sends in flight");
-    eventually(Duration::from_secs(5), || async {
-        stats_handle.get().claimed == 6
-    })
-    .await;
-    let Running { stop, task } = worker;
-    let _ = stop.send(());
-    gated.gate.add_permits(2);
-    let stats = task.await.unwrap();
-    assert_eq!((stats.claimed, stats.sent, stats.released), (6, 2, 4));
-    let counts = outbox.counts().await.unwrap();
-    assert_eq!((counts.done, counts.waiting), (2, 8));
-
-    // The four put back go at once, without waiting for the hour-long claim.
-    let next = start(
-        outbox
-            .worker(provider.service())
-            .poll_interval(Duration::from_millis(20)),
-    );
-    eventually(Duration::from_secs(5), || async {
-        outbox.counts().await.unwrap().done == 10
-    })
-    .await;
-    next.stop().await;
+    let keys: Vec<String> = (0..10).map(|i| format!("stop-{i}")).collect();
+    enqueue(&url, &outbox, keys.clone()).await;
+    cases::a_stopped_worker_puts_back_the_rows_it_did_not_start(&outbox, &keys).await;
     for (key, _, attempts, _) in rows(&url, &outbox).await {
-        assert_eq!(provider.calls(&key), 1, "{key} went once");
         assert_eq!(
             attempts, 1,
-            "a row put back unsent does not count an attempt"
+            "{key}: a row put back unsent does not count an attempt"
         );
     }
     drop_table(&url, outbox.table_name()).await;
@@ -437,42 +377,7 @@ async fn a_mysql_worker_killed_before_sending_leaves_its_rows_to_the_next_once_t
         return;
     };
     enqueue(&url, &outbox, ["k".to_owned()]).await;
-    let provider = Provider::ok();
-    // A stack that never gets to the provider: the process dies first.
-    let stalled =
-        tower::service_fn(|_m: Message| std::future::pending::<Result<Receipt, BoxError>>());
-    let doomed = outbox
-        .worker(stalled)
-        .claim_lease(Duration::from_millis(300));
-    let doomed_stats = doomed.stats();
-    let doomed = tokio::spawn(doomed.run(std::future::pending()));
-    eventually(Duration::from_secs(5), || async {
-        doomed_stats.get().claimed == 1
-    })
-    .await;
-    doomed.abort(); // killed: no release, no answer
-    let _ = doomed.await;
-
-    // Within the lease, nobody takes the row.
-    let early = outbox
-        .worker(provider.service())
-        .poll_interval(Duration::from_millis(5))
-        .run(tokio::time::sleep(Duration::from_millis(50)))
-        .await
-        .unwrap();
-    assert_eq!(early.claimed, 0, "the claim still holds the row");
-
-    let next = start(
-        outbox
-            .worker(provider.service())
-            .poll_interval(Duration::from_millis(20)),
-    );
-    eventually(Duration::from_secs(5), || async {
-        outbox.counts().await.unwrap().done == 1
-    })
-    .await;
-    next.stop().await;
-    assert_eq!(provider.calls("k"), 1);
+    cases::a_killed_workers_row_goes_once_its_claim_passes(&outbox, "k").await;
     assert_eq!(
         rows(&url, &outbox).await[0].2,
         2,
@@ -486,7 +391,7 @@ async fn a_mysql_worker_killed_before_sending_leaves_its_rows_to_the_next_once_t
     not(backend_mysql),
     ignore = "no MySQL at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
 )]
-async fn a_mysql_outbox_refuses_bad_names_other_schemes_and_another_databases_enqueue() {
+async fn a_mysql_outbox_refuses_bad_table_names_other_schemes_and_a_missing_table() {
     let Some(url) = backend_url("MYSQL_URL") else {
         return;
     };
