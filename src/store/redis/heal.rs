@@ -4,7 +4,7 @@
 //! killed connections it can get stuck for good: every later call times out, its last log line
 //! "beginning slot refresh", while a new connection from the same client works at once.
 //! [`HealingCluster`] keeps the client, notes when calls stop being answered, and once none
-//! has been answered for [`HEAL_AFTER`] while calls were made, opens a new connection
+//! has been answered for [`HEAL_AFTER`](super::HEAL_AFTER) while calls were made, opens a new connection
 //! (one at a time, in a task of its own so a caller's timeout cannot cut it short), checks that
 //! it answers `PING`, and swaps it in for every clone. Calls in flight on the old connection
 //! fail as store failures, on which nothing is sent.
@@ -18,12 +18,6 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::time::Instant;
-
-/// How long calls must go unanswered (not one answer from the cluster since the first of them
-/// began) before a store from [`RedisStore::connect_cluster`](super::RedisStore::connect_cluster)
-/// replaces its connection, unless [`RedisStore::heal_after`](super::RedisStore::heal_after)
-/// says otherwise: twice [`DEFAULT_TIMEOUT`](super::DEFAULT_TIMEOUT).
-pub const HEAL_AFTER: Duration = Duration::from_secs(4);
 
 /// The least time between two attempts at a new connection when the last one failed.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
@@ -88,7 +82,7 @@ impl HealingCluster {
                 }),
                 healing: AtomicBool::new(false),
             }),
-            heal_after: HEAL_AFTER,
+            heal_after: super::HEAL_AFTER,
         }
     }
 

@@ -234,13 +234,13 @@ mod durable;
 mod heal;
 mod pipeline;
 mod scripts;
+#[cfg(feature = "redis-sentinel")]
+mod sentinel;
 mod stale;
 
 use connection::Connection;
 
 pub use admin::UNKNOWN_INDEX_SUFFIX;
-#[cfg(feature = "redis-cluster")]
-pub use heal::HEAL_AFTER;
 
 use scripts::{
     COMPLETE_SCRIPT, EXTEND_SCRIPT, FirstStep, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT,
@@ -255,6 +255,17 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The longest lease or ttl sent to the server (100 years); longer ones are cut to it.
 pub const MAX_EXPIRY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// How long calls must go unanswered (not one answer since the first of them began) before a
+/// store on Redis Cluster ([`RedisStore::connect_cluster`]) or Redis Sentinel
+/// ([`RedisStore::connect_sentinel`]) replaces its connection, unless
+/// [`RedisStore::heal_after`] says otherwise: twice [`DEFAULT_TIMEOUT`].
+#[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "redis-cluster", feature = "redis-sentinel")))
+)]
+pub const HEAL_AFTER: Duration = Duration::from_secs(4);
 
 /// How long a pending record is kept past its lease unless
 /// [`RedisStore::pending_kept_for`] says otherwise: a day, the layer's default ttl.
@@ -440,20 +451,121 @@ impl RedisStore {
         Ok(Self::from_cluster_client(client, connection))
     }
 
-    /// How long calls to a Redis Cluster may go unanswered, while they are made, before a
-    /// store from [`connect_cluster`](Self::connect_cluster) replaces its connection with a
-    /// new one from its client (default [`HEAL_AFTER`], 4 s). Keep it above the store's
-    /// [`timeout`](Self::timeout), so that one slow call is not taken for a stuck connection.
-    /// Has no effect on a store on a single server, or from
+    /// How long calls may go unanswered, while they are made, before a store from
+    /// [`connect_cluster`](Self::connect_cluster) replaces its connection with a new one from
+    /// its client, or one from [`connect_sentinel`](Self::connect_sentinel) asks the
+    /// sentinels for the primary again (default [`HEAL_AFTER`], 4 s). Keep it above the
+    /// store's [`timeout`](Self::timeout), so that one slow call is not taken for a stuck
+    /// connection. Has no effect on a store on a single server, or from
     /// [`from_cluster`](Self::from_cluster), which cannot heal.
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    #[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(any(feature = "redis-cluster", feature = "redis-sentinel")))
+    )]
     #[must_use]
     pub fn heal_after(mut self, unanswered: Duration) -> Self {
-        if let Connection::Cluster(cluster) = &mut self.connection {
-            cluster.set_heal_after(unanswered);
+        match &mut self.connection {
+            #[cfg(feature = "redis-cluster")]
+            Connection::Cluster(cluster) => cluster.set_heal_after(unanswered),
+            #[cfg(feature = "redis-sentinel")]
+            Connection::Sentinel(primary) => primary.set_heal_after(unanswered),
+            _ => {}
         }
         self
+    }
+
+    /// Connects to the primary that the Redis Sentinels at `sentinels` (the sentinels'
+    /// addresses, `redis://host:26379`, not the servers') name `primary_name` (the name in
+    /// their `sentinel monitor` lines), and follows it through failovers.
+    ///
+    /// The store asks the sentinels again when its connection drops, when the server answers
+    /// `READONLY` (it is a replica now), or when calls go unanswered for
+    /// [`heal_after`](Self::heal_after); calls made meanwhile wait for the answer within the
+    /// store's [`timeout`](Self::timeout), and the call that failed fails as a store failure,
+    /// on which nothing is sent. See [Redis Sentinel](self#redis-sentinel).
+    ///
+    /// The sentinels are asked once before this returns, so a wrong name or no sentinel fails
+    /// here: with a [`Misconfigured`](super::StoreErrorKind::Misconfigured) error for an
+    /// address that is not a Redis URL; with an
+    /// [`Unavailable`](super::StoreErrorKind::Unavailable) error, naming `primary_name`, when
+    /// no sentinel names a primary that answers (the name is wrong, or a failover is under
+    /// way); with a [`Timeout`](super::StoreErrorKind::Timeout) error when the search takes
+    /// longer than [`DEFAULT_TIMEOUT`]. Credentials of the sentinels go in their URLs; for
+    /// credentials, a database or TLS on the primary, build the `redis` crate's
+    /// `SentinelClient` and hand it to [`from_sentinel_client`](Self::from_sentinel_client).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_idempotency::RedisStore;
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let sentinels = ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"];
+    /// let store = RedisStore::connect_sentinel(sentinels, "idempotency")
+    ///     .await?
+    ///     // A reservation is kept by a replica before its message goes: a failover loses none.
+    ///     .require_replicas(1, Duration::from_millis(100));
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis-sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
+    pub async fn connect_sentinel<I, T>(
+        sentinels: I,
+        primary_name: &str,
+    ) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        let client = redis::sentinel::SentinelClient::build(
+            sentinels.into_iter().collect(),
+            primary_name.to_owned(),
+            None,
+            redis::sentinel::SentinelServerType::Master,
+        )
+        .map_err(|e| {
+            StoreError::misconfigured(
+                "a Redis Sentinel address is invalid (redis://[user:password@]host:port)",
+            )
+            .with_source(e)
+        })?;
+        let store = Self::from_sentinel_client(client);
+        if let Connection::Sentinel(primary) = &store.connection {
+            tokio::time::timeout(DEFAULT_TIMEOUT, primary.found())
+                .await
+                .map_err(|_| {
+                    StoreError::new(
+                        super::StoreErrorKind::Timeout,
+                        format!(
+                            "the sentinels did not name the primary {primary_name:?} within \
+                             {DEFAULT_TIMEOUT:?}"
+                        ),
+                    )
+                })?
+                .map_err(|e| {
+                    StoreError::new(
+                        super::StoreErrorKind::Unavailable,
+                        format!("no sentinel named a primary {primary_name:?} that answers"),
+                    )
+                    .with_source(e)
+                })?;
+        }
+        Ok(store)
+    }
+
+    /// A store on the primary that `client` finds (the `redis` crate's, version 1, with its
+    /// `sentinel` feature), built with `SentinelServerType::Master`: for sentinels or a
+    /// primary with settings of your own (credentials, a database, TLS). Follows the primary
+    /// as [`connect_sentinel`](Self::connect_sentinel) does; the first call asks the
+    /// sentinels. Each search (the sentinels' answer, the primary's check and its
+    /// connection) is bounded by [`DEFAULT_TIMEOUT`].
+    #[cfg(feature = "redis-sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
+    pub fn from_sentinel_client(client: redis::sentinel::SentinelClient) -> Self {
+        Self::with_connection(Connection::Sentinel(sentinel::SentinelPrimary::new(
+            client,
+            DEFAULT_TIMEOUT,
+        )))
     }
 
     fn with_connection(connection: Connection) -> Self {
@@ -568,7 +680,7 @@ impl RedisStore {
         match short {
             // Taken but not acknowledged: free the key before answering the failure.
             Some(unacked) if reservation.token().is_some() => {
-                self.release_once(key, token).await?;
+                self.release_once(key, token, false).await?;
                 Ok(Err(unacked))
             }
             _ => Ok(Ok(reservation)),
@@ -587,7 +699,7 @@ impl RedisStore {
         let retaken = script_reply(reply, "retake")?;
         match short {
             Some(unacked) if retaken => {
-                self.release_once(key, token).await?;
+                self.release_once(key, token, false).await?;
                 Err(unacked)
             }
             _ => Ok(retaken.then_some(token)),
@@ -622,9 +734,22 @@ impl RedisStore {
         Ok(written)
     }
 
-    async fn release_once(&self, key: &str, token: Token) -> Result<bool, StoreError> {
+    /// With `ack` (and replicas required), a release the replicas did not acknowledge fails
+    /// though the key was freed on the primary: a failover would bring its reservation back,
+    /// held by nobody until the lease ends, and the layer's settlement retry releases it
+    /// again, on the new primary if there was one. Without it (freeing a reservation the
+    /// replicas never acknowledged), the release is not waited for.
+    async fn release_once(&self, key: &str, token: Token, ack: bool) -> Result<bool, StoreError> {
         let cmd = self.release_cmd(key, token);
-        script_reply(self.run_script(&self.release, &cmd).await?, "release")
+        if !ack {
+            return script_reply(self.run_script(&self.release, &cmd).await?, "release");
+        }
+        let (reply, short) = self.run_script_acked(&self.release, &cmd).await?;
+        let released = script_reply(reply, "release")?;
+        match short {
+            Some(unacked) if released => Err(unacked),
+            _ => Ok(released),
+        }
     }
 
     async fn extend_once(
@@ -644,6 +769,8 @@ impl fmt::Debug for RedisStore {
             Connection::Single(_) => "single",
             #[cfg(feature = "redis-cluster")]
             Connection::Cluster(_) => "cluster",
+            #[cfg(feature = "redis-sentinel")]
+            Connection::Sentinel(_) => "sentinel",
         };
         f.debug_struct("RedisStore")
             .field("connection", &kind)
@@ -691,7 +818,8 @@ impl Store for RedisStore {
         key: &'a str,
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.bounded(move || self.release_once(key, token)).boxed()
+        self.bounded(move || self.release_once(key, token, true))
+            .boxed()
     }
 
     fn extend<'a>(
@@ -749,7 +877,8 @@ impl Store for RedisStore {
         &'a self,
         releases: &'a [(&'a str, Token)],
     ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        self.bounded(move || self.release_batch(releases)).boxed()
+        self.bounded(move || self.release_batch(releases, true))
+            .boxed()
     }
 }
 
