@@ -1,5 +1,6 @@
-//! Servers of the tests' own, for the tests that kill connections: a `redis-server` per test,
-//! and one Redis Cluster and one PostgreSQL cluster per test binary, on free loopback ports.
+//! Servers of the tests' own, for the tests that kill connections: a `redis-server` per test
+//! (or a primary, replicas and sentinels: [`sentinel::SentinelGroup`]), and one Redis Cluster
+//! and one PostgreSQL cluster per test binary, on free loopback ports.
 //! Killing connections on the shared servers of `REDIS_URL`, `REDIS_CLUSTER_URLS` and
 //! `DATABASE_URL` would fail the other tests that use them.
 //!
@@ -24,6 +25,9 @@ use std::time::{Duration, Instant};
 
 use super::probe::{on_path, postgres_bindir, running_as_root};
 use super::stores::unique;
+
+#[cfg(feature = "redis")]
+pub mod sentinel;
 
 /// How long a server may take to come up before the test fails.
 const START_BOUND: Duration = Duration::from_secs(20);
@@ -708,7 +712,7 @@ impl PrimaryAndStandby {
 
 /// Asks `ready` until it holds, for at most [`START_BOUND`]: waits for a server to reach a
 /// state; nothing in a test's logic depends on how long it takes.
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 async fn poll_server<F, Fut>(what: &str, mut ready: F)
 where
     F: FnMut() -> Fut,
