@@ -4,9 +4,9 @@
 //! killed connections it can get stuck for good: every later call times out, its last log line
 //! "beginning slot refresh", while a new connection from the same client works at once.
 //! [`HealingCluster`] keeps the client, notes when calls stop being answered, and once none
-//! has been answered for [`HEAL_AFTER`](super::HEAL_AFTER) while calls were made, opens a new connection
-//! (one at a time, in a task of its own so a caller's timeout cannot cut it short), checks that
-//! it answers `PING`, and swaps it in for every clone. Calls in flight on the old connection
+//! has been answered for [`HEAL_AFTER`](super::HEAL_AFTER) while calls were made, opens a new
+//! connection (one at a time, in a task of its own so a caller's timeout cannot cut it short),
+//! checks that it answers `PING`, and swaps it in for every clone. Calls in flight on the old connection
 //! fail as store failures, on which nothing is sent.
 
 use std::sync::atomic::{AtomicBool, Ordering};

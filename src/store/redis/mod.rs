@@ -1,5 +1,6 @@
-//! [`RedisStore`] (feature `redis`): keys on a Redis 7 server, or on a Redis Cluster (feature
-//! `redis-cluster`), shared by every process that talks to it.
+//! [`RedisStore`] (feature `redis`): keys on a Redis 7 server, on a Redis Cluster (feature
+//! `redis-cluster`), or on the primary Redis Sentinel names (feature `redis-sentinel`), shared
+//! by every process that talks to it.
 //!
 //! # Operations
 //!
@@ -155,14 +156,34 @@
 //! # Durability
 //!
 //! [`RedisStore::require_replicas`]`(n, timeout)` (off by default) closes that gap: every
-//! reservation and completion ends its pipeline with `WAIT n timeout_ms`, so the write and
-//! the wait for `n` replicas cost one round trip, on the key's node (on a cluster, the
-//! pipeline of the key's slot). When fewer than `n` acknowledge in time, the operation is an
-//! [`Unavailable`](super::StoreErrorKind::Unavailable) error naming how many did: the layer
-//! sends nothing (`idempotency.store_failed`), and a reservation so refused is first released
-//! under its own token, so the key is not left held by nobody. A replay or an "in progress"
-//! answer wrote nothing and is answered as usual. A refused completion was written on the
-//! primary all the same; the layer's settlement retry writes it again.
+//! reservation, completion and release ends its pipeline with `WAIT n timeout_ms`, so the
+//! write and the wait for `n` replicas cost one round trip, on the key's node (on a cluster,
+//! the pipeline of the key's slot; under Sentinel, the primary's). When fewer than `n`
+//! acknowledge in time, the operation is an
+//! [`Unavailable`](super::StoreErrorKind::Unavailable) error naming how many did:
+//!
+//! - a reservation so refused is first released under its own token, so the key is not left
+//!   held by nobody, and the layer sends nothing (`idempotency.store_failed`); that release is
+//!   not waited for, as the reservation it frees never reached the replicas either. A replay
+//!   or an "in progress" answer wrote nothing and is answered as usual;
+//! - a refused completion was written on the primary all the same; the layer's settlement
+//!   retry writes it again;
+//! - a refused release freed the key on the primary, but a failover would bring back its
+//!   acknowledged reservation, held by nobody until its lease ends: the layer's settlement
+//!   retry releases it again, on the new primary if there was a failover (a release that
+//!   freed nothing is not refused).
+//!
+//! A lease renewal ([`extend`](Store::extend)) is not waited for: a failover that loses one
+//! leaves the lease the last acknowledged write gave, and the layer renews every third of the
+//! lease, so the next renewal, on the new primary, comes before that lease ends. Waiting
+//! would turn a replica's absence into failed renewals of sends already under way.
+//!
+//! What the option buys: in the tests' failover (replication to the one replica cut, ten
+//! messages sent, the primary killed, the replica promoted), every message reserved on the
+//! primary alone went a second time with the option off (ten of ten, by Sentinel or by
+//! hand), and none with it on, where those reservations were refused and the messages went
+//! once after the failover. In a failover nobody forced, the messages lost are those of the
+//! replication lag: from none to the last second's writes.
 //!
 //! The price, measured on loopback (one primary, one replica, `require_replicas(1, 100 ms)`,
 //! `cargo bench --features redis --bench stores -- redis-durable`, on a 2-core machine
@@ -204,6 +225,22 @@
 //! nothing is sent. A failed attempt is tried again on a later call, no sooner than 500 ms
 //! after. A store from `from_cluster` has no client and cannot heal: prefer
 //! `connect_cluster`.
+//!
+//! ## Redis Sentinel
+//!
+//! With `redis-sentinel`, `RedisStore::connect_sentinel(sentinels, primary_name)` asks the
+//! sentinels for the primary (the `redis` crate's `SentinelClient`, which checks with `ROLE`
+//! that the server it names is one) and keeps one multiplexed connection to it, shared by the
+//! store's clones. It asks again, in a task of its own and one search at a time, when the
+//! connection drops (the primary died, or a failover closed its clients), when the server
+//! answers `READONLY` (it is a replica now, and the write was not made), or when calls go
+//! unanswered for `heal_after` (a primary that hangs, a host gone without closing its
+//! connections). The call that failed fails as a store failure, on which nothing is sent;
+//! calls made meanwhile wait for the search within the store's timeout, and a search that
+//! finds no primary yet (the failover is under way) is tried again by a later call, no sooner
+//! than 100 ms after. No proxy is needed: sends resume once the sentinels have promoted a
+//! replica. A failover loses what the replicas had not received: see [Durability](#durability)
+//! for the option that makes a reservation reach a replica before its message goes.
 //!
 //! Every operation is bounded by a timeout ([`DEFAULT_TIMEOUT`], 2 s, set with
 //! [`RedisStore::timeout`]); when it passes the operation fails with a
@@ -475,99 +512,6 @@ impl RedisStore {
         self
     }
 
-    /// Connects to the primary that the Redis Sentinels at `sentinels` (the sentinels'
-    /// addresses, `redis://host:26379`, not the servers') name `primary_name` (the name in
-    /// their `sentinel monitor` lines), and follows it through failovers.
-    ///
-    /// The store asks the sentinels again when its connection drops, when the server answers
-    /// `READONLY` (it is a replica now), or when calls go unanswered for
-    /// [`heal_after`](Self::heal_after); calls made meanwhile wait for the answer within the
-    /// store's [`timeout`](Self::timeout), and the call that failed fails as a store failure,
-    /// on which nothing is sent. See [Redis Sentinel](self#redis-sentinel).
-    ///
-    /// The sentinels are asked once before this returns, so a wrong name or no sentinel fails
-    /// here: with a [`Misconfigured`](super::StoreErrorKind::Misconfigured) error for an
-    /// address that is not a Redis URL; with an
-    /// [`Unavailable`](super::StoreErrorKind::Unavailable) error, naming `primary_name`, when
-    /// no sentinel names a primary that answers (the name is wrong, or a failover is under
-    /// way); with a [`Timeout`](super::StoreErrorKind::Timeout) error when the search takes
-    /// longer than [`DEFAULT_TIMEOUT`]. Credentials of the sentinels go in their URLs; for
-    /// credentials, a database or TLS on the primary, build the `redis` crate's
-    /// `SentinelClient` and hand it to [`from_sentinel_client`](Self::from_sentinel_client).
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use tower_idempotency::RedisStore;
-    ///
-    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let sentinels = ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"];
-    /// let store = RedisStore::connect_sentinel(sentinels, "idempotency")
-    ///     .await?
-    ///     // A reservation is kept by a replica before its message goes: a failover loses none.
-    ///     .require_replicas(1, Duration::from_millis(100));
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "redis-sentinel")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
-    pub async fn connect_sentinel<I, T>(
-        sentinels: I,
-        primary_name: &str,
-    ) -> Result<Self, StoreError>
-    where
-        I: IntoIterator<Item = T>,
-        T: redis::IntoConnectionInfo,
-    {
-        let client = redis::sentinel::SentinelClient::build(
-            sentinels.into_iter().collect(),
-            primary_name.to_owned(),
-            None,
-            redis::sentinel::SentinelServerType::Master,
-        )
-        .map_err(|e| {
-            StoreError::misconfigured(
-                "a Redis Sentinel address is invalid (redis://[user:password@]host:port)",
-            )
-            .with_source(e)
-        })?;
-        let store = Self::from_sentinel_client(client);
-        if let Connection::Sentinel(primary) = &store.connection {
-            tokio::time::timeout(DEFAULT_TIMEOUT, primary.found())
-                .await
-                .map_err(|_| {
-                    StoreError::new(
-                        super::StoreErrorKind::Timeout,
-                        format!(
-                            "the sentinels did not name the primary {primary_name:?} within \
-                             {DEFAULT_TIMEOUT:?}"
-                        ),
-                    )
-                })?
-                .map_err(|e| {
-                    StoreError::new(
-                        super::StoreErrorKind::Unavailable,
-                        format!("no sentinel named a primary {primary_name:?} that answers"),
-                    )
-                    .with_source(e)
-                })?;
-        }
-        Ok(store)
-    }
-
-    /// A store on the primary that `client` finds (the `redis` crate's, version 1, with its
-    /// `sentinel` feature), built with `SentinelServerType::Master`: for sentinels or a
-    /// primary with settings of your own (credentials, a database, TLS). Follows the primary
-    /// as [`connect_sentinel`](Self::connect_sentinel) does; the first call asks the
-    /// sentinels. Each search (the sentinels' answer, the primary's check and its
-    /// connection) is bounded by [`DEFAULT_TIMEOUT`].
-    #[cfg(feature = "redis-sentinel")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
-    pub fn from_sentinel_client(client: redis::sentinel::SentinelClient) -> Self {
-        Self::with_connection(Connection::Sentinel(sentinel::SentinelPrimary::new(
-            client,
-            DEFAULT_TIMEOUT,
-        )))
-    }
-
     fn with_connection(connection: Connection) -> Self {
         Self {
             connection,
@@ -621,8 +565,8 @@ impl RedisStore {
         self
     }
 
-    /// Requires `replicas` replicas to acknowledge each reservation and completion within
-    /// `timeout` (`WAIT` in the write's own pipeline), else the operation fails as
+    /// Requires `replicas` replicas to acknowledge each reservation, completion and release
+    /// within `timeout` (`WAIT` in the write's own pipeline), else the operation fails as
     /// [`Unavailable`](super::StoreErrorKind::Unavailable) and nothing is sent; off by
     /// default, and `replicas` 0 turns it off. See [Durability](self#durability).
     #[must_use]
