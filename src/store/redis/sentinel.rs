@@ -340,7 +340,8 @@ impl RedisStore {
     {
         let client = redis::sentinel::SentinelClient::build(
             sentinels.into_iter().collect(),
-            primary_name.to_owned(),
+            // A `String`: the `redis` crate takes one unless its TLS features are on.
+            String::from(primary_name),
             None,
             redis::sentinel::SentinelServerType::Master,
         )
