@@ -294,8 +294,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const MAX_EXPIRY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// How long calls must go unanswered (not one answer since the first of them began) before a
-/// store on Redis Cluster ([`RedisStore::connect_cluster`]) or Redis Sentinel
-/// ([`RedisStore::connect_sentinel`]) replaces its connection, unless
+/// store on Redis Cluster (`RedisStore::connect_cluster`, feature `redis-cluster`) or Redis
+/// Sentinel (`RedisStore::connect_sentinel`, feature `redis-sentinel`) replaces its
+/// connection, unless
 /// [`RedisStore::heal_after`] says otherwise: twice [`DEFAULT_TIMEOUT`].
 #[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
 #[cfg_attr(
@@ -489,12 +490,12 @@ impl RedisStore {
     }
 
     /// How long calls may go unanswered, while they are made, before a store from
-    /// [`connect_cluster`](Self::connect_cluster) replaces its connection with a new one from
-    /// its client, or one from [`connect_sentinel`](Self::connect_sentinel) asks the
+    /// `connect_cluster` (feature `redis-cluster`) replaces its connection with a new one from
+    /// its client, or one from `connect_sentinel` (feature `redis-sentinel`) asks the
     /// sentinels for the primary again (default [`HEAL_AFTER`], 4 s). Keep it above the
     /// store's [`timeout`](Self::timeout), so that one slow call is not taken for a stuck
-    /// connection. Has no effect on a store on a single server, or from
-    /// [`from_cluster`](Self::from_cluster), which cannot heal.
+    /// connection. Has no effect on a store on a single server, or from `from_cluster`, which
+    /// cannot heal.
     #[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
     #[cfg_attr(
         docsrs,
