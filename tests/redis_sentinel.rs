@@ -2,7 +2,8 @@
 //! own (`support::servers::sentinel::SentinelGroup`): sends resume by themselves after a
 //! failover, no message sent twice; with `require_replicas` a failover that loses the
 //! primary's last writes sends no reserved message twice, without it the lost ones go again;
-//! a primary with no live replica refuses every send and holds no key.
+//! a primary with no live replica refuses every send and holds no key; a primary that hangs
+//! is left for the one the sentinels promote.
 #![cfg(feature = "redis-sentinel")]
 
 mod support;
@@ -120,6 +121,41 @@ async fn sends_resume_after_a_failover_and_a_killed_primary_with_no_message_sent
         "every key went once: {:?}",
         sends.per_key()
     );
+}
+
+/// A primary that holds every call without closing its connections (a hung server, a host
+/// gone without a goodbye) is left once calls go unanswered for `heal_after`: the store asks
+/// the sentinels again and finds the replica they promoted.
+#[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
+async fn a_primary_that_stops_answering_is_left_for_the_one_the_sentinels_promote() {
+    let Some(group) = SentinelGroup::start(1).await else {
+        return;
+    };
+    let store = group
+        .store(unique_prefix("sentinel-hung"), STORE_TIMEOUT)
+        .await
+        .heal_after(STORE_TIMEOUT * 2);
+    let layer = layer(store);
+    let sends = SendLog::default();
+    let provider = sends.provider();
+    let mut keys: Vec<String> = (0..5).map(|i| format!("before:{i}")).collect();
+    for key in &keys {
+        send(&layer, &provider, key).await.expect("sent");
+    }
+
+    group.synced().await;
+    let hung = group.primary().await;
+    group.hang(hung).await;
+    group.new_primary(hung).await;
+    keys.extend(resumes(&layer, &provider, "after-hang").await);
+
+    let failed = repeat_all(&layer, &provider, &keys).await;
+    assert!(failed.is_empty(), "repeats failed: {failed:?}");
+    assert_eq!(sends.extra(), 0, "sent twice: {:?}", sends.per_key());
 }
 
 /// Keys sent, the replica cut off, more keys sent (refused with `require_replicas`), the

@@ -294,6 +294,18 @@ impl SentinelGroup {
         link_up(port).await;
     }
 
+    /// Makes the server on `port` hold every command it is sent (`CLIENT PAUSE ... ALL`) for
+    /// longer than any test: a primary that hangs, its connections open. The sentinels' own
+    /// pings go unanswered too, so they fail it over.
+    pub async fn hang(&self, port: u16) {
+        let () = ask(
+            port,
+            redis::cmd("CLIENT").arg("PAUSE").arg(600_000).arg("ALL"),
+        )
+        .await
+        .expect("CLIENT PAUSE");
+    }
+
     /// Asks a sentinel for a failover now (`SENTINEL FAILOVER`), as an operator does.
     pub async fn failover(&self) {
         let (port, _) = self.sentinels[0];
