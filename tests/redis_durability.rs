@@ -222,6 +222,79 @@ async fn a_cluster_shard_without_a_replica_refuses_every_send_and_frees_its_keys
     }
 }
 
+/// A release waits for the replicas too: one they did not acknowledge freed the key on the
+/// primary but fails, so the layer's settlement retry releases it again (on a new primary
+/// after a failover); a release that freed nothing is not refused. A lease renewal is not
+/// waited for: the next renewal heals a lost one.
+#[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
+async fn a_release_no_replica_acknowledged_fails_though_the_key_is_free_and_a_renewal_goes_on() {
+    let Some(primary) = RedisServer::start().await else {
+        return;
+    };
+    let Some(replica) = RedisServer::start_replica_of(&primary).await else {
+        return;
+    };
+    let store = primary
+        .store(unique_prefix("durable-release"), STORE_TIMEOUT)
+        .await
+        .require_replicas(1, WAIT);
+    let lease = Duration::from_secs(60);
+    let fingerprint = Fingerprint::from_bytes([5; 32]);
+    let reserved = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .reserve(key, fingerprint, lease)
+                .await
+                .expect("reserved with the replica up")
+                .token()
+                .expect("the key is ours")
+        }
+    };
+    let released = reserved("released").await;
+    let renewed = reserved("renewed").await;
+    let released_many = reserved("released-many").await;
+    cut_replication(replica.port(), primary.port(), 0).await;
+
+    let error = store
+        .release("released", released)
+        .await
+        .expect_err("no replica acknowledged the release");
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    assert!(error.to_string().contains("0 acknowledged"), "{error}");
+    assert!(store.inspect("released").await.expect("inspect").is_none());
+    let again = store.release("released", released).await;
+    assert!(
+        matches!(again, Ok(false)),
+        "a release that freed nothing: {again:?}"
+    );
+
+    let many = store
+        .release_many(&[("released-many", released_many)])
+        .await;
+    assert!(
+        many.is_err(),
+        "no replica acknowledged the batch's release: {many:?}"
+    );
+    assert!(
+        store
+            .inspect("released-many")
+            .await
+            .expect("inspect")
+            .is_none()
+    );
+
+    let extended = store.extend("renewed", renewed, lease).await;
+    assert!(
+        matches!(extended, Ok(true)),
+        "a renewal with no replica: {extended:?}"
+    );
+}
+
 /// Keys sent, the replica cut off, more keys sent (refused with `require_replicas`), the
 /// primary killed and the replica promoted (`REPLICAOF NO ONE`, as an operator or a failover
 /// script does), a store on it, then every key sent again: answers the sends per key and how
