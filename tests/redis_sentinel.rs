@@ -1,5 +1,5 @@
 //! `RedisStore` over Redis Sentinel, on a primary, replicas and three sentinels of each test's
-//! own (`support::servers::sentinel::SentinelGroup`): sends resume by themselves after a
+//! own (`support::servers::sentinel::SentinelGroup`): the stores' conformance suite; sends resume by themselves after a
 //! failover, no message sent twice; with `require_replicas` a failover that loses the
 //! primary's last writes sends no reserved message twice, without it the lost ones go again;
 //! a primary with no live replica refuses every send and holds no key; a primary that hangs
@@ -25,6 +25,38 @@ const STORE_TIMEOUT: Duration = Duration::from_millis(700);
 const WAIT: Duration = Duration::from_millis(200);
 /// The bound on sends resuming after a failover: the sentinels' own, and a few timeouts.
 const RESUME_BOUND: Duration = Duration::from_secs(15);
+
+/// The conformance suite every store passes, on a store that follows a primary through
+/// Sentinel: one group for the binary's conformance tests, started by the first of them.
+mod sentinel_conformance {
+    use super::*;
+    use tower_idempotency::store::conformance::Conformance;
+
+    static GROUP: tokio::sync::OnceCell<Option<SentinelGroup>> = tokio::sync::OnceCell::const_new();
+
+    async fn suite() -> Option<Conformance> {
+        let group = GROUP
+            .get_or_init(|| SentinelGroup::start(1))
+            .await
+            .as_ref()?;
+        let store = group
+            .store(
+                unique_prefix("sentinel-conformance"),
+                Duration::from_secs(2),
+            )
+            .await;
+        Some(Conformance::with_admin(store))
+    }
+
+    tower_idempotency::store_conformance_tests!(
+        #[tokio::test]
+        #[cfg_attr(
+            not(backend_redis_binaries),
+            ignore = "no redis-server and redis-cli on PATH"
+        )]
+        suite()
+    );
+}
 
 fn layer(store: RedisStore) -> IdempotencyLayer {
     IdempotencyLayer::builder()
