@@ -3,14 +3,14 @@
 //! failover, no message sent twice; with `require_replicas` a failover that loses the
 //! primary's last writes sends no reserved message twice, without it the lost ones go again;
 //! a primary with no live replica refuses every send and holds no key; a primary that hangs
-//! is left for the one the sentinels promote.
+//! is left for the one the sentinels promote, and so is one that answers `READONLY`.
 #![cfg(feature = "redis-sentinel")]
 
 mod support;
 
 use std::time::{Duration, Instant};
 
-use support::servers::sentinel::{SentinelGroup, cut_replication};
+use support::servers::sentinel::{SentinelGroup, ask, cut_replication};
 use support::stores::unique_prefix;
 use support::{Provider, SendLog, message};
 use tower::{ServiceBuilder, ServiceExt};
@@ -188,6 +188,57 @@ async fn a_primary_that_stops_answering_is_left_for_the_one_the_sentinels_promot
     let failed = repeat_all(&layer, &provider, &keys).await;
     assert!(failed.is_empty(), "repeats failed: {failed:?}");
     assert_eq!(sends.extra(), 0, "sent twice: {:?}", sends.per_key());
+}
+
+/// A primary turned replica under the store's connection answers writes `READONLY` without
+/// closing it: the send fails as a store failure, nothing sent, the store drops the connection
+/// and asks the sentinels again, and sends resume once they name a primary.
+#[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
+async fn a_primary_that_answers_readonly_is_left_and_the_sentinels_asked_again() {
+    let Some(group) = SentinelGroup::start(1).await else {
+        return;
+    };
+    let (logs, _capturing) = support::capture();
+    let store = group
+        .store(unique_prefix("sentinel-readonly"), STORE_TIMEOUT)
+        .await;
+    let layer = layer(store);
+    let provider = Provider::ok();
+    send(&layer, &provider, "before").await.expect("sent");
+
+    // A replica of nothing that answers: read-only, its clients' connections kept.
+    let primary = group.primary().await;
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let demote = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(nowhere)
+        .clone();
+    let () = ask(primary, &demote).await.expect("REPLICAOF");
+    let refused = send(&layer, &provider, "while-read-only")
+        .await
+        .expect_err("a replica takes no write");
+
+    assert_eq!(refused.code(), codes::STORE_FAILED, "{refused}");
+    assert_eq!(provider.calls(), 1, "a send went on a replica");
+    let lines = logs.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("READONLY") && l.contains("asking the sentinels")),
+        "{lines:?}"
+    );
+
+    let promote = redis::cmd("REPLICAOF").arg("NO").arg("ONE").clone();
+    let () = ask(primary, &promote).await.expect("REPLICAOF NO ONE");
+    resumes(&layer, &provider, "after").await;
+    send(&layer, &provider, "before").await.expect("replayed");
 }
 
 /// Keys sent, the replica cut off, more keys sent (refused with `require_replicas`), the
