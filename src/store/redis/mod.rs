@@ -432,63 +432,6 @@ impl RedisStore {
         Ok(Self::new(manager))
     }
 
-    /// A store on a Redis Cluster connection (the `redis` crate's, version 1, with its
-    /// `cluster-async` feature), with the default prefix and timeout.
-    ///
-    /// Without the client that made it, the store cannot replace a connection that stops
-    /// answering (see [Cluster connections heal](self#cluster-connections-heal)): prefer
-    /// [`connect_cluster`](Self::connect_cluster).
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub fn from_cluster(connection: redis::cluster_async::ClusterConnection) -> Self {
-        Self::with_connection(Connection::Cluster(heal::HealingCluster::fixed(connection)))
-    }
-
-    /// A store on a Redis Cluster connection and the client that opened it (the `redis`
-    /// crate's, version 1, with its `cluster-async` feature), with the default prefix and
-    /// timeout: for a client built with settings of your own (TLS, credentials, timeouts).
-    /// The store replaces the connection with a new one from `client` when it stops
-    /// answering (see [Cluster connections heal](self#cluster-connections-heal)); a new
-    /// connection, and its check, are bounded by [`DEFAULT_TIMEOUT`].
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub fn from_cluster_client(
-        client: redis::cluster::ClusterClient,
-        connection: redis::cluster_async::ClusterConnection,
-    ) -> Self {
-        Self::with_connection(Connection::Cluster(heal::HealingCluster::new(
-            client,
-            connection,
-            DEFAULT_TIMEOUT,
-        )))
-    }
-
-    /// Connects to the Redis Cluster that `urls` (some of its nodes) belong to.
-    ///
-    /// The connection discovers the other nodes, routes each key to its slot's primary and
-    /// reconnects to nodes it lost by itself. The store keeps the client, to replace a
-    /// connection that stops answering (see
-    /// [Cluster connections heal](self#cluster-connections-heal) and
-    /// [`heal_after`](Self::heal_after)). Fails like [`connect`](Self::connect).
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub async fn connect_cluster<I, T>(urls: I) -> Result<Self, StoreError>
-    where
-        I: IntoIterator<Item = T>,
-        T: redis::IntoConnectionInfo,
-    {
-        let client = redis::cluster::ClusterClientBuilder::new(urls)
-            .connection_timeout(DEFAULT_TIMEOUT)
-            .response_timeout(DEFAULT_TIMEOUT)
-            .build()
-            .map_err(unavailable)?;
-        let connection = tokio::time::timeout(DEFAULT_TIMEOUT, client.get_async_connection())
-            .await
-            .map_err(|_| StoreError::timeout())?
-            .map_err(unavailable)?;
-        Ok(Self::from_cluster_client(client, connection))
-    }
-
     /// How long calls may go unanswered, while they are made, before a store from
     /// `connect_cluster` (feature `redis-cluster`) replaces its connection with a new one from
     /// its client, or one from `connect_sentinel` (feature `redis-sentinel`) asks the
