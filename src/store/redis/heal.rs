@@ -7,8 +7,8 @@
 //! [`HealingCluster`] keeps the client, notes when calls stop being answered, and once none
 //! has been answered for [`HEAL_AFTER`](super::HEAL_AFTER) while calls were made, opens a new
 //! connection (one at a time, in a task of its own so a caller's timeout cannot cut it short),
-//! checks that it answers `PING`, and swaps it in for every clone. Calls in flight on the old connection
-//! fail as store failures, on which nothing is sent.
+//! checks that it answers `PING`, and swaps it in for every clone. Calls in flight on the old
+//! connection fail as store failures, on which nothing is sent.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
