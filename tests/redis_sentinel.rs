@@ -1,9 +1,10 @@
 //! `RedisStore` over Redis Sentinel, on a primary, replicas and three sentinels of each test's
-//! own (`support::servers::sentinel::SentinelGroup`): the stores' conformance suite; sends resume by themselves after a
-//! failover, no message sent twice; with `require_replicas` a failover that loses the
-//! primary's last writes sends no reserved message twice, without it the lost ones go again;
-//! a primary with no live replica refuses every send and holds no key; a primary that hangs
-//! is left for the one the sentinels promote, and so is one that answers `READONLY`.
+//! own (`support::servers::sentinel::SentinelGroup`): the stores' conformance suite; sends
+//! resume by themselves after a failover, no message sent twice; with `require_replicas` a
+//! failover that loses the primary's last writes sends no reserved message twice, without it
+//! the lost ones go again; a primary with no live replica refuses every send and holds no
+//! key; a primary that hangs is left for the one the sentinels promote, and so is one that
+//! answers `READONLY`.
 #![cfg(feature = "redis-sentinel")]
 
 mod support;
