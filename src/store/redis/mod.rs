@@ -185,6 +185,13 @@
 //! once after the failover. In a failover nobody forced, the messages lost are those of the
 //! replication lag: from none to the last second's writes.
 //!
+//! It covers a primary that is lost: the replica promoted (Sentinel picks the one with the
+//! most data) has every write `WAIT` counted. It cannot cover an old primary that keeps
+//! taking writes while a failover runs around it (a forced failover before the sentinels
+//! demote it, a partition that leaves it a replica): a replica that acknowledged such a
+//! write is pointed at the new primary and drops it. Redis's own `min-replicas-to-write` and
+//! `min-replicas-max-lag` on the primary narrow that window.
+//!
 //! The price, measured on loopback (one primary, one replica, `require_replicas(1, 100 ms)`,
 //! `cargo bench --features redis --bench stores -- redis-durable`, on a 2-core machine
 //! busy with other work, so read the ratios): one reserve at a time took 63 µs with the

@@ -317,16 +317,20 @@ impl SentinelGroup {
         .expect("SENTINEL FAILOVER");
     }
 
-    /// Waits until the sentinels name a primary other than `old` and that server says it is
-    /// one; answers its port.
+    /// Waits until the sentinels name a primary other than `old`, that server says it is one,
+    /// and `old` is gone or says it is a replica; answers the new primary's port. Until the
+    /// sentinels demote a live old primary it takes writes that its new role then drops,
+    /// which no client can tell: a test that sends before that would race with them.
     pub async fn new_primary(&self, old: u16) -> u16 {
+        let is_primary = |port: u16| async move {
+            let role: Option<Vec<redis::Value>> = ask(port, &redis::cmd("ROLE")).await;
+            role.map(|r| matches!(r.first(), Some(redis::Value::BulkString(b)) if b == b"master"))
+        };
         poll_server("the sentinels fail over", || async {
             let named = self.primary().await;
-            let role: Option<Vec<redis::Value>> = ask(named, &redis::cmd("ROLE")).await;
-            let is_primary = role.is_some_and(
-                |r| matches!(r.first(), Some(redis::Value::BulkString(b)) if b == b"master"),
-            );
-            named != old && is_primary
+            named != old
+                && is_primary(named).await == Some(true)
+                && is_primary(old).await != Some(true)
         })
         .await;
         self.primary().await
