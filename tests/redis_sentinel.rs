@@ -16,6 +16,7 @@ use support::stores::unique_prefix;
 use support::{Provider, SendLog, message};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::outcome::codes;
+use tower_idempotency::store::StoreErrorKind;
 use tower_idempotency::store::admin::StoreAdmin;
 use tower_idempotency::{IdempotencyLayer, Receipt, RedisStore, SendError};
 
@@ -27,19 +28,38 @@ const WAIT: Duration = Duration::from_millis(200);
 /// The bound on sends resuming after a failover: the sentinels' own, and a few timeouts.
 const RESUME_BOUND: Duration = Duration::from_secs(15);
 
+/// A group shared by the tests that do not fail it over, started by the first of them; its
+/// processes stop when the test binary exits.
+async fn shared_group() -> Option<&'static SentinelGroup> {
+    static GROUP: tokio::sync::OnceCell<Option<SentinelGroup>> = tokio::sync::OnceCell::const_new();
+    GROUP.get_or_init(|| SentinelGroup::start(1)).await.as_ref()
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
+async fn a_name_the_sentinels_do_not_know_is_unavailable_naming_it() {
+    let Some(group) = shared_group().await else {
+        return;
+    };
+    let error = RedisStore::connect_sentinel(group.sentinel_urls(), "no-such-primary")
+        .await
+        .expect_err("the sentinels know no such primary");
+
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    assert!(error.to_string().contains("no-such-primary"), "{error}");
+}
+
 /// The conformance suite every store passes, on a store that follows a primary through
 /// Sentinel: one group for the binary's conformance tests, started by the first of them.
 mod sentinel_conformance {
     use super::*;
     use tower_idempotency::store::conformance::Conformance;
 
-    static GROUP: tokio::sync::OnceCell<Option<SentinelGroup>> = tokio::sync::OnceCell::const_new();
-
     async fn suite() -> Option<Conformance> {
-        let group = GROUP
-            .get_or_init(|| SentinelGroup::start(1))
-            .await
-            .as_ref()?;
+        let group = shared_group().await?;
         let store = group
             .store(
                 unique_prefix("sentinel-conformance"),
