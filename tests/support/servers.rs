@@ -124,12 +124,26 @@ fn spawn_redis(port: u16, extra: &[&str]) -> Child {
     Command::new("redis-server")
         .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
         .args(["--save", "", "--appendonly", "no"])
+        // A replica's full sync writes the primary's data to a file: not in the repository.
+        .arg("--dir")
+        .arg(redis_dir())
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("start redis-server")
+}
+
+/// The working directory of this binary's own `redis-server`s, removed when it exits.
+fn redis_dir() -> &'static Path {
+    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(unique("tower-idempotency-redis"));
+        std::fs::create_dir_all(&dir).expect("a directory for the private redis-servers");
+        Watchdog::at_exit(&format!("rm -rf '{}'", dir.display()));
+        dir
+    })
 }
 
 /// A `redis-server` of one test's own on a free loopback port, killed when dropped.
