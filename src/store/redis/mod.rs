@@ -164,8 +164,10 @@
 //!
 //! - a reservation so refused is first released under its own token, so the key is not left
 //!   held by nobody, and the layer sends nothing (`idempotency.store_failed`); that release is
-//!   not waited for, as the reservation it frees never reached the replicas either. A replay
-//!   or an "in progress" answer wrote nothing and is answered as usual;
+//!   not waited for, as the replicas did not acknowledge the reservation it frees either (one
+//!   that got the reservation late and is promoted before the release reaches it holds the
+//!   key until its lease ends). A replay or an "in progress" answer wrote nothing and is
+//!   answered as usual;
 //! - a refused completion was written on the primary all the same; the layer's settlement
 //!   retry writes it again;
 //! - a refused release freed the key on the primary, but a failover would bring back its
@@ -188,8 +190,8 @@
 //! It covers a primary that is lost: the replica promoted (Sentinel picks the one with the
 //! most data) has every write `WAIT` counted. It cannot cover an old primary that keeps
 //! taking writes while a failover runs around it (a forced failover before the sentinels
-//! demote it, a partition that leaves it a replica): a replica that acknowledged such a
-//! write is pointed at the new primary and drops it. Redis's own `min-replicas-to-write` and
+//! demote it, a partition that leaves one of its replicas on its side): a replica that
+//! acknowledged such a write is pointed at the new primary and drops it. Redis's own `min-replicas-to-write` and
 //! `min-replicas-max-lag` on the primary narrow that window.
 //!
 //! The price, measured on loopback (one primary, one replica, `require_replicas(1, 100 ms)`,
