@@ -199,6 +199,7 @@
 //! |---|---|---|
 //! | `redis` | `RedisStore` | `redis = "1"` (`RedisStore::new`) |
 //! | `redis-cluster` | `RedisStore` over Redis Cluster | `redis = "1"` with `cluster-async` (`RedisStore::from_cluster`) |
+//! | `redis-sentinel` | `RedisStore` on the primary Redis Sentinel names, followed through failovers | `redis = "1"` with `sentinel` (`RedisStore::from_sentinel_client`) |
 //! | `postgres` | `PostgresStore`, the `outbox` | `deadpool-postgres = "0.14"`, `tokio-postgres = "0.7"` (`PostgresStore::new`, `claim_in`, `Outbox::new`, `enqueue`) |
 //! | `sqlite` | `SqliteStore` | `rusqlite = "0.40"` (`SqliteStore::claim_in`) |
 //! | `mysql` | `MySqlStore` (MySQL 8, MariaDB 10.6+), the `outbox` | `mysql_async = "0.37"` (`MySqlStore::new`, `claim_in`, `Outbox::mysql`, `enqueue_mysql`) |

@@ -103,6 +103,33 @@ async fn redis_connect_with_an_invalid_url_is_misconfigured_and_hides_the_passwo
     assert!(!text.contains("s3cret"), "{text}");
 }
 
+#[cfg(feature = "redis-sentinel")]
+#[tokio::test]
+async fn redis_sentinel_with_an_invalid_url_is_misconfigured_and_hides_the_password() {
+    let error = RedisStore::connect_sentinel(["http://user:s3cret@127.0.0.1:26379"], "primary")
+        .await
+        .expect_err("not a Redis URL");
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured, "{error}");
+    let text = chain(&error);
+    assert!(text.contains("Sentinel address"), "{text}");
+    assert!(!text.contains("s3cret"), "{text}");
+}
+
+#[cfg(feature = "redis-sentinel")]
+#[tokio::test]
+async fn redis_sentinel_at_a_closed_port_is_unavailable_naming_the_primary() {
+    let url = format!("redis://127.0.0.1:{}", closed_port());
+    let connect = RedisStore::connect_sentinel([url.as_str()], "billing-primary");
+    let error = tokio::time::timeout(Duration::from_millis(1500), connect)
+        .await
+        .expect("a refused connect answers before the timeout")
+        .expect_err("no sentinel listens there");
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    let text = chain(&error);
+    assert!(text.contains("billing-primary"), "{text}");
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+}
+
 #[tokio::test]
 async fn sqlite_path_that_is_a_directory_is_misconfigured() {
     let dir = SqliteDir::new("directory");

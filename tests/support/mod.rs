@@ -20,6 +20,7 @@ pub mod python;
 pub mod servers;
 pub mod stores;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -394,6 +395,39 @@ pub fn sms(text: &str) -> Message {
         .text(text)
         .build()
         .unwrap()
+}
+
+/// A provider that notes the key of every message it is given.
+#[derive(Clone, Default)]
+pub struct SendLog(Arc<Mutex<Vec<String>>>);
+
+impl SendLog {
+    /// A provider that answers every call with a receipt and notes its message's key.
+    pub fn provider(&self) -> Provider {
+        let sent = self.0.clone();
+        Provider::answering(move |n, m| {
+            let key = m
+                .idempotency_key()
+                .map(|k| k.as_str().to_owned())
+                .unwrap_or_default();
+            sent.lock().expect("not poisoned").push(key);
+            async move { Ok(Receipt::new(format!("msg-{n}"), "fake")) }
+        })
+    }
+
+    /// How many times each key was sent.
+    pub fn per_key(&self) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        for key in self.0.lock().expect("not poisoned").iter() {
+            *counts.entry(key.clone()).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    /// The sends beyond each key's first.
+    pub fn extra(&self) -> usize {
+        self.per_key().values().map(|n| n - 1).sum()
+    }
 }
 
 /// Sends `m` through `service` once it is ready, as a caller of the layer does.

@@ -1,5 +1,6 @@
-//! Servers of the tests' own, for the tests that kill connections: a `redis-server` per test,
-//! and one Redis Cluster and one PostgreSQL cluster per test binary, on free loopback ports.
+//! Servers of the tests' own, for the tests that kill connections: a `redis-server` per test
+//! (or a primary, replicas and sentinels: [`sentinel::SentinelGroup`]), and one Redis Cluster
+//! and one PostgreSQL cluster per test binary, on free loopback ports.
 //! Killing connections on the shared servers of `REDIS_URL`, `REDIS_CLUSTER_URLS` and
 //! `DATABASE_URL` would fail the other tests that use them.
 //!
@@ -24,6 +25,9 @@ use std::time::{Duration, Instant};
 
 use super::probe::{on_path, postgres_bindir, running_as_root};
 use super::stores::unique;
+
+#[cfg(feature = "redis")]
+pub mod sentinel;
 
 /// How long a server may take to come up before the test fails.
 const START_BOUND: Duration = Duration::from_secs(20);
@@ -120,12 +124,26 @@ fn spawn_redis(port: u16, extra: &[&str]) -> Child {
     Command::new("redis-server")
         .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
         .args(["--save", "", "--appendonly", "no"])
+        // A replica's full sync writes the primary's data to a file: not in the repository.
+        .arg("--dir")
+        .arg(redis_dir())
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("start redis-server")
+}
+
+/// The working directory of this binary's own `redis-server`s, removed when it exits.
+fn redis_dir() -> &'static Path {
+    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(unique("tower-idempotency-redis"));
+        std::fs::create_dir_all(&dir).expect("a directory for the private redis-servers");
+        Watchdog::at_exit(&format!("rm -rf '{}'", dir.display()));
+        dir
+    })
 }
 
 /// A `redis-server` of one test's own on a free loopback port, killed when dropped.
@@ -708,7 +726,7 @@ impl PrimaryAndStandby {
 
 /// Asks `ready` until it holds, for at most [`START_BOUND`]: waits for a server to reach a
 /// state; nothing in a test's logic depends on how long it takes.
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 async fn poll_server<F, Fut>(what: &str, mut ready: F)
 where
     F: FnMut() -> Fut,

@@ -1,5 +1,6 @@
-//! [`RedisStore`] (feature `redis`): keys on a Redis 7 server, or on a Redis Cluster (feature
-//! `redis-cluster`), shared by every process that talks to it.
+//! [`RedisStore`] (feature `redis`): keys on a Redis 7 server, on a Redis Cluster (feature
+//! `redis-cluster`), or on the primary Redis Sentinel names (feature `redis-sentinel`), shared
+//! by every process that talks to it.
 //!
 //! # Operations
 //!
@@ -155,14 +156,43 @@
 //! # Durability
 //!
 //! [`RedisStore::require_replicas`]`(n, timeout)` (off by default) closes that gap: every
-//! reservation and completion ends its pipeline with `WAIT n timeout_ms`, so the write and
-//! the wait for `n` replicas cost one round trip, on the key's node (on a cluster, the
-//! pipeline of the key's slot). When fewer than `n` acknowledge in time, the operation is an
-//! [`Unavailable`](super::StoreErrorKind::Unavailable) error naming how many did: the layer
-//! sends nothing (`idempotency.store_failed`), and a reservation so refused is first released
-//! under its own token, so the key is not left held by nobody. A replay or an "in progress"
-//! answer wrote nothing and is answered as usual. A refused completion was written on the
-//! primary all the same; the layer's settlement retry writes it again.
+//! reservation, completion and release ends its pipeline with `WAIT n timeout_ms`, so the
+//! write and the wait for `n` replicas cost one round trip, on the key's node (on a cluster,
+//! the pipeline of the key's slot; under Sentinel, the primary's). When fewer than `n`
+//! acknowledge in time, the operation is an
+//! [`Unavailable`](super::StoreErrorKind::Unavailable) error naming how many did:
+//!
+//! - a reservation so refused is first released under its own token, so the key is not left
+//!   held by nobody, and the layer sends nothing (`idempotency.store_failed`); that release is
+//!   not waited for, as the replicas did not acknowledge the reservation it frees either (one
+//!   that got the reservation late and is promoted before the release reaches it holds the
+//!   key until its lease ends). A replay or an "in progress" answer wrote nothing and is
+//!   answered as usual;
+//! - a refused completion was written on the primary all the same; the layer's settlement
+//!   retry writes it again;
+//! - a refused release freed the key on the primary, but a failover would bring back its
+//!   acknowledged reservation, held by nobody until its lease ends: the layer's settlement
+//!   retry releases it again, on the new primary if there was a failover (a release that
+//!   freed nothing is not refused).
+//!
+//! A lease renewal ([`extend`](Store::extend)) is not waited for: a failover that loses one
+//! leaves the lease the last acknowledged write gave, and the layer renews every third of the
+//! lease, so the next renewal, on the new primary, comes before that lease ends. Waiting
+//! would turn a replica's absence into failed renewals of sends already under way.
+//!
+//! What the option buys: in the tests' failover (replication to the one replica cut, ten
+//! messages sent, the primary killed, the replica promoted), every message reserved on the
+//! primary alone went a second time with the option off (ten of ten, by Sentinel or by
+//! hand), and none with it on, where those reservations were refused and the messages went
+//! once after the failover. In a failover nobody forced, the messages lost are those of the
+//! replication lag: from none to the last second's writes.
+//!
+//! It covers a primary that is lost: the replica promoted (Sentinel picks the one with the
+//! most data) has every write `WAIT` counted. It cannot cover an old primary that keeps
+//! taking writes while a failover runs around it (a forced failover before the sentinels
+//! demote it, a partition that leaves one of its replicas on its side): a replica that
+//! acknowledged such a write is pointed at the new primary and drops it. Redis's own `min-replicas-to-write` and
+//! `min-replicas-max-lag` on the primary narrow that window.
 //!
 //! The price, measured on loopback (one primary, one replica, `require_replicas(1, 100 ms)`,
 //! `cargo bench --features redis --bench stores -- redis-durable`, on a 2-core machine
@@ -205,6 +235,22 @@
 //! after. A store from `from_cluster` has no client and cannot heal: prefer
 //! `connect_cluster`.
 //!
+//! ## Redis Sentinel
+//!
+//! With `redis-sentinel`, `RedisStore::connect_sentinel(sentinels, primary_name)` asks the
+//! sentinels for the primary (the `redis` crate's `SentinelClient`, which checks with `ROLE`
+//! that the server it names is one) and keeps one multiplexed connection to it, shared by the
+//! store's clones. It asks again, in a task of its own and one search at a time, when the
+//! connection drops (the primary died, or a failover closed its clients), when the server
+//! answers `READONLY` (it is a replica now, and the write was not made), or when calls go
+//! unanswered for `heal_after` (a primary that hangs, a host gone without closing its
+//! connections). The call that failed fails as a store failure, on which nothing is sent;
+//! calls made meanwhile wait for the search within the store's timeout, and a search that
+//! finds no primary yet (the failover is under way) is tried again by a later call, no sooner
+//! than 100 ms after. No proxy is needed: sends resume once the sentinels have promoted a
+//! replica. A failover loses what the replicas had not received: see [Durability](#durability)
+//! for the option that makes a reservation reach a replica before its message goes.
+//!
 //! Every operation is bounded by a timeout ([`DEFAULT_TIMEOUT`], 2 s, set with
 //! [`RedisStore::timeout`]); when it passes the operation fails with a
 //! [`Timeout`](super::StoreErrorKind::Timeout) error. A `reserve` whose answer is lost (it
@@ -234,13 +280,13 @@ mod durable;
 mod heal;
 mod pipeline;
 mod scripts;
+#[cfg(feature = "redis-sentinel")]
+mod sentinel;
 mod stale;
 
 use connection::Connection;
 
 pub use admin::UNKNOWN_INDEX_SUFFIX;
-#[cfg(feature = "redis-cluster")]
-pub use heal::HEAL_AFTER;
 
 use scripts::{
     COMPLETE_SCRIPT, EXTEND_SCRIPT, FirstStep, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT,
@@ -255,6 +301,18 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The longest lease or ttl sent to the server (100 years); longer ones are cut to it.
 pub const MAX_EXPIRY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// How long calls must go unanswered (not one answer since the first of them began) before a
+/// store on Redis Cluster (`RedisStore::connect_cluster`, feature `redis-cluster`) or Redis
+/// Sentinel (`RedisStore::connect_sentinel`, feature `redis-sentinel`) replaces its
+/// connection, unless
+/// [`RedisStore::heal_after`] says otherwise: twice [`DEFAULT_TIMEOUT`].
+#[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "redis-cluster", feature = "redis-sentinel")))
+)]
+pub const HEAL_AFTER: Duration = Duration::from_secs(4);
 
 /// How long a pending record is kept past its lease unless
 /// [`RedisStore::pending_kept_for`] says otherwise: a day, the layer's default ttl.
@@ -383,75 +441,26 @@ impl RedisStore {
         Ok(Self::new(manager))
     }
 
-    /// A store on a Redis Cluster connection (the `redis` crate's, version 1, with its
-    /// `cluster-async` feature), with the default prefix and timeout.
-    ///
-    /// Without the client that made it, the store cannot replace a connection that stops
-    /// answering (see [Cluster connections heal](self#cluster-connections-heal)): prefer
-    /// [`connect_cluster`](Self::connect_cluster).
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub fn from_cluster(connection: redis::cluster_async::ClusterConnection) -> Self {
-        Self::with_connection(Connection::Cluster(heal::HealingCluster::fixed(connection)))
-    }
-
-    /// A store on a Redis Cluster connection and the client that opened it (the `redis`
-    /// crate's, version 1, with its `cluster-async` feature), with the default prefix and
-    /// timeout: for a client built with settings of your own (TLS, credentials, timeouts).
-    /// The store replaces the connection with a new one from `client` when it stops
-    /// answering (see [Cluster connections heal](self#cluster-connections-heal)); a new
-    /// connection, and its check, are bounded by [`DEFAULT_TIMEOUT`].
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub fn from_cluster_client(
-        client: redis::cluster::ClusterClient,
-        connection: redis::cluster_async::ClusterConnection,
-    ) -> Self {
-        Self::with_connection(Connection::Cluster(heal::HealingCluster::new(
-            client,
-            connection,
-            DEFAULT_TIMEOUT,
-        )))
-    }
-
-    /// Connects to the Redis Cluster that `urls` (some of its nodes) belong to.
-    ///
-    /// The connection discovers the other nodes, routes each key to its slot's primary and
-    /// reconnects to nodes it lost by itself. The store keeps the client, to replace a
-    /// connection that stops answering (see
-    /// [Cluster connections heal](self#cluster-connections-heal) and
-    /// [`heal_after`](Self::heal_after)). Fails like [`connect`](Self::connect).
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub async fn connect_cluster<I, T>(urls: I) -> Result<Self, StoreError>
-    where
-        I: IntoIterator<Item = T>,
-        T: redis::IntoConnectionInfo,
-    {
-        let client = redis::cluster::ClusterClientBuilder::new(urls)
-            .connection_timeout(DEFAULT_TIMEOUT)
-            .response_timeout(DEFAULT_TIMEOUT)
-            .build()
-            .map_err(unavailable)?;
-        let connection = tokio::time::timeout(DEFAULT_TIMEOUT, client.get_async_connection())
-            .await
-            .map_err(|_| StoreError::timeout())?
-            .map_err(unavailable)?;
-        Ok(Self::from_cluster_client(client, connection))
-    }
-
-    /// How long calls to a Redis Cluster may go unanswered, while they are made, before a
-    /// store from [`connect_cluster`](Self::connect_cluster) replaces its connection with a
-    /// new one from its client (default [`HEAL_AFTER`], 4 s). Keep it above the store's
-    /// [`timeout`](Self::timeout), so that one slow call is not taken for a stuck connection.
-    /// Has no effect on a store on a single server, or from
-    /// [`from_cluster`](Self::from_cluster), which cannot heal.
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    /// How long calls may go unanswered, while they are made, before a store from
+    /// `connect_cluster` (feature `redis-cluster`) replaces its connection with a new one from
+    /// its client, or one from `connect_sentinel` (feature `redis-sentinel`) asks the
+    /// sentinels for the primary again (default [`HEAL_AFTER`], 4 s). Keep it above the
+    /// store's [`timeout`](Self::timeout), so that one slow call is not taken for a stuck
+    /// connection. Has no effect on a store on a single server, or from `from_cluster`, which
+    /// cannot heal.
+    #[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(any(feature = "redis-cluster", feature = "redis-sentinel")))
+    )]
     #[must_use]
     pub fn heal_after(mut self, unanswered: Duration) -> Self {
-        if let Connection::Cluster(cluster) = &mut self.connection {
-            cluster.set_heal_after(unanswered);
+        match &mut self.connection {
+            #[cfg(feature = "redis-cluster")]
+            Connection::Cluster(cluster) => cluster.set_heal_after(unanswered),
+            #[cfg(feature = "redis-sentinel")]
+            Connection::Sentinel(primary) => primary.set_heal_after(unanswered),
+            _ => {}
         }
         self
     }
@@ -509,8 +518,8 @@ impl RedisStore {
         self
     }
 
-    /// Requires `replicas` replicas to acknowledge each reservation and completion within
-    /// `timeout` (`WAIT` in the write's own pipeline), else the operation fails as
+    /// Requires `replicas` replicas to acknowledge each reservation, completion and release
+    /// within `timeout` (`WAIT` in the write's own pipeline), else the operation fails as
     /// [`Unavailable`](super::StoreErrorKind::Unavailable) and nothing is sent; off by
     /// default, and `replicas` 0 turns it off. See [Durability](self#durability).
     #[must_use]
@@ -568,7 +577,7 @@ impl RedisStore {
         match short {
             // Taken but not acknowledged: free the key before answering the failure.
             Some(unacked) if reservation.token().is_some() => {
-                self.release_once(key, token).await?;
+                self.release_once(key, token, false).await?;
                 Ok(Err(unacked))
             }
             _ => Ok(Ok(reservation)),
@@ -587,7 +596,7 @@ impl RedisStore {
         let retaken = script_reply(reply, "retake")?;
         match short {
             Some(unacked) if retaken => {
-                self.release_once(key, token).await?;
+                self.release_once(key, token, false).await?;
                 Err(unacked)
             }
             _ => Ok(retaken.then_some(token)),
@@ -622,9 +631,22 @@ impl RedisStore {
         Ok(written)
     }
 
-    async fn release_once(&self, key: &str, token: Token) -> Result<bool, StoreError> {
+    /// With `ack` (and replicas required), a release the replicas did not acknowledge fails
+    /// though the key was freed on the primary: a failover would bring its reservation back,
+    /// held by nobody until the lease ends, and the layer's settlement retry releases it
+    /// again, on the new primary if there was one. Without it (freeing a reservation the
+    /// replicas never acknowledged), the release is not waited for.
+    async fn release_once(&self, key: &str, token: Token, ack: bool) -> Result<bool, StoreError> {
         let cmd = self.release_cmd(key, token);
-        script_reply(self.run_script(&self.release, &cmd).await?, "release")
+        if !ack {
+            return script_reply(self.run_script(&self.release, &cmd).await?, "release");
+        }
+        let (reply, short) = self.run_script_acked(&self.release, &cmd).await?;
+        let released = script_reply(reply, "release")?;
+        match short {
+            Some(unacked) if released => Err(unacked),
+            _ => Ok(released),
+        }
     }
 
     async fn extend_once(
@@ -644,6 +666,8 @@ impl fmt::Debug for RedisStore {
             Connection::Single(_) => "single",
             #[cfg(feature = "redis-cluster")]
             Connection::Cluster(_) => "cluster",
+            #[cfg(feature = "redis-sentinel")]
+            Connection::Sentinel(_) => "sentinel",
         };
         f.debug_struct("RedisStore")
             .field("connection", &kind)
@@ -691,7 +715,8 @@ impl Store for RedisStore {
         key: &'a str,
         token: Token,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.bounded(move || self.release_once(key, token)).boxed()
+        self.bounded(move || self.release_once(key, token, true))
+            .boxed()
     }
 
     fn extend<'a>(
@@ -749,7 +774,8 @@ impl Store for RedisStore {
         &'a self,
         releases: &'a [(&'a str, Token)],
     ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        self.bounded(move || self.release_batch(releases)).boxed()
+        self.bounded(move || self.release_batch(releases, true))
+            .boxed()
     }
 }
 

@@ -6,8 +6,10 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Script, Value};
 
+#[cfg(feature = "redis-cluster")]
+use super::Connection;
 use super::scripts::{FirstStep, first_step, reservation, script_reply};
-use super::{Connection, RedisStore, server_error};
+use super::{RedisStore, server_error};
 use crate::fingerprint::Fingerprint;
 use crate::store::{Completion, Reservation, StoreError, StoreErrorKind, Token};
 
@@ -102,7 +104,7 @@ impl RedisStore {
             }
         }
         if !refused.is_empty() {
-            self.release_batch(&refused).await?;
+            self.release_batch(&refused, false).await?;
         }
         Ok(answers)
     }
@@ -136,19 +138,32 @@ impl RedisStore {
         Ok(written)
     }
 
+    /// With `ack`, a release the replicas did not acknowledge fails the call, as
+    /// [`release`](crate::store::Store::release) does (see `release_once`); each release ran.
     pub(super) async fn release_batch(
         &self,
         releases: &[(&str, Token)],
+        ack: bool,
     ) -> Result<Vec<bool>, StoreError> {
         let commands: Vec<(String, Cmd)> = releases
             .iter()
             .map(|(key, token)| (self.redis_key(key), self.release_cmd(key, *token)))
             .collect();
-        let replies = self.send_scripts(&self.release, &commands).await?;
-        replies
+        let (replies, short) = self
+            .send_scripts_acked(&self.release, &commands, ack)
+            .await?;
+        let released = replies
             .into_iter()
             .map(|reply| script_reply(reply?, "release"))
-            .collect()
+            .collect::<Result<Vec<bool>, StoreError>>()?;
+        let unacked = released
+            .iter()
+            .zip(short)
+            .find_map(|(&released, unacked)| unacked.filter(|_| released));
+        match unacked {
+            Some(unacked) => Err(StoreError::new(StoreErrorKind::Unavailable, unacked)),
+            None => Ok(released),
+        }
     }
 
     /// [`send_batch`](Self::send_batch) for `EVALSHA` commands of `script`: the entries the
@@ -211,20 +226,19 @@ impl RedisStore {
         if commands.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
-        match &self.connection {
-            Connection::Single(_) => {
-                let (values, short) = self
-                    .pipeline_acked(commands.iter().map(|(_, cmd)| cmd), ack)
-                    .await?;
-                let short = short.map(|e| e.to_string());
-                Ok((
-                    values.into_iter().map(Ok).collect(),
-                    vec![short; commands.len()],
-                ))
-            }
-            #[cfg(feature = "redis-cluster")]
-            Connection::Cluster(_) => Ok(self.send_by_slot(commands, ack).await),
+        #[cfg(feature = "redis-cluster")]
+        if let Connection::Cluster(_) = &self.connection {
+            return Ok(self.send_by_slot(commands, ack).await);
         }
+        // One node: a single server, or the primary Sentinel names.
+        let (values, short) = self
+            .pipeline_acked(commands.iter().map(|(_, cmd)| cmd), ack)
+            .await?;
+        let short = short.map(|e| e.to_string());
+        Ok((
+            values.into_iter().map(Ok).collect(),
+            vec![short; commands.len()],
+        ))
     }
 
     #[cfg(feature = "redis-cluster")]

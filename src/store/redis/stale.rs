@@ -96,10 +96,12 @@ fn glob_escaped(prefix: &str) -> String {
 
 impl RedisStore {
     /// The nodes a listing scans, in a fixed order: the one server (named by an empty
-    /// address), or every primary of a cluster.
+    /// address; under Sentinel, the primary), or every primary of a cluster.
     async fn scanned_nodes(&self) -> Result<Vec<String>, StoreError> {
         match &self.connection {
             Connection::Single(_) => Ok(vec![String::new()]),
+            #[cfg(feature = "redis-sentinel")]
+            Connection::Sentinel(_) => Ok(vec![String::new()]),
             #[cfg(feature = "redis-cluster")]
             Connection::Cluster(connection) => {
                 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
@@ -140,6 +142,8 @@ impl RedisStore {
             .arg("string");
         let reply = match &self.connection {
             Connection::Single(_) => self.run(&cmd).await?,
+            #[cfg(feature = "redis-sentinel")]
+            Connection::Sentinel(_) => self.run(&cmd).await?,
             #[cfg(feature = "redis-cluster")]
             Connection::Cluster(connection) => {
                 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
