@@ -132,6 +132,8 @@ mod ops;
 mod purge;
 mod row;
 mod sql;
+#[cfg(feature = "sqlx")]
+mod sqlx;
 
 pub use purge::PurgeTask;
 pub use sql::InvalidTableName;
