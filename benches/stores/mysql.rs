@@ -1,26 +1,33 @@
 //! `MySqlStore` against a hand-written claim through the same pool (`minimal`: an
-//! `INSERT IGNORE` to reserve, an `UPDATE` fenced by the token to complete), at concurrency 1
-//! and 16: reserve + complete pairs per second, and so the cost of the store's guarantees and
-//! of our code over what a user would write instead.
+//! `INSERT IGNORE` to reserve, an `UPDATE` fenced by the token to complete, each an
+//! autocommit statement as the store's are), at concurrency 1 and 16: reserve + complete
+//! pairs per second, and so the cost of the store's guarantees and of our code over what a
+//! user would write instead. The pool is the one `MySqlStore::connect` builds, so the store is
+//! measured as a user who hands it a URL gets it, and minimal runs on the same connections.
 //!
 //! Then 100 keys through `reserve_many` + `complete_many` against the same 100 keys as
 //! single reserve + complete pairs, one caller: keys per second.
 //!
 //! Runs when `MYSQL_URL` is set, on a table of its own that it drops at the end:
 //! `MYSQL_URL=mysql://root@127.0.0.1:3306/test cargo bench --bench stores -- '^mysql'`.
+//! With `STORES_INTERLEAVED=<rounds>` the pairs of the store and of minimal run instead in
+//! alternating slices, at 1 and at 16, and print the median ratio (see [`interleaved`]):
+//! `MYSQL_URL=… STORES_INTERLEAVED=11 cargo bench --bench stores -- '^mysql'`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
+use mysql_async::Pool;
 use mysql_async::prelude::Queryable;
-use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
 use tower_idempotency::MySqlStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::{Completion, Reservation, Store, Token};
 use uuid::Uuid;
+
+use crate::interleave::{Compared, alternate};
 
 const CONCURRENCY: [usize; 2] = [1, 16];
 const LEASE: Duration = Duration::from_secs(600);
@@ -174,6 +181,10 @@ pub fn bench(c: &mut Criterion) {
         eprintln!("skipped: MYSQL_URL is not set");
         return;
     };
+    let rounds = crate::interleave::rounds("STORES_INTERLEAVED");
+    if rounds.is_some() && !crate::filter::selected("mysql/reserve+complete") {
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -182,18 +193,25 @@ pub fn bench(c: &mut Criterion) {
     let max = CONCURRENCY.into_iter().max().unwrap_or(1);
 
     let bench = runtime.block_on(async {
-        let constraints = PoolConstraints::new(max, max).expect("pool size");
-        let opts = OptsBuilder::from_opts(Opts::from_url(&url).expect("MYSQL_URL"))
-            .pool_opts(PoolOpts::default().with_constraints(constraints));
-        let pool = Pool::new(opts);
-        let store = MySqlStore::new(pool.clone())
+        let store = MySqlStore::connect(&url)
+            .await
+            .expect("connect")
             .table(&table)
             .expect("table name")
             .timeout(Duration::from_secs(30));
         store.migrate().await.expect("migrate");
-        let mut conn = pool.get_conn().await.expect("connection");
-        let version: Option<String> = conn.query_first("SELECT VERSION()").await.expect("version");
-        drop(conn);
+        let pool = store.pool().clone();
+        // Open every connection up front, so no measurement pays for connecting.
+        let conns = futures_util::future::try_join_all((0..max).map(|_| pool.get_conn()))
+            .await
+            .expect("connections");
+        let version: Option<String> = conns
+            .into_iter()
+            .next()
+            .expect("a connection")
+            .query_first("SELECT VERSION()")
+            .await
+            .expect("version");
         eprintln!(
             "mysql bench: {}, pool of {max}, table {table}",
             version.unwrap_or_default()
@@ -213,6 +231,51 @@ pub fn bench(c: &mut Criterion) {
         })
     });
 
+    if let Some(rounds) = rounds {
+        for concurrency in CONCURRENCY {
+            interleaved(&runtime, &bench, concurrency, rounds);
+        }
+    } else {
+        groups(c, &runtime, &bench);
+    }
+
+    runtime.block_on(async {
+        let mut conn = bench.pool.get_conn().await.expect("connection");
+        conn.query_drop(format!("DROP TABLE `{table}`"))
+            .await
+            .expect("drop the bench table");
+    });
+}
+
+/// Times the store's pairs and minimal's in alternating slices of about 0.3 s each, `rounds`
+/// times, and prints each side's median time per pair and the median over the rounds of
+/// minimal's time ÷ ours (above 1: we are faster), as the PostgreSQL bench does.
+fn interleaved(
+    runtime: &tokio::runtime::Runtime,
+    bench: &Arc<Bench>,
+    concurrency: usize,
+    rounds: usize,
+) {
+    let probe = runtime.block_on(run(bench, 64, concurrency, Side::Store));
+    let pairs = ((0.3 / probe.as_secs_f64()) * 64.0) as u64;
+    let pairs = pairs.clamp(64, 100_000);
+    let per_pair = |d: Duration| d.as_secs_f64() * 1e6 / pairs as f64;
+    let timed = alternate(
+        rounds,
+        || runtime.block_on(run(bench, pairs, concurrency, Side::Store)),
+        || runtime.block_on(run(bench, pairs, concurrency, Side::Minimal)),
+    );
+    let c = Compared::of(&timed, per_pair);
+    let ratios = c.b_over_a;
+    println!(
+        "mysql/reserve+complete/{concurrency}: ours {:.1} µs, minimal {:.1} µs a pair \
+         (medians of {rounds} slices of {pairs} pairs); minimal ÷ ours: median {:.2}, range {:.2} to {:.2}",
+        c.a.median, c.b.median, ratios.median, ratios.low, ratios.high,
+    );
+}
+
+/// The criterion benchmarks: pairs at each concurrency on every side, then batches.
+fn groups(c: &mut Criterion, runtime: &tokio::runtime::Runtime, bench: &Arc<Bench>) {
     let mut group = c.benchmark_group("mysql");
     group
         .throughput(Throughput::Elements(1))
@@ -225,8 +288,8 @@ pub fn bench(c: &mut Criterion) {
                 BenchmarkId::new(format!("reserve+complete/{name}"), concurrency),
                 &concurrency,
                 |b, &concurrency| {
-                    b.to_async(&runtime)
-                        .iter_custom(|iters| run(&bench, iters, concurrency, side));
+                    b.to_async(runtime)
+                        .iter_custom(|iters| run(bench, iters, concurrency, side));
                 },
             );
         }
@@ -240,8 +303,8 @@ pub fn bench(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
     group.bench_function("reserve_many+complete_many", |b| {
-        b.to_async(&runtime).iter_custom(|iters| {
-            let bench = Arc::clone(&bench);
+        b.to_async(runtime).iter_custom(|iters| {
+            let bench = Arc::clone(bench);
             async move {
                 let start = Instant::now();
                 for _ in 0..iters {
@@ -252,15 +315,8 @@ pub fn bench(c: &mut Criterion) {
         });
     });
     group.bench_function("100 × reserve+complete", |b| {
-        b.to_async(&runtime)
-            .iter_custom(|iters| run(&bench, iters * BATCH as u64, 1, Side::Store));
+        b.to_async(runtime)
+            .iter_custom(|iters| run(bench, iters * BATCH as u64, 1, Side::Store));
     });
     group.finish();
-
-    runtime.block_on(async {
-        let mut conn = bench.pool.get_conn().await.expect("connection");
-        conn.query_drop(format!("DROP TABLE `{table}`"))
-            .await
-            .expect("drop the bench table");
-    });
 }
