@@ -201,7 +201,7 @@
 //! | `redis-cluster` | `RedisStore` over Redis Cluster | `redis = "1"` with `cluster-async` (`RedisStore::from_cluster`) |
 //! | `postgres` | `PostgresStore`, the `outbox` | `deadpool-postgres = "0.14"`, `tokio-postgres = "0.7"` (`PostgresStore::new`, `claim_in`, `Outbox::new`, `enqueue`) |
 //! | `sqlite` | `SqliteStore` | `rusqlite = "0.40"` (`SqliteStore::claim_in`) |
-//! | `mysql` | `MySqlStore` (MySQL 8, MariaDB 10.6+) | `mysql_async = "0.37"` (`MySqlStore::new`, `claim_in`) |
+//! | `mysql` | `MySqlStore` (MySQL 8, MariaDB 10.6+) | `mysql_async = "0.37"` (`MySqlStore::new`, `claim_in`); with `sqlx` too, `sqlx = "0.8"` with `mysql` (`claim_in_sqlx`) |
 //! | `http` | `HttpTransport` and the provider codecs | `http = "1"`, `bytes = "1"` (your client is a `Service<http::Request<Bytes>>`) |
 //! | `reqwest` | the default classifier reads `reqwest::Error` | `reqwest = "0.13"` |
 //! | `test-util` | the store conformance suite, `store::conformance` | |

@@ -11,6 +11,11 @@
 //! `mysql_async::prelude::Queryable` (a `Transaction`, a `Conn`): add `mysql_async = "0.37"`
 //! to your dependencies, so your types are the store's. [`MySqlStore::connect`] needs none.
 //!
+//! With the features `sqlx` and `mysql` together, [`MySqlStore::claim_in_sqlx`] writes a claim
+//! in a sqlx 0.8 (0.8.1 or later) MySQL transaction: the `mysql` feature turns on sqlx's
+//! MySQL driver only when `sqlx` is on. Any other driver (diesel's `sql_query`) runs
+//! [`MySqlStore::claim_statement`], the claim as one statement with its parameters.
+//!
 //! # Schema
 //!
 //! [`MySqlStore::migrate`] creates the table (default name [`DEFAULT_TABLE`]) when it is
@@ -96,7 +101,12 @@
 //! (MariaDB only), and `ON DUPLICATE KEY UPDATE` itself, whose affected-row count depends on
 //! `CLIENT_FOUND_ROWS`. `JSON` is a checked `LONGTEXT` on MariaDB and a binary type on MySQL;
 //! the store reads either as JSON text. The tests run against MariaDB (10.11 on our
-//! machines); MySQL 8 is not run here.
+//! machines); MySQL 8 is not run here, so everything this page says of the statements'
+//! behaviour, the claims through mysql_async and sqlx, and the counts of
+//! [`claim_statement`](MySqlStore::claim_statement) under either `CLIENT_FOUND_ROWS`
+//! setting was checked on MariaDB only. [`claim_statement`](MySqlStore::claim_statement) is
+//! the one statement here with `ON DUPLICATE KEY UPDATE`: a driver runs one statement, and
+//! its count is documented there.
 //!
 //! # Expired rows
 //!
