@@ -89,7 +89,10 @@ impl MySqlStore {
                 return Ok(true);
             }
             // A live row holds the key, unless it went between the statements: ask again.
-            if conn.exists(self, &sql.lock_one, &[key.clone()]).await? {
+            if conn
+                .exists(self, &sql.lock_one, std::slice::from_ref(&key))
+                .await?
+            {
                 return Ok(false);
             }
         }
