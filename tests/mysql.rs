@@ -271,6 +271,41 @@ async fn another_message_under_a_claimed_key_is_key_reused_and_not_sent() {
     drop_table(&url, store.table_name()).await;
 }
 
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn connects_pool_keeps_its_connections_open_and_unreset_between_operations() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_pool_reuse").await;
+    for n in 0..20 {
+        let key = format!("pool-{n}");
+        let Reservation::Reserved { token } = store.reserve(&key, fp(1), LEASE).await.unwrap()
+        else {
+            panic!("a fresh key is reserved");
+        };
+        let sent = Outcome::sent(Receipt::new("msg", "fake"));
+        assert!(
+            store
+                .complete(&key, token, fp(1), &sent, LEASE)
+                .await
+                .unwrap()
+        );
+    }
+    // Closing a connection as it comes back, or resetting it (a round trip, and its prepared
+    // statements gone), would each be counted here.
+    let metrics = store.pool().metrics();
+    let closed = metrics
+        .discarded_superfluous_connection
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let reset = metrics
+        .resetting_connection
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((closed, reset), (0, 0));
+    drop_table(&url, store.table_name()).await;
+}
+
 /// Runs `statement` on `conn` with each parameter bound as its `ClaimParam` names, as diesel's
 /// `sql_query(..).bind::<T, _>(..)` sends them (diesel's MySQL backend needs libmysqlclient,
 /// which the tests do without): the count of rows MySQL reports.
