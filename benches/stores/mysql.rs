@@ -5,6 +5,9 @@
 //! user would write instead. The pool is the one `MySqlStore::connect` builds, so the store is
 //! measured as a user who hands it a URL gets it, and minimal runs on the same connections.
 //!
+//! Then a claim in the caller's transaction (`START TRANSACTION`, the claim, `COMMIT`):
+//! `claim_in` against the hand-written claim's `INSERT IGNORE`, at 1 and 16.
+//!
 //! Then 100 keys through `reserve_many` + `complete_many` against the same 100 keys as
 //! single reserve + complete pairs, one caller: keys per second.
 //!
@@ -19,12 +22,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use mysql_async::Pool;
 use mysql_async::prelude::Queryable;
+use mysql_async::{Pool, TxOpts};
 use tower_idempotency::MySqlStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
-use tower_idempotency::store::{Completion, Reservation, Store, Token};
+use tower_idempotency::store::{Claim, Completion, Reservation, Store, Token};
 use uuid::Uuid;
 
 use crate::interleave::{Compared, alternate};
@@ -36,7 +39,7 @@ const BATCH: usize = 100;
 
 /// The hand-written claim: a reserve that inserts the key or does nothing, and a complete
 /// that writes the outcome while the token still holds the key.
-fn minimal_sql(table: &str) -> [String; 2] {
+fn minimal_sql(table: &str) -> [String; 3] {
     [
         format!(
             "INSERT IGNORE INTO `{table}` (`key`, state, token, fingerprint, expires_at)
@@ -46,6 +49,12 @@ fn minimal_sql(table: &str) -> [String; 2] {
             "UPDATE `{table}` SET state = 'done', outcome = ?,
                  expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
              WHERE `key` = ? AND token = ?"
+        ),
+        // The hand-written claim in a transaction of the caller's: the key inserted, or
+        // nothing when a row holds it.
+        format!(
+            "INSERT IGNORE INTO `{table}` (`key`, state, token, fingerprint, expires_at)
+             VALUES (?, 'claimed', ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)"
         ),
     ]
 }
@@ -57,13 +66,17 @@ enum Side {
     Store,
     /// The hand-written claim through the same pool.
     Minimal,
+    /// `MySqlStore::claim_in`, in a transaction begun and committed around it.
+    ClaimStore,
+    /// The hand-written claim's `INSERT IGNORE` in the same transaction.
+    ClaimMinimal,
 }
 
 /// What a pair needs, shared by the tasks of one measurement.
 struct Bench {
     store: MySqlStore,
     pool: Pool,
-    minimal: [String; 2],
+    minimal: [String; 3],
     prefix: String,
     next: AtomicU64,
     outcome: Outcome,
@@ -131,7 +144,7 @@ impl Bench {
     /// A pair of the hand-written statements through the pool, a connection each, as the
     /// store takes them.
     async fn minimal_pair(&self) {
-        let [reserve, complete] = &self.minimal;
+        let [reserve, complete, _] = &self.minimal;
         let key = self.key();
         let token = Uuid::from(Token::new()).as_bytes().to_vec();
         let lease = LEASE.as_micros() as i64;
@@ -148,6 +161,32 @@ impl Bench {
             .expect("complete");
         assert_eq!(conn.affected_rows(), 1);
     }
+
+    /// A fresh key claimed in a transaction of its own: by the store (`ours`) or by the
+    /// hand-written `INSERT IGNORE`.
+    async fn claim(&self, ours: bool) {
+        let key = self.key();
+        let mut tx = self
+            .pool
+            .start_transaction(TxOpts::default())
+            .await
+            .expect("transaction");
+        let claimed = if ours {
+            let claim = Claim::new(key, Fingerprint::from_bytes([7; 32]), TTL);
+            self.store.claim_in(&mut tx, &claim).await.expect("claim")
+        } else {
+            let token = Uuid::from(Token::new()).as_bytes().to_vec();
+            tx.exec_drop(
+                &self.minimal[2],
+                (&key, &token, vec![7u8; 32], TTL.as_micros() as i64),
+            )
+            .await
+            .expect("claim");
+            tx.affected_rows() == 1
+        };
+        assert!(claimed, "a fresh key was not claimed");
+        tx.commit().await.expect("commit");
+    }
 }
 
 /// Runs `iters` pairs spread over `concurrency` tasks; answers the wall time.
@@ -163,6 +202,8 @@ async fn run(bench: &Arc<Bench>, iters: u64, concurrency: usize, side: Side) -> 
                     match side {
                         Side::Store => bench.store_pair().await,
                         Side::Minimal => bench.minimal_pair().await,
+                        Side::ClaimStore => bench.claim(true).await,
+                        Side::ClaimMinimal => bench.claim(false).await,
                     }
                 }
             })
@@ -182,7 +223,12 @@ pub fn bench(c: &mut Criterion) {
         return;
     };
     let rounds = crate::interleave::rounds("STORES_INTERLEAVED");
-    if rounds.is_some() && !crate::filter::selected("mysql/reserve+complete") {
+    let compared = [
+        ("reserve+complete", Side::Store, Side::Minimal),
+        ("claim", Side::ClaimStore, Side::ClaimMinimal),
+    ];
+    let selected = |what: &str| crate::filter::selected(&format!("mysql/{what}"));
+    if rounds.is_some() && !compared.iter().any(|sides| selected(sides.0)) {
         return;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -232,8 +278,12 @@ pub fn bench(c: &mut Criterion) {
     });
 
     if let Some(rounds) = rounds {
-        for concurrency in CONCURRENCY {
-            interleaved(&runtime, &bench, concurrency, rounds);
+        for sides in compared {
+            if selected(sides.0) {
+                for concurrency in CONCURRENCY {
+                    interleaved(&runtime, &bench, concurrency, rounds, sides);
+                }
+            }
         }
     } else {
         groups(c, &runtime, &bench);
@@ -247,29 +297,30 @@ pub fn bench(c: &mut Criterion) {
     });
 }
 
-/// Times the store's pairs and minimal's in alternating slices of about 0.3 s each, `rounds`
-/// times, and prints each side's median time per pair and the median over the rounds of
-/// minimal's time ÷ ours (above 1: we are faster), as the PostgreSQL bench does.
+/// Times the store's side and minimal's in alternating slices of about 0.3 s each, `rounds`
+/// times, and prints each side's median time per operation and the median over the rounds
+/// of minimal's time ÷ ours (above 1: we are faster), as the PostgreSQL bench does.
 fn interleaved(
     runtime: &tokio::runtime::Runtime,
     bench: &Arc<Bench>,
     concurrency: usize,
     rounds: usize,
+    (what, ours, minimal): (&str, Side, Side),
 ) {
-    let probe = runtime.block_on(run(bench, 64, concurrency, Side::Store));
-    let pairs = ((0.3 / probe.as_secs_f64()) * 64.0) as u64;
-    let pairs = pairs.clamp(64, 100_000);
-    let per_pair = |d: Duration| d.as_secs_f64() * 1e6 / pairs as f64;
+    let probe = runtime.block_on(run(bench, 64, concurrency, ours));
+    let ops = ((0.3 / probe.as_secs_f64()) * 64.0) as u64;
+    let ops = ops.clamp(64, 100_000);
+    let per_op = |d: Duration| d.as_secs_f64() * 1e6 / ops as f64;
     let timed = alternate(
         rounds,
-        || runtime.block_on(run(bench, pairs, concurrency, Side::Store)),
-        || runtime.block_on(run(bench, pairs, concurrency, Side::Minimal)),
+        || runtime.block_on(run(bench, ops, concurrency, ours)),
+        || runtime.block_on(run(bench, ops, concurrency, minimal)),
     );
-    let c = Compared::of(&timed, per_pair);
+    let c = Compared::of(&timed, per_op);
     let ratios = c.b_over_a;
     println!(
-        "mysql/reserve+complete/{concurrency}: ours {:.1} µs, minimal {:.1} µs a pair \
-         (medians of {rounds} slices of {pairs} pairs); minimal ÷ ours: median {:.2}, range {:.2} to {:.2}",
+        "mysql/{what}/{concurrency}: ours {:.1} µs, minimal {:.1} µs each \
+         (medians of {rounds} slices of {ops}); minimal ÷ ours: median {:.2}, range {:.2} to {:.2}",
         c.a.median, c.b.median, ratios.median, ratios.low, ratios.high,
     );
 }
@@ -283,9 +334,15 @@ fn groups(c: &mut Criterion, runtime: &tokio::runtime::Runtime, bench: &Arc<Benc
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
     for concurrency in CONCURRENCY {
-        for (name, side) in [("store", Side::Store), ("minimal", Side::Minimal)] {
+        let sides = [
+            ("reserve+complete/store", Side::Store),
+            ("reserve+complete/minimal", Side::Minimal),
+            ("claim/store", Side::ClaimStore),
+            ("claim/minimal", Side::ClaimMinimal),
+        ];
+        for (name, side) in sides {
             group.bench_with_input(
-                BenchmarkId::new(format!("reserve+complete/{name}"), concurrency),
+                BenchmarkId::new(name, concurrency),
                 &concurrency,
                 |b, &concurrency| {
                     b.to_async(runtime)
