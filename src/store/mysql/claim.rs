@@ -73,26 +73,22 @@ impl MySqlStore {
         claim: &Claim,
     ) -> Result<bool, StoreError> {
         check_key(&claim.key)?;
-        let token = Token::new();
         let key = ClaimParam::Text(claim.key.clone());
-        let token = ClaimParam::Bytes(Uuid::from(token).as_bytes().to_vec());
+        let token = ClaimParam::Bytes(Uuid::from(Token::new()).as_bytes().to_vec());
         let fp = ClaimParam::Bytes(claim.fingerprint.as_bytes().to_vec());
         let ttl = ClaimParam::BigInt(micros(claim.ttl));
+        let take = [token.clone(), fp.clone(), ttl.clone(), key.clone()];
+        let insert = [key, token, fp, ttl];
         let sql = &self.table.sql;
         for _ in 0..CLAIM_ATTEMPTS {
-            let insert = [key.clone(), token.clone(), fp.clone(), ttl.clone()];
             if conn.execute(self, &sql.claim_insert, &insert).await? == 1 {
                 return Ok(true);
             }
-            let take = [token.clone(), fp.clone(), ttl.clone(), key.clone()];
             if conn.execute(self, &sql.claim_take, &take).await? == 1 {
                 return Ok(true);
             }
             // A live row holds the key, unless it went between the statements: ask again.
-            if conn
-                .exists(self, &sql.lock_one, std::slice::from_ref(&key))
-                .await?
-            {
+            if conn.exists(self, &sql.lock_one, &insert[..1]).await? {
                 return Ok(false);
             }
         }
