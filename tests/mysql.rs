@@ -1,6 +1,8 @@
 //! `MySqlStore` against a real server (MariaDB here; the statements are MySQL 8's too): the
-//! conformance suite, races across connections and through the layer, claims in the caller's
-//! transaction, corrupt rows, expiry by the server's clock whatever the session's time zone,
+//! conformance suite, races across connections and through the layer, the connections of
+//! `connect`'s pool kept between operations, claims in the caller's transaction and as one
+//! statement bound as diesel binds it (diesel's MySQL backend needs libmysqlclient, so
+//! mysql_async runs it), corrupt rows, expiry by the server's clock whatever the session's time zone,
 //! purges and the batch statements.
 //!
 //! Runs against `MYSQL_URL`, else `mysql://root@127.0.0.1:3306/test`; reported as ignored when
