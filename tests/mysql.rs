@@ -2,8 +2,8 @@
 //! conformance suite, races across connections and through the layer, the connections of
 //! `connect`'s pool kept between operations, claims in the caller's transaction and as one
 //! statement bound as diesel binds it (diesel's MySQL backend needs libmysqlclient, so
-//! mysql_async runs it), corrupt rows, expiry by the server's clock whatever the session's time zone,
-//! purges and the batch statements.
+//! mysql_async runs it), corrupt rows, expiry by the server's clock whatever the session's
+//! time zone, purges and the batch statements.
 //!
 //! Runs against `MYSQL_URL`, else `mysql://root@127.0.0.1:3306/test`; reported as ignored when
 //! neither answered as the suite was built (see `support::stores`).
