@@ -3,14 +3,19 @@
 //! Each backend runs when its URL is set (`REDIS_URL`, `DATABASE_URL`, `MYSQL_URL`) and its
 //! feature is on:
 //! `cargo bench --all-features --bench stores`. `record/*` (the stored form's encoding, no
-//! server) always runs.
+//! server) always runs. With `STORES_INTERLEAVED=<rounds>`, the PostgreSQL and MySQL pairs and
+//! the sqlx claims run in alternating slices instead of criterion's benchmarks, filtered by
+//! the name filter criterion would take (`^prefix` or a substring).
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
 #[cfg(feature = "sqlx")]
 #[path = "stores/claim_sqlx.rs"]
 mod claim_sqlx;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[path = "common/filter.rs"]
+mod filter;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[path = "common/interleave.rs"]
 mod interleave;
 #[cfg(feature = "mysql")]

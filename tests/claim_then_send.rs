@@ -12,10 +12,11 @@ use futures_util::future::join_all;
 use tower::{Layer, ServiceExt};
 
 use support::Provider;
+use support::claims::alert;
 use support::stores::postgres_admin::{admin, drop_table};
 use support::stores::{backend_url, unique};
+use tower_idempotency::IdempotencyLayer;
 use tower_idempotency::store::postgres::PostgresStore;
-use tower_idempotency::{IdempotencyLayer, Message};
 
 /// A store on a fresh table of the test's own and a layer over it (see `backend_url` for the `Option`).
 async fn setup(test: &str) -> Option<(String, PostgresStore, IdempotencyLayer)> {
@@ -32,17 +33,6 @@ async fn setup(test: &str) -> Option<(String, PostgresStore, IdempotencyLayer)> 
         .build()
         .expect("valid layer");
     Some((url, store, layer))
-}
-
-fn alert(text: &str) -> Message {
-    Message::builder()
-        .from("orders@shop.example")
-        .to("seller@example.com")
-        .subject("New order")
-        .text(text)
-        .idempotency_key("order.created:ord_1:email")
-        .build()
-        .expect("valid message")
 }
 
 #[tokio::test]

@@ -1,7 +1,9 @@
 //! `MySqlStore` against a real server (MariaDB here; the statements are MySQL 8's too): the
-//! conformance suite, races across connections and through the layer, claims in the caller's
-//! transaction, corrupt rows, expiry by the server's clock whatever the session's time zone,
-//! purges and the batch statements.
+//! conformance suite, races across connections and through the layer, the connections of
+//! `connect`'s pool kept between operations, claims in the caller's transaction and as one
+//! statement bound as diesel binds it (diesel's MySQL backend needs libmysqlclient, so
+//! mysql_async runs it), corrupt rows, expiry by the server's clock whatever the session's
+//! time zone, purges and the batch statements.
 //!
 //! Runs against `MYSQL_URL`, else `mysql://root@127.0.0.1:3306/test`; reported as ignored when
 //! neither answered as the suite was built (see `support::stores`).
@@ -18,14 +20,16 @@ use mysql_async::{OptsBuilder, Pool, TxOpts};
 use tower::{Layer, ServiceExt};
 
 use support::Provider;
+use support::claims::{alert, layer, the_send_takes_the_claim_once};
 use support::stores::mysql_admin::{admin, drop_table};
 use support::stores::{backend_url, broken_records, fp, unique};
+use tower_idempotency::MySqlStore;
 use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::conformance::Conformance;
 use tower_idempotency::store::{
-    Completion, RecordState, Reservation, Store, StoreErrorKind, WaitingClaim,
+    ClaimParam, ClaimStatement, Completion, RecordState, Reservation, Store, StoreErrorKind,
+    WaitingClaim,
 };
-use tower_idempotency::{IdempotencyLayer, Message, MySqlStore};
 
 /// The table the conformance cases share; each case uses its own random key prefix.
 const CONFORMANCE_TABLE: &str = "idem_conformance";
@@ -79,25 +83,6 @@ mod mysql_conformance {
         )]
         suite()
     );
-}
-
-fn alert(text: &str) -> Message {
-    Message::builder()
-        .from("orders@shop.example")
-        .to("seller@example.com")
-        .subject("New order")
-        .text(text)
-        .idempotency_key("order.created:ord_1:email")
-        .build()
-        .expect("valid message")
-}
-
-fn layer(store: &MySqlStore) -> IdempotencyLayer {
-    IdempotencyLayer::builder()
-        .store(store.clone())
-        .namespace("alerts")
-        .build()
-        .expect("valid layer")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,7 +146,7 @@ async fn many_tasks_sending_under_one_key_send_once_through_the_layer() {
     let other = MySqlStore::new(admin(&url))
         .table(store.table_name())
         .unwrap();
-    let (first, second) = (layer(&store), layer(&other));
+    let (first, second) = (layer(store.clone()), layer(other.clone()));
     let provider = Provider::ok();
     let barrier = Arc::new(tokio::sync::Barrier::new(32));
     let sends = (0..32).map(|i| {
@@ -199,7 +184,7 @@ async fn many_tasks_sending_under_one_key_send_once_through_the_layer() {
 async fn a_claim_rolls_back_with_the_callers_transaction() {
     let Some(url) = mysql_url() else { return };
     let store = fresh_store(&url, "idem_claim_rollback").await;
-    let layer = layer(&store);
+    let layer = layer(store.clone());
     let claim = layer.claim(&alert("sold")).unwrap().expect("keyed");
     let pool = admin(&url);
     let mut tx = pool.start_transaction(TxOpts::default()).await.unwrap();
@@ -225,7 +210,7 @@ async fn a_claim_rolls_back_with_the_callers_transaction() {
 async fn a_claim_left_by_a_crash_before_the_send_is_found_and_sent_once() {
     let Some(url) = mysql_url() else { return };
     let store = fresh_store(&url, "idem_claim_crash").await;
-    let layer = layer(&store);
+    let layer = layer(store.clone());
     let message = alert("sold");
     let claim = layer.claim(&message).unwrap().unwrap();
     let pool = admin(&url);
@@ -266,7 +251,7 @@ async fn a_claim_left_by_a_crash_before_the_send_is_found_and_sent_once() {
 async fn another_message_under_a_claimed_key_is_key_reused_and_not_sent() {
     let Some(url) = mysql_url() else { return };
     let store = fresh_store(&url, "idem_claim_reused").await;
-    let layer = layer(&store);
+    let layer = layer(store.clone());
     let claim = layer.claim(&alert("sold")).unwrap().unwrap();
     let pool = admin(&url);
     let mut tx = pool.start_transaction(TxOpts::default()).await.unwrap();
@@ -284,6 +269,155 @@ async fn another_message_under_a_claimed_key_is_key_reused_and_not_sent() {
     assert_eq!(
         store.claims(10).await.unwrap(),
         [WaitingClaim::new(claim.key.clone(), claim.fingerprint)]
+    );
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn connects_pool_keeps_its_connections_open_and_unreset_between_operations() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_pool_reuse").await;
+    for n in 0..20 {
+        let key = format!("pool-{n}");
+        let Reservation::Reserved { token } = store.reserve(&key, fp(1), LEASE).await.unwrap()
+        else {
+            panic!("a fresh key is reserved");
+        };
+        let sent = Outcome::sent(Receipt::new("msg", "fake"));
+        assert!(
+            store
+                .complete(&key, token, fp(1), &sent, LEASE)
+                .await
+                .unwrap()
+        );
+    }
+    // Closing a connection as it comes back, or resetting it (a round trip, and its prepared
+    // statements gone), would each be counted here.
+    let metrics = store.pool().metrics();
+    let closed = metrics
+        .discarded_superfluous_connection
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let reset = metrics
+        .resetting_connection
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((closed, reset), (0, 0));
+    drop_table(&url, store.table_name()).await;
+}
+
+/// Runs `statement` on `conn` with each parameter bound as its `ClaimParam` names, as diesel's
+/// `sql_query(..).bind::<T, _>(..)` sends them (diesel's MySQL backend needs libmysqlclient,
+/// which the tests do without): the count of rows MySQL reports.
+async fn execute_as_diesel(conn: &mut impl Queryable, statement: &ClaimStatement) -> u64 {
+    let params: Vec<mysql_async::Value> = statement
+        .params()
+        .iter()
+        .map(|param| match param {
+            ClaimParam::Text(text) => text.as_str().into(),
+            ClaimParam::Bytes(bytes) => bytes.clone().into(),
+            ClaimParam::BigInt(n) => (*n).into(),
+            other => panic!("a claim parameter of no known type: {other:?}"),
+        })
+        .collect();
+    let result = conn
+        .exec_iter(statement.sql(), params)
+        .await
+        .expect("the claim runs");
+    let count = result.affected_rows();
+    result.drop_result().await.expect("no rows");
+    count
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn the_claim_statement_bound_as_diesel_binds_it_commits_a_claim_the_send_takes() {
+    let Some(url) = mysql_url() else { return };
+    let store = fresh_store(&url, "idem_claim_statement").await;
+    let layer = layer(store.clone());
+    let claim = layer.claim(&alert("sold")).unwrap().unwrap();
+    let pool = admin(&url);
+
+    // Rolled back: nothing.
+    let mut tx = pool.start_transaction(TxOpts::default()).await.unwrap();
+    assert_eq!(
+        execute_as_diesel(&mut tx, &store.claim_statement(&claim)).await,
+        1
+    );
+    tx.rollback().await.unwrap();
+    assert!(store.claims(10).await.unwrap().is_empty());
+
+    // Committed: the claim waits; a second statement leaves it as it is, and counts 0, or 1
+    // on a connection that counts matched rows (diesel's, sqlx's).
+    let mut tx = pool.start_transaction(TxOpts::default()).await.unwrap();
+    assert_eq!(
+        execute_as_diesel(&mut tx, &store.claim_statement(&claim)).await,
+        1
+    );
+    tx.commit().await.unwrap();
+    let waiting = [WaitingClaim::new(claim.key.clone(), claim.fingerprint)];
+    assert_eq!(store.claims(10).await.unwrap(), waiting);
+    let mut conn = pool.get_conn().await.unwrap();
+    assert_eq!(
+        execute_as_diesel(&mut conn, &store.claim_statement(&claim)).await,
+        0
+    );
+    let found_rows = Pool::new(
+        OptsBuilder::from_opts(mysql_async::Opts::from_url(&url).unwrap()).client_found_rows(true),
+    );
+    let mut counting_matches = found_rows.get_conn().await.unwrap();
+    let other = layer.claim(&alert("a different text")).unwrap().unwrap();
+    assert_eq!(
+        execute_as_diesel(&mut counting_matches, &store.claim_statement(&other)).await,
+        1
+    );
+    assert_eq!(store.claims(10).await.unwrap(), waiting, "left as it was");
+
+    // An expired claim is replaced (MySQL counts 2), by the other message's.
+    conn.exec_drop(
+        format!(
+            "UPDATE `{}` SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND",
+            store.table_name()
+        ),
+        (),
+    )
+    .await
+    .unwrap();
+    assert!(store.claims(10).await.unwrap().is_empty(), "expired");
+    assert_eq!(
+        execute_as_diesel(&mut counting_matches, &store.claim_statement(&other)).await,
+        2
+    );
+    assert_eq!(
+        store.claims(10).await.unwrap(),
+        [WaitingClaim::new(other.key.clone(), other.fingerprint)]
+    );
+    // And back to the first message's, which the send then takes.
+    conn.exec_drop(
+        format!(
+            "UPDATE `{}` SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND",
+            store.table_name()
+        ),
+        (),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        execute_as_diesel(&mut conn, &store.claim_statement(&claim)).await,
+        2
+    );
+    drop((conn, counting_matches));
+    found_rows.disconnect().await.unwrap();
+
+    the_send_takes_the_claim_once(&layer).await;
+    assert!(
+        store.claims(10).await.unwrap().is_empty(),
+        "the send took it"
     );
     drop_table(&url, store.table_name()).await;
 }

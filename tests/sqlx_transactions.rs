@@ -6,10 +6,15 @@
 //! message under a claimed key is `key_reused`; the outbox's worker sends a message enqueued
 //! through sqlx once.
 //!
+//! The same claims through sqlx on MySQL are in `sqlx_transactions/mysql.rs`.
+//!
 //! The PostgreSQL tests run against `DATABASE_URL` or the default local server; reported as
 //! ignored when none answered as the suite was built (see `support::stores`).
 #![cfg(all(feature = "sqlx", feature = "sqlite"))]
 
+#[cfg(feature = "mysql")]
+#[path = "sqlx_transactions/mysql.rs"]
+mod mysql;
 mod support;
 
 use std::future::Future;
@@ -26,11 +31,12 @@ use tokio_postgres::types::{ToSql, Type};
 use tower::{Layer, ServiceExt};
 
 use support::Provider;
+use support::claims::{alert, layer};
 use support::stores::postgres_admin::{admin, drop_table};
 use support::stores::{SqliteDir, backend_url, unique};
 use tower_idempotency::outbox::{Enqueued, Outbox};
 use tower_idempotency::store::{ClaimParam, ClaimStatement, StoreErrorKind, WaitingClaim};
-use tower_idempotency::{IdempotencyLayer, Message, PostgresStore, SqliteStore};
+use tower_idempotency::{Message, PostgresStore, SqliteStore};
 
 /// A store on a fresh table of the test's own (see `backend_url` for the `Option`).
 async fn setup(test: &str) -> Option<(String, PostgresStore)> {
@@ -42,15 +48,6 @@ async fn setup(test: &str) -> Option<(String, PostgresStore)> {
         .expect("valid table name");
     store.migrate().await.expect("migrate");
     Some((url, store))
-}
-
-/// The layer a run of the application builds over `store`.
-fn layer(store: impl tower_idempotency::Store + 'static) -> IdempotencyLayer {
-    IdempotencyLayer::builder()
-        .store(store)
-        .namespace("alerts")
-        .build()
-        .expect("valid layer")
 }
 
 /// The application's own sqlx pool, with a table of business rows of the test's own.
@@ -74,17 +71,6 @@ async fn orders_in(pool: &PgPool, orders: &str) -> i64 {
         .fetch_one(pool)
         .await
         .expect("count")
-}
-
-fn alert(text: &str) -> Message {
-    Message::builder()
-        .from("orders@shop.example")
-        .to("seller@example.com")
-        .subject("New order")
-        .text(text)
-        .idempotency_key("order.created:ord_1:email")
-        .build()
-        .expect("valid message")
 }
 
 #[tokio::test]

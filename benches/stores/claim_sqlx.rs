@@ -109,6 +109,10 @@ async fn run(bench: &Arc<Bench>, iters: u64, concurrency: usize, side: Side) -> 
 
 /// Measures claims per second in a sqlx transaction: ours and the hand-written insert.
 pub fn bench(c: &mut Criterion) {
+    let rounds = crate::interleave::rounds("STORES_INTERLEAVED");
+    if rounds.is_some() && !crate::filter::selected("claim_sqlx/claim") {
+        return;
+    }
     let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
         eprintln!("skipped: DATABASE_URL is not set");
         return;
@@ -154,7 +158,7 @@ pub fn bench(c: &mut Criterion) {
         })
     });
 
-    if let Some(rounds) = crate::interleave::rounds("STORES_INTERLEAVED") {
+    if let Some(rounds) = rounds {
         for concurrency in CONCURRENCY {
             interleaved(&runtime, &bench, concurrency, rounds);
         }

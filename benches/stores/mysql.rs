@@ -1,13 +1,21 @@
 //! `MySqlStore` against a hand-written claim through the same pool (`minimal`: an
-//! `INSERT IGNORE` to reserve, an `UPDATE` fenced by the token to complete), at concurrency 1
-//! and 16: reserve + complete pairs per second, and so the cost of the store's guarantees and
-//! of our code over what a user would write instead.
+//! `INSERT IGNORE` to reserve, an `UPDATE` fenced by the token to complete, each an
+//! autocommit statement as the store's are), at concurrency 1 and 16: reserve + complete
+//! pairs per second, and so the cost of the store's guarantees and of our code over what a
+//! user would write instead. The pool is the one `MySqlStore::connect` builds, so the store is
+//! measured as a user who hands it a URL gets it, and minimal runs on the same connections.
+//!
+//! Then a claim in the caller's transaction (`START TRANSACTION`, the claim, `COMMIT`):
+//! `claim_in` against the hand-written claim's `INSERT IGNORE`, at 1 and 16.
 //!
 //! Then 100 keys through `reserve_many` + `complete_many` against the same 100 keys as
 //! single reserve + complete pairs, one caller: keys per second.
 //!
 //! Runs when `MYSQL_URL` is set, on a table of its own that it drops at the end:
 //! `MYSQL_URL=mysql://root@127.0.0.1:3306/test cargo bench --bench stores -- '^mysql'`.
+//! With `STORES_INTERLEAVED=<rounds>` the pairs of the store and of minimal run instead in
+//! alternating slices, at 1 and at 16, and print the median ratio (see [`interleaved`]):
+//! `MYSQL_URL=… STORES_INTERLEAVED=11 cargo bench --bench stores -- '^mysql'`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,12 +23,14 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use mysql_async::prelude::Queryable;
-use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
+use mysql_async::{Pool, TxOpts};
 use tower_idempotency::MySqlStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt};
-use tower_idempotency::store::{Completion, Reservation, Store, Token};
+use tower_idempotency::store::{Claim, Completion, Reservation, Store, Token};
 use uuid::Uuid;
+
+use crate::interleave::{Compared, alternate};
 
 const CONCURRENCY: [usize; 2] = [1, 16];
 const LEASE: Duration = Duration::from_secs(600);
@@ -29,7 +39,7 @@ const BATCH: usize = 100;
 
 /// The hand-written claim: a reserve that inserts the key or does nothing, and a complete
 /// that writes the outcome while the token still holds the key.
-fn minimal_sql(table: &str) -> [String; 2] {
+fn minimal_sql(table: &str) -> [String; 3] {
     [
         format!(
             "INSERT IGNORE INTO `{table}` (`key`, state, token, fingerprint, expires_at)
@@ -39,6 +49,12 @@ fn minimal_sql(table: &str) -> [String; 2] {
             "UPDATE `{table}` SET state = 'done', outcome = ?,
                  expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
              WHERE `key` = ? AND token = ?"
+        ),
+        // The hand-written claim in a transaction of the caller's: the key inserted, or
+        // nothing when a row holds it.
+        format!(
+            "INSERT IGNORE INTO `{table}` (`key`, state, token, fingerprint, expires_at)
+             VALUES (?, 'claimed', ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)"
         ),
     ]
 }
@@ -50,13 +66,17 @@ enum Side {
     Store,
     /// The hand-written claim through the same pool.
     Minimal,
+    /// `MySqlStore::claim_in`, in a transaction begun and committed around it.
+    ClaimStore,
+    /// The hand-written claim's `INSERT IGNORE` in the same transaction.
+    ClaimMinimal,
 }
 
 /// What a pair needs, shared by the tasks of one measurement.
 struct Bench {
     store: MySqlStore,
     pool: Pool,
-    minimal: [String; 2],
+    minimal: [String; 3],
     prefix: String,
     next: AtomicU64,
     outcome: Outcome,
@@ -124,7 +144,7 @@ impl Bench {
     /// A pair of the hand-written statements through the pool, a connection each, as the
     /// store takes them.
     async fn minimal_pair(&self) {
-        let [reserve, complete] = &self.minimal;
+        let [reserve, complete, _] = &self.minimal;
         let key = self.key();
         let token = Uuid::from(Token::new()).as_bytes().to_vec();
         let lease = LEASE.as_micros() as i64;
@@ -141,6 +161,32 @@ impl Bench {
             .expect("complete");
         assert_eq!(conn.affected_rows(), 1);
     }
+
+    /// A fresh key claimed in a transaction of its own: by the store (`ours`) or by the
+    /// hand-written `INSERT IGNORE`.
+    async fn claim(&self, ours: bool) {
+        let key = self.key();
+        let mut tx = self
+            .pool
+            .start_transaction(TxOpts::default())
+            .await
+            .expect("transaction");
+        let claimed = if ours {
+            let claim = Claim::new(key, Fingerprint::from_bytes([7; 32]), TTL);
+            self.store.claim_in(&mut tx, &claim).await.expect("claim")
+        } else {
+            let token = Uuid::from(Token::new()).as_bytes().to_vec();
+            tx.exec_drop(
+                &self.minimal[2],
+                (&key, &token, vec![7u8; 32], TTL.as_micros() as i64),
+            )
+            .await
+            .expect("claim");
+            tx.affected_rows() == 1
+        };
+        assert!(claimed, "a fresh key was not claimed");
+        tx.commit().await.expect("commit");
+    }
 }
 
 /// Runs `iters` pairs spread over `concurrency` tasks; answers the wall time.
@@ -156,6 +202,8 @@ async fn run(bench: &Arc<Bench>, iters: u64, concurrency: usize, side: Side) -> 
                     match side {
                         Side::Store => bench.store_pair().await,
                         Side::Minimal => bench.minimal_pair().await,
+                        Side::ClaimStore => bench.claim(true).await,
+                        Side::ClaimMinimal => bench.claim(false).await,
                     }
                 }
             })
@@ -174,6 +222,15 @@ pub fn bench(c: &mut Criterion) {
         eprintln!("skipped: MYSQL_URL is not set");
         return;
     };
+    let rounds = crate::interleave::rounds("STORES_INTERLEAVED");
+    let compared = [
+        ("reserve+complete", Side::Store, Side::Minimal),
+        ("claim", Side::ClaimStore, Side::ClaimMinimal),
+    ];
+    let selected = |what: &str| crate::filter::selected(&format!("mysql/{what}"));
+    if rounds.is_some() && !compared.iter().any(|sides| selected(sides.0)) {
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -182,18 +239,25 @@ pub fn bench(c: &mut Criterion) {
     let max = CONCURRENCY.into_iter().max().unwrap_or(1);
 
     let bench = runtime.block_on(async {
-        let constraints = PoolConstraints::new(max, max).expect("pool size");
-        let opts = OptsBuilder::from_opts(Opts::from_url(&url).expect("MYSQL_URL"))
-            .pool_opts(PoolOpts::default().with_constraints(constraints));
-        let pool = Pool::new(opts);
-        let store = MySqlStore::new(pool.clone())
+        let store = MySqlStore::connect(&url)
+            .await
+            .expect("connect")
             .table(&table)
             .expect("table name")
             .timeout(Duration::from_secs(30));
         store.migrate().await.expect("migrate");
-        let mut conn = pool.get_conn().await.expect("connection");
-        let version: Option<String> = conn.query_first("SELECT VERSION()").await.expect("version");
-        drop(conn);
+        let pool = store.pool().clone();
+        // Open every connection up front, so no measurement pays for connecting.
+        let conns = futures_util::future::try_join_all((0..max).map(|_| pool.get_conn()))
+            .await
+            .expect("connections");
+        let version: Option<String> = conns
+            .into_iter()
+            .next()
+            .expect("a connection")
+            .query_first("SELECT VERSION()")
+            .await
+            .expect("version");
         eprintln!(
             "mysql bench: {}, pool of {max}, table {table}",
             version.unwrap_or_default()
@@ -213,6 +277,56 @@ pub fn bench(c: &mut Criterion) {
         })
     });
 
+    if let Some(rounds) = rounds {
+        for sides in compared {
+            if selected(sides.0) {
+                for concurrency in CONCURRENCY {
+                    interleaved(&runtime, &bench, concurrency, rounds, sides);
+                }
+            }
+        }
+    } else {
+        groups(c, &runtime, &bench);
+    }
+
+    runtime.block_on(async {
+        let mut conn = bench.pool.get_conn().await.expect("connection");
+        conn.query_drop(format!("DROP TABLE `{table}`"))
+            .await
+            .expect("drop the bench table");
+    });
+}
+
+/// Times the store's side and minimal's in alternating slices of about 0.3 s each, `rounds`
+/// times, and prints each side's median time per operation and the median over the rounds
+/// of minimal's time ÷ ours (above 1: we are faster), as the PostgreSQL bench does.
+fn interleaved(
+    runtime: &tokio::runtime::Runtime,
+    bench: &Arc<Bench>,
+    concurrency: usize,
+    rounds: usize,
+    (what, ours, minimal): (&str, Side, Side),
+) {
+    let probe = runtime.block_on(run(bench, 64, concurrency, ours));
+    let ops = ((0.3 / probe.as_secs_f64()) * 64.0) as u64;
+    let ops = ops.clamp(64, 100_000);
+    let per_op = |d: Duration| d.as_secs_f64() * 1e6 / ops as f64;
+    let timed = alternate(
+        rounds,
+        || runtime.block_on(run(bench, ops, concurrency, ours)),
+        || runtime.block_on(run(bench, ops, concurrency, minimal)),
+    );
+    let c = Compared::of(&timed, per_op);
+    let ratios = c.b_over_a;
+    println!(
+        "mysql/{what}/{concurrency}: ours {:.1} µs, minimal {:.1} µs each \
+         (medians of {rounds} slices of {ops}); minimal ÷ ours: median {:.2}, range {:.2} to {:.2}",
+        c.a.median, c.b.median, ratios.median, ratios.low, ratios.high,
+    );
+}
+
+/// The criterion benchmarks: pairs at each concurrency on every side, then batches.
+fn groups(c: &mut Criterion, runtime: &tokio::runtime::Runtime, bench: &Arc<Bench>) {
     let mut group = c.benchmark_group("mysql");
     group
         .throughput(Throughput::Elements(1))
@@ -220,13 +334,19 @@ pub fn bench(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
     for concurrency in CONCURRENCY {
-        for (name, side) in [("store", Side::Store), ("minimal", Side::Minimal)] {
+        let sides = [
+            ("reserve+complete/store", Side::Store),
+            ("reserve+complete/minimal", Side::Minimal),
+            ("claim/store", Side::ClaimStore),
+            ("claim/minimal", Side::ClaimMinimal),
+        ];
+        for (name, side) in sides {
             group.bench_with_input(
-                BenchmarkId::new(format!("reserve+complete/{name}"), concurrency),
+                BenchmarkId::new(name, concurrency),
                 &concurrency,
                 |b, &concurrency| {
-                    b.to_async(&runtime)
-                        .iter_custom(|iters| run(&bench, iters, concurrency, side));
+                    b.to_async(runtime)
+                        .iter_custom(|iters| run(bench, iters, concurrency, side));
                 },
             );
         }
@@ -240,8 +360,8 @@ pub fn bench(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
     group.bench_function("reserve_many+complete_many", |b| {
-        b.to_async(&runtime).iter_custom(|iters| {
-            let bench = Arc::clone(&bench);
+        b.to_async(runtime).iter_custom(|iters| {
+            let bench = Arc::clone(bench);
             async move {
                 let start = Instant::now();
                 for _ in 0..iters {
@@ -252,15 +372,8 @@ pub fn bench(c: &mut Criterion) {
         });
     });
     group.bench_function("100 × reserve+complete", |b| {
-        b.to_async(&runtime)
-            .iter_custom(|iters| run(&bench, iters * BATCH as u64, 1, Side::Store));
+        b.to_async(runtime)
+            .iter_custom(|iters| run(bench, iters * BATCH as u64, 1, Side::Store));
     });
     group.finish();
-
-    runtime.block_on(async {
-        let mut conn = bench.pool.get_conn().await.expect("connection");
-        conn.query_drop(format!("DROP TABLE `{table}`"))
-            .await
-            .expect("drop the bench table");
-    });
 }

@@ -186,6 +186,10 @@ async fn run(bench: &Arc<Bench>, iters: u64, concurrency: usize, side: Side) -> 
 
 /// Measures reserve + complete pairs per second: ours and the hand-written claim.
 pub fn bench(c: &mut Criterion) {
+    let rounds = crate::interleave::rounds("STORES_INTERLEAVED");
+    if rounds.is_some() && !crate::filter::selected("postgres/reserve+complete") {
+        return;
+    }
     let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
         eprintln!("skipped: DATABASE_URL is not set");
         return;
@@ -238,7 +242,7 @@ pub fn bench(c: &mut Criterion) {
         })
     });
 
-    if let Some(rounds) = crate::interleave::rounds("STORES_INTERLEAVED") {
+    if let Some(rounds) = rounds {
         for concurrency in CONCURRENCY {
             interleaved(&runtime, &bench, concurrency, rounds);
         }

@@ -78,7 +78,7 @@ pub mod record;
 pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod statement;
 mod token;
 #[cfg(any(feature = "postgres", feature = "redis", feature = "mysql"))]
@@ -87,7 +87,7 @@ mod unanswered;
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use statement::{ClaimParam, ClaimStatement};
 pub use token::Token;
 

@@ -5,18 +5,24 @@
 /// commit the layer's send takes the claim, exactly as with the store's own `claim_in`.
 ///
 /// From [`PostgresStore::claim_statement`](crate::store::postgres::PostgresStore::claim_statement)
-/// (feature `postgres`) or
+/// (feature `postgres`),
 /// [`SqliteStore::claim_statement`](crate::store::sqlite::SqliteStore::claim_statement)
-/// (feature `sqlite`). The statement writes the row the store's `claim_in` writes, under a
+/// (feature `sqlite`) or
+/// [`MySqlStore::claim_statement`](crate::store::mysql::MySqlStore::claim_statement)
+/// (feature `mysql`). The statement writes the row the store's `claim_in` writes, under a
 /// token drawn when it was made: run each statement once (make another for another claim).
 ///
-/// Bind [`params`](Self::params) in order (`$1`…`$4` on PostgreSQL, `?1`…`?4` on SQLite),
-/// each with the type its [`ClaimParam`] names, and execute it: it writes one row when it
-/// claims the key, and none when a live record already holds it (a send under way or done,
-/// or another claim). The count of rows written (diesel's `execute`, sqlx's
-/// `rows_affected`) is 1 when it claimed the key, 0 when not; the statement returns no rows.
+/// Bind [`params`](Self::params) in order (`$1`…`$4` on PostgreSQL, `?1`…`?4` on SQLite,
+/// the seven `?` on MySQL), each with the type its [`ClaimParam`] names, and execute it: it
+/// writes one row when it claims the key, and none when a live record already holds it (a
+/// send under way or done, or another claim). On PostgreSQL and SQLite the count of rows
+/// written (diesel's `execute`, sqlx's `rows_affected`) is 1 when it claimed the key, 0 when
+/// not; MySQL counts its statement differently (see
+/// [`MySqlStore::claim_statement`](crate::store::mysql::MySqlStore::claim_statement)). The
+/// statement returns no rows.
 ///
-/// With diesel (2.4 here, on SQLite; `PgConnection` alike), `sql_query` binds them:
+/// With diesel (2.4 here, on SQLite; `PgConnection` and `MysqlConnection` alike), `sql_query`
+/// binds them:
 ///
 /// ```no_run
 /// use diesel::prelude::*;
@@ -44,7 +50,7 @@
 #[derive(Clone, Debug)]
 pub struct ClaimStatement {
     sql: String,
-    params: [ClaimParam; 4],
+    params: Vec<ClaimParam>,
 }
 
 /// One parameter of a [`ClaimStatement`], and the SQL type to bind it as.
@@ -53,16 +59,20 @@ pub struct ClaimStatement {
 pub enum ClaimParam {
     /// Bind as text (diesel's `sql_types::Text`, a `&str` or `String` elsewhere).
     Text(String),
-    /// Bind as bytes (diesel's `sql_types::Binary`: `bytea` on PostgreSQL, a BLOB on SQLite).
+    /// Bind as bytes (diesel's `sql_types::Binary`: `bytea` on PostgreSQL, a BLOB on SQLite,
+    /// a binary string on MySQL).
     Bytes(Vec<u8>),
     /// Bind as a 64-bit integer (diesel's `sql_types::BigInt`, an `i64` elsewhere).
     BigInt(i64),
 }
 
 impl ClaimStatement {
-    /// A statement and its four parameters, in order.
-    pub(crate) fn new(sql: String, params: [ClaimParam; 4]) -> Self {
-        Self { sql, params }
+    /// A statement and its parameters, in order.
+    pub(crate) fn new(sql: String, params: impl Into<Vec<ClaimParam>>) -> Self {
+        Self {
+            sql,
+            params: params.into(),
+        }
     }
 
     /// The SQL text.
@@ -72,7 +82,9 @@ impl ClaimStatement {
 
     /// The parameters, in order: the key (text), the claim's token, the message's
     /// fingerprint (32 bytes) and the claim's ttl in milliseconds (integer). The token is
-    /// text (a UUID the statement casts) on PostgreSQL, 16 bytes on SQLite.
+    /// text (a UUID the statement casts) on PostgreSQL, 16 bytes on SQLite and MySQL. On
+    /// MySQL the token, fingerprint and ttl follow a second time, as its `?` placeholders
+    /// name them twice.
     pub fn params(&self) -> &[ClaimParam] {
         &self.params
     }

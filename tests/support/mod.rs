@@ -6,10 +6,13 @@
 //! [`http`]: the one fake HTTP provider and the real clients. [`python`]: the Python fakes of
 //! SES (moto) and SMTP (aiosmtpd).
 //!
+//! [`claims`]: claim-then-send's message, layer and send, for every store.
+//!
 //! Every test binary declares `mod support;` and uses the part it needs.
 // Each binary uses a part of this module; the rest would be dead code in that binary.
 #![allow(dead_code)]
 
+pub mod claims;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -11,6 +11,11 @@
 //! `mysql_async::prelude::Queryable` (a `Transaction`, a `Conn`): add `mysql_async = "0.37"`
 //! to your dependencies, so your types are the store's. [`MySqlStore::connect`] needs none.
 //!
+//! With the features `sqlx` and `mysql` together, [`MySqlStore::claim_in_sqlx`] writes a claim
+//! in a sqlx 0.8 (0.8.1 or later) MySQL transaction: the `mysql` feature turns on sqlx's
+//! MySQL driver only when `sqlx` is on. Any other driver (diesel's `sql_query`) runs
+//! [`MySqlStore::claim_statement`], the claim as one statement with its parameters.
+//!
 //! # Schema
 //!
 //! [`MySqlStore::migrate`] creates the table (default name [`DEFAULT_TABLE`]) when it is
@@ -96,7 +101,12 @@
 //! (MariaDB only), and `ON DUPLICATE KEY UPDATE` itself, whose affected-row count depends on
 //! `CLIENT_FOUND_ROWS`. `JSON` is a checked `LONGTEXT` on MariaDB and a binary type on MySQL;
 //! the store reads either as JSON text. The tests run against MariaDB (10.11 on our
-//! machines); MySQL 8 is not run here.
+//! machines); MySQL 8 is not run here, so everything this page says of the statements'
+//! behaviour, the claims through mysql_async and sqlx, and the counts of
+//! [`claim_statement`](MySqlStore::claim_statement) under either `CLIENT_FOUND_ROWS`
+//! setting was checked on MariaDB only. [`claim_statement`](MySqlStore::claim_statement) is
+//! the one statement here with `ON DUPLICATE KEY UPDATE`: a driver runs one statement, and
+//! its count is documented there.
 //!
 //! # Expired rows
 //!
@@ -132,6 +142,8 @@ mod ops;
 mod purge;
 mod row;
 mod sql;
+#[cfg(feature = "sqlx")]
+mod sqlx;
 
 pub use purge::PurgeTask;
 pub use sql::InvalidTableName;
@@ -147,7 +159,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The most connections [`MySqlStore::connect`]'s pool keeps, unless the URL says otherwise.
 pub const DEFAULT_POOL_MAX: usize = 16;
 
-/// No idle connections kept open beyond what the load asks for, at most [`DEFAULT_POOL_MAX`].
+/// How long [`MySqlStore::connect`]'s pool keeps a connection open while nothing uses it.
+pub const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(60);
+
+/// No connection kept open once idle for [`DEFAULT_POOL_IDLE`], at most [`DEFAULT_POOL_MAX`].
 const STORE_POOL_CONSTRAINTS: PoolConstraints = match PoolConstraints::new(0, DEFAULT_POOL_MAX) {
     Some(constraints) => constraints,
     None => DEFAULT_POOL_CONSTRAINTS,
@@ -232,22 +247,36 @@ impl MySqlStore {
     /// Connects to the server at `url` (`mysql://user:password@host:port/db?…`, with
     /// mysql_async's URL options), and checks that one connection opens.
     ///
-    /// The pool keeps at most [`DEFAULT_POOL_MAX`] connections unless the URL sets
-    /// `pool_min`/`pool_max`: mysql_async's own default (up to 100 a pool) lets a few
-    /// processes take all of a server's connections (151 by default).
+    /// Unless the URL sets them, the pool:
+    /// - keeps at most [`DEFAULT_POOL_MAX`] connections (`pool_min`/`pool_max`): mysql_async's
+    ///   own default (up to 100 a pool) lets a few processes take all of a server's
+    ///   connections (151 by default);
+    /// - keeps a connection that comes back open for [`DEFAULT_POOL_IDLE`] of idleness
+    ///   (`inactive_connection_ttl`): without an idle time, mysql_async keeps only `pool_min`
+    ///   idle connections and closes the others as they come back, so each operation beyond
+    ///   them would open a connection of its own;
+    /// - does not reset a connection that comes back (`reset_connection`): the reset costs a
+    ///   round trip and drops the connection's prepared statements, which the next operation
+    ///   would prepare again. The store leaves nothing in a session to reset: no session
+    ///   variable, no temporary table, and its transactions end before the connection goes
+    ///   back (mysql_async rolls back one a timeout cut short).
+    ///
+    /// A pool of your own ([`new`](Self::new)) is used as you built it; the same three
+    /// settings are worth giving it.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let opts = Opts::from_url(url)
             .map_err(|e| StoreError::misconfigured("invalid MySQL URL").with_source(e))?;
-        let opts = if opts.pool_opts().constraints() == DEFAULT_POOL_CONSTRAINTS {
-            let pool = opts
-                .pool_opts()
-                .clone()
-                .with_constraints(STORE_POOL_CONSTRAINTS);
-            OptsBuilder::from_opts(opts).pool_opts(pool).into()
-        } else {
-            opts
-        };
-        let store = Self::new(Pool::new(opts));
+        let mut pool = opts.pool_opts().clone();
+        if pool.constraints() == DEFAULT_POOL_CONSTRAINTS {
+            pool = pool.with_constraints(STORE_POOL_CONSTRAINTS);
+        }
+        if !url_sets(url, "inactive_connection_ttl") {
+            pool = pool.with_inactive_connection_ttl(DEFAULT_POOL_IDLE);
+        }
+        if !url_sets(url, "reset_connection") {
+            pool = pool.with_reset_connection(false);
+        }
+        let store = Self::new(Pool::new(OptsBuilder::from_opts(opts).pool_opts(pool)));
         store
             .bounded(|| async { store.conn().await.map(drop) })
             .await?;
@@ -388,6 +417,15 @@ impl MySqlStore {
     }
 }
 
+/// Whether the query of `url` names the option `name`, whatever its value.
+fn url_sets(url: &str, name: &str) -> bool {
+    url.split_once('?').is_some_and(|(_, query)| {
+        query
+            .split('&')
+            .any(|pair| pair.split('=').next() == Some(name))
+    })
+}
+
 /// Refuses a key longer than the table's column, which a server in a non-strict `sql_mode`
 /// would truncate (two long keys becoming one).
 fn check_key(key: &str) -> Result<(), StoreError> {
@@ -402,4 +440,25 @@ fn check_key(key: &str) -> Result<(), StoreError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::url_sets;
+
+    #[test]
+    fn a_pool_option_counts_as_set_only_when_the_urls_query_names_it() {
+        let url = "mysql://app:pw@db/app?pool_max=4&reset_connection=true";
+        assert!(url_sets(url, "reset_connection"));
+        assert!(url_sets(url, "pool_max"));
+        assert!(!url_sets(url, "inactive_connection_ttl"));
+        assert!(!url_sets(
+            "mysql://reset_connection@db/app",
+            "reset_connection"
+        ));
+        assert!(!url_sets(
+            "mysql://db/app?xreset_connection=1",
+            "reset_connection"
+        ));
+    }
 }

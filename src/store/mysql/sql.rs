@@ -40,6 +40,7 @@ pub(super) struct Sql {
     pub(super) purge: String,
     pub(super) claim_insert: String,
     pub(super) claim_take: String,
+    pub(super) claim_upsert: String,
     pub(super) claims: String,
     pub(super) inspect: String,
     pub(super) lock_one: String,
@@ -175,6 +176,24 @@ impl Table {
                 "UPDATE {q} SET state = 'claimed', token = ?, fingerprint = ?, outcome = NULL,
                      expires_at = {NOW} + INTERVAL ? MICROSECOND, first_attempt_at = NULL
                  WHERE `key` = ? AND expires_at <= {NOW}"
+            ),
+            // `claim_insert` and `claim_take` as one statement, for drivers that run one
+            // (`MySqlStore::claim_statement`). Each assignment keeps a live row as it is, and
+            // `expires_at`, which the others read, is assigned last (MySQL assigns left to
+            // right). The ttl is in milliseconds. Parameters: key, token, fingerprint, ttl,
+            // then token, fingerprint, ttl again.
+            claim_upsert: format!(
+                "INSERT INTO {q}
+                     (`key`, state, token, fingerprint, outcome, expires_at, first_attempt_at)
+                 VALUES (?, 'claimed', ?, ?, NULL, {NOW} + INTERVAL (? * 1000) MICROSECOND, NULL)
+                 ON DUPLICATE KEY UPDATE
+                     state = IF(expires_at <= {NOW}, 'claimed', state),
+                     token = IF(expires_at <= {NOW}, ?, token),
+                     fingerprint = IF(expires_at <= {NOW}, ?, fingerprint),
+                     outcome = IF(expires_at <= {NOW}, NULL, outcome),
+                     first_attempt_at = IF(expires_at <= {NOW}, NULL, first_attempt_at),
+                     expires_at = IF(expires_at <= {NOW},
+                                     {NOW} + INTERVAL (? * 1000) MICROSECOND, expires_at)"
             ),
             claims: format!(
                 "SELECT `key`, fingerprint FROM {q} WHERE state = 'claimed' AND expires_at > {NOW}
