@@ -726,7 +726,7 @@ mod mysql {
 
         let ran = tool(&options, "dead-letters list").await;
         assert_eq!(ran.code, STORE_FAILED, "a missing outbox table: {ran:?}");
-        assert!(ran.err.contains("doesn't exist"), "{ran:?}");
+        assert!(ran.err.contains("does not exist"), "{ran:?}");
         assert!(
             !table_exists(&url, &table).await,
             "the tool created the table"
