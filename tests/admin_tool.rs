@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use support::stores::{SqliteDir, fp};
 use tower_idempotency::layer::{KeyForm, StoredKeys};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use tower_idempotency::outbox::Outbox;
 use tower_idempotency::store::Reservation;
 use tower_idempotency::store::admin::{Expiry, StoreAdmin};
 use tower_idempotency::{Outcome, SendError, SqliteStore};
@@ -235,10 +237,7 @@ const WAITING_KEY: &str = "order:2";
 /// attempts with [`DEAD_ERROR`], and [`WAITING_KEY`]: `dead-letters list` shows the dead one
 /// only, `requeue` puts it back to waiting, and a key without a dead letter is not found.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-async fn requeues_dead_letters_by_key(
-    outbox: &tower_idempotency::outbox::Outbox,
-    options: &[String],
-) {
+async fn requeues_dead_letters_by_key(outbox: &Outbox, options: &[String]) {
     let ran = tool(options, "dead-letters list").await;
     assert_eq!(ran.code, DONE, "{ran:?}");
     assert_eq!(ran.out, format!("{DEAD_KEY}\t3\t{DEAD_ERROR}\n"), "{ran:?}");
@@ -522,7 +521,6 @@ mod postgres {
     use support::stores::postgres_admin::{admin, drop_table};
     use support::stores::{backend_url, unique};
     use tower_idempotency::PostgresStore;
-    use tower_idempotency::outbox::Outbox;
 
     #[tokio::test]
     #[cfg_attr(
@@ -622,7 +620,6 @@ mod mysql {
     use support::stores::mysql_admin::{admin, drop_table};
     use support::stores::{backend_url, unique};
     use tower_idempotency::MySqlStore;
-    use tower_idempotency::outbox::Outbox;
 
     /// Whether `table` exists on the server at `url`.
     async fn table_exists(url: &str, table: &str) -> bool {
