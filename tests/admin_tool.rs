@@ -4,9 +4,9 @@
 //! store holds, the outbox's dead letters are listed and requeued by key, and the exit codes
 //! are those the usage documents (usage error, not found, unreachable store, refused).
 //!
-//! The SQLite cases and the cases without a store run everywhere; the Redis and PostgreSQL
-//! ones are reported as ignored when their server did not answer as the suite was built (see
-//! `support::stores`).
+//! The SQLite cases and the cases without a store run everywhere; the Redis, PostgreSQL and
+//! MySQL ones are reported as ignored when their server did not answer as the suite was built
+//! (see `support::stores`).
 #![cfg(feature = "cli")]
 
 mod support;
@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use support::stores::{SqliteDir, fp};
 use tower_idempotency::layer::{KeyForm, StoredKeys};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use tower_idempotency::outbox::Outbox;
 use tower_idempotency::store::Reservation;
 use tower_idempotency::store::admin::{Expiry, StoreAdmin};
 use tower_idempotency::{Outcome, SendError, SqliteStore};
@@ -215,8 +217,43 @@ async fn settles_keys_by_hand(store: &dyn StoreAdmin, options: &[String]) {
     let ran = tool(options, "resolve ns:stale delivered m").await;
     assert_eq!(ran.code, NOT_FOUND, "{ran:?}");
 
-    let ran = tool(options, "list").await;
+    // Every page: on Redis one page scans a bounded part of the keyspace, so on a server
+    // holding many other keys the first page may be empty with a cursor to go on.
+    let ran = tool(options, "list --all").await;
     assert_eq!((ran.code, ran.out.as_str()), (DONE, ""), "{ran:?}");
+}
+
+/// The dead message the outbox stories plant, as a refused send leaves it.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const DEAD_KEY: &str = "order:1";
+/// Its last error.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const DEAD_ERROR: &str = "provider.rejected (permanent): refused";
+/// The message beside it, waiting.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const WAITING_KEY: &str = "order:2";
+
+/// The same story on each database's outbox, which holds [`DEAD_KEY`], given up after three
+/// attempts with [`DEAD_ERROR`], and [`WAITING_KEY`]: `dead-letters list` shows the dead one
+/// only, `requeue` puts it back to waiting, and a key without a dead letter is not found.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn requeues_dead_letters_by_key(outbox: &Outbox, options: &[String]) {
+    let ran = tool(options, "dead-letters list").await;
+    assert_eq!(ran.code, DONE, "{ran:?}");
+    assert_eq!(ran.out, format!("{DEAD_KEY}\t3\t{DEAD_ERROR}\n"), "{ran:?}");
+
+    let ran = tool(options, &format!("dead-letters requeue {DEAD_KEY}")).await;
+    assert_eq!(ran.code, DONE, "{ran:?}");
+    let counts = outbox.counts().await.unwrap();
+    assert_eq!((counts.waiting, counts.dead), (2, 0), "{counts:?}");
+    let ran = tool(options, "dead-letters list").await;
+    assert_eq!((ran.code, ran.out.as_str()), (DONE, ""), "{ran:?}");
+
+    // A key whose row is waiting, and a key with no row: nothing to requeue.
+    for key in [DEAD_KEY, WAITING_KEY, "order:3"] {
+        let ran = tool(options, &format!("dead-letters requeue {key}")).await;
+        assert_eq!(ran.code, NOT_FOUND, "{key}: {ran:?}");
+    }
 }
 
 fn sqlite_options(path: &Path) -> Vec<String> {
@@ -337,6 +374,8 @@ async fn usage_errors_and_help_have_their_exit_codes() {
         "--redis redis://127.0.0.1:6379 --table t list",
         "--postgres postgres://x --namespace ns dead-letters requeue k",
         "--sqlite f list --colour",
+        "--mysql mysql://127.0.0.1 --prefix p list",
+        "--mysql mysql://127.0.0.1 --namespace ns dead-letters list",
     ] {
         let ran = tool(&[], line).await;
         assert_eq!(ran.code, USAGE, "{line}: {ran:?}");
@@ -369,6 +408,10 @@ async fn an_unreachable_store_is_a_store_error() {
             format!("--postgres postgres://postgres@127.0.0.1:{port}/test"),
             "PostgreSQL",
         ),
+        (
+            format!("--mysql mysql://root@127.0.0.1:{port}/test"),
+            "MySQL",
+        ),
     ] {
         let ran = tool(&[], &format!("{options} list")).await;
         assert_eq!(ran.code, STORE_FAILED, "{options}: {ran:?}");
@@ -377,12 +420,49 @@ async fn an_unreachable_store_is_a_store_error() {
             "{options}: {ran:?}"
         );
     }
-    let ran = tool(
-        &[],
-        &format!("--postgres postgres://postgres@127.0.0.1:{port}/test dead-letters list"),
-    )
-    .await;
-    assert_eq!(ran.code, STORE_FAILED, "{ran:?}");
+    for options in [
+        format!("--postgres postgres://postgres@127.0.0.1:{port}/test"),
+        format!("--mysql mysql://root@127.0.0.1:{port}/test"),
+    ] {
+        let ran = tool(&[], &format!("{options} dead-letters list")).await;
+        assert_eq!(ran.code, STORE_FAILED, "{options}: {ran:?}");
+    }
+}
+
+/// Whatever the URL, the option picks the database: a mistyped scheme, or another database's
+/// URL, is refused before anything connects (the port is closed: a connection attempt would
+/// say so instead), and the password stays out of the message.
+#[tokio::test]
+async fn a_url_not_of_the_options_database_is_a_store_error() {
+    let port = closed_port();
+    for (options, option) in [
+        (
+            format!("--mysql mysq://root:s3cret@127.0.0.1:{port}/test"),
+            "--mysql",
+        ),
+        (
+            format!("--mysql postgres://root:s3cret@127.0.0.1:{port}/test"),
+            "--mysql",
+        ),
+        (
+            format!("--postgres mysql://root:s3cret@127.0.0.1:{port}/test"),
+            "--postgres",
+        ),
+        (
+            format!("--postgres postgress://root:s3cret@127.0.0.1:{port}/test"),
+            "--postgres",
+        ),
+    ] {
+        for command in ["list", "dead-letters list"] {
+            let ran = tool(&[], &format!("{options} {command}")).await;
+            assert_eq!(ran.code, STORE_FAILED, "{options} {command}: {ran:?}");
+            assert!(
+                ran.err.contains(&format!("{option} takes a URL such as")),
+                "{options} {command}: {ran:?}"
+            );
+            assert!(!ran.err.contains("s3cret"), "{options} {command}: {ran:?}");
+        }
+    }
 }
 
 #[cfg(feature = "redis")]
@@ -441,7 +521,6 @@ mod postgres {
     use support::stores::postgres_admin::{admin, drop_table};
     use support::stores::{backend_url, unique};
     use tower_idempotency::PostgresStore;
-    use tower_idempotency::outbox::Outbox;
 
     #[tokio::test]
     #[cfg_attr(
@@ -498,22 +577,22 @@ mod postgres {
         outbox.migrate().await.expect("migrate");
         let mut client = admin(&url).await;
         let tx = client.transaction().await.unwrap();
-        for key in ["order:1", "order:2"] {
+        for key in [DEAD_KEY, WAITING_KEY] {
             outbox
                 .enqueue(&tx, &message(Some(key), "New order"))
                 .await
                 .expect("enqueue");
         }
         tx.commit().await.unwrap();
-        // A worker gave `order:1` up: the state a refused send leaves, written around the
+        // A worker gave the message up: the state a refused send leaves, written around the
         // outbox as the worker writes it.
         client
             .execute(
                 &format!(
                     "UPDATE \"{table}\" SET state = 'dead', attempts = 3, finished_at = now(), \
-                     last_error = 'provider.rejected (permanent): refused' WHERE key = $1"
+                     last_error = $2 WHERE key = $1"
                 ),
-                &[&"order:1"],
+                &[&DEAD_KEY, &DEAD_ERROR],
             )
             .await
             .unwrap();
@@ -523,30 +602,133 @@ mod postgres {
             "--outbox-table".to_owned(),
             table.clone(),
         ];
-
-        let ran = tool(&options, "dead-letters list").await;
-        assert_eq!(ran.code, DONE, "{ran:?}");
-        assert_eq!(
-            ran.out, "order:1\t3\tprovider.rejected (permanent): refused\n",
-            "{ran:?}"
-        );
-
-        let ran = tool(&options, "dead-letters requeue order:1").await;
-        assert_eq!(ran.code, DONE, "{ran:?}");
-        let counts = outbox.counts().await.unwrap();
-        assert_eq!((counts.waiting, counts.dead), (2, 0), "{counts:?}");
-        let ran = tool(&options, "dead-letters list").await;
-        assert_eq!((ran.code, ran.out.as_str()), (DONE, ""), "{ran:?}");
-
-        // A key whose row is waiting, and a key with no row: nothing to requeue.
-        for key in ["order:1", "order:2", "order:3"] {
-            let ran = tool(&options, &format!("dead-letters requeue {key}")).await;
-            assert_eq!(ran.code, NOT_FOUND, "{key}: {ran:?}");
-        }
+        requeues_dead_letters_by_key(&outbox, &options).await;
         drop_table(&url, &table).await;
 
         let ran = tool(&options, "dead-letters list").await;
         assert_eq!(ran.code, STORE_FAILED, "a missing outbox table: {ran:?}");
         assert!(ran.err.contains("does not exist"), "{ran:?}");
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    use mysql_async::TxOpts;
+    use mysql_async::prelude::Queryable;
+    use support::message;
+    use support::stores::mysql_admin::{admin, drop_table};
+    use support::stores::{backend_url, unique};
+    use tower_idempotency::MySqlStore;
+
+    /// Whether `table` exists on the server at `url`.
+    async fn table_exists(url: &str, table: &str) -> bool {
+        let pool = admin(url);
+        let mut conn = pool.get_conn().await.expect("admin connection");
+        let found: Option<u64> = conn
+            .exec_first(
+                "SELECT count(*) FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name = ?",
+                (table,),
+            )
+            .await
+            .expect("information_schema");
+        drop(conn);
+        pool.disconnect().await.expect("disconnect");
+        found.unwrap_or(0) > 0
+    }
+
+    #[tokio::test]
+    #[cfg_attr(
+        not(backend_mysql),
+        ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+    )]
+    async fn the_tool_settles_keys_on_a_mysql_store() {
+        let Some(url) = backend_url("MYSQL_URL") else {
+            return;
+        };
+        let table = unique("admin_tool");
+        let store = MySqlStore::connect(&url)
+            .await
+            .expect("connect")
+            .table(&table)
+            .expect("valid table name");
+        store.migrate().await.expect("migrate");
+        let options = vec![
+            "--mysql".to_owned(),
+            url.clone(),
+            "--table".to_owned(),
+            table.clone(),
+        ];
+        settles_keys_by_hand(&store, &options).await;
+        drop_table(&url, &table).await;
+
+        // A table that is not there is a store error, and stays absent.
+        let ran = tool(&options, "list").await;
+        assert_eq!(ran.code, STORE_FAILED, "{ran:?}");
+        assert!(
+            !table_exists(&url, &table).await,
+            "the tool created the table"
+        );
+    }
+
+    #[tokio::test]
+    #[cfg_attr(
+        not(backend_mysql),
+        ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+    )]
+    async fn the_tool_lists_and_requeues_dead_letters_by_key_on_mysql() {
+        let Some(url) = backend_url("MYSQL_URL") else {
+            return;
+        };
+        let table = unique("admin_tool_outbox");
+        let outbox = Outbox::connect(&url)
+            .await
+            .expect("connect")
+            .table(&table)
+            .expect("valid table name");
+        outbox.migrate().await.expect("migrate");
+        let pool = admin(&url);
+        let mut tx = pool
+            .start_transaction(TxOpts::default())
+            .await
+            .expect("begin");
+        for key in [DEAD_KEY, WAITING_KEY] {
+            outbox
+                .enqueue_mysql(&mut tx, &message(Some(key), "New order"))
+                .await
+                .expect("enqueue");
+        }
+        tx.commit().await.expect("commit");
+        // A worker gave the message up: the state a refused send leaves, written around the
+        // outbox as the worker writes it.
+        let mut conn = pool.get_conn().await.expect("admin connection");
+        conn.exec_drop(
+            format!(
+                "UPDATE `{table}` SET state = 'dead', attempts = 3, \
+                 finished_at = UTC_TIMESTAMP(6), last_error = ? WHERE `key` = ?"
+            ),
+            (DEAD_ERROR, DEAD_KEY),
+        )
+        .await
+        .expect("plant the dead letter");
+        drop(conn);
+        pool.disconnect().await.expect("disconnect");
+        let options = vec![
+            "--mysql".to_owned(),
+            url.clone(),
+            "--outbox-table".to_owned(),
+            table.clone(),
+        ];
+        requeues_dead_letters_by_key(&outbox, &options).await;
+        drop_table(&url, &table).await;
+
+        let ran = tool(&options, "dead-letters list").await;
+        assert_eq!(ran.code, STORE_FAILED, "a missing outbox table: {ran:?}");
+        assert!(ran.err.contains("does not exist"), "{ran:?}");
+        assert!(
+            !table_exists(&url, &table).await,
+            "the tool created the table"
+        );
     }
 }

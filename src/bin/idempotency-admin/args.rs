@@ -17,6 +17,8 @@ STORE, exactly one:
   --redis URL           a RedisStore (redis://[user:password@]host:port[/db])
   --redis-cluster URLS  a RedisStore on Redis Cluster: node URLs separated by commas
   --postgres URL        a PostgresStore, and its outbox (postgres://user@host:port/db)
+  --mysql URL           a MySqlStore on MySQL or MariaDB, and its outbox
+                        (mysql://user:password@host:port/db)
   --sqlite FILE         a SqliteStore's database file; the tool opens an existing store
                         only, and refuses a file that is not one (it creates nothing)
 
@@ -38,7 +40,7 @@ commands on keys (every store):
   resolve KEY not-sent [--force]
                         free the key: the next send under it goes
 
-commands on the outbox (--postgres only):
+commands on the outbox (--postgres or --mysql):
   dead-letters list [--limit N]
                         the dead messages, oldest first (default 100): KEY, ATTEMPTS,
                         LAST ERROR, tab-separated; never their content
@@ -53,7 +55,8 @@ options:
   --hashed              with --namespace: the layer stores hashed keys (KeyForm::Hashed),
                         so the stored key is `NS:h1:<SHA-256 of NS:KEY>`
   --prefix PREFIX       the RedisStore's key prefix (default `idem:`)
-  --table TABLE         the PostgresStore's table (default `idempotency_keys`)
+  --table TABLE         the PostgresStore's or MySqlStore's table (default
+                        `idempotency_keys`)
   --outbox-table TABLE  the outbox's table (default `idempotency_outbox`)
   --                    what follows is a word, even when it begins with `-`
   -h, --help            this text
@@ -68,9 +71,14 @@ exit codes:
   1  usage error: the command line cannot be read, or an option does not apply
   2  not found: no record under the key, or no dead letter under the key
   3  store error: the store cannot be reached, failed, or is not a store (a SQLite file
-     without the table, a PostgreSQL table or outbox that does not exist)
+     without the table, a PostgreSQL or MySQL table or outbox that does not exist, a
+     URL that is not the store's)
   4  refused: a live send or a waiting claim holds the key (add --force)
 ";
+
+/// Refused when dead letters are asked of a store that has no outbox.
+pub(crate) const OUTBOX_STORES: &str =
+    "the outbox is on PostgreSQL or MySQL: dead letters need --postgres or --mysql";
 
 /// Which store, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +86,7 @@ pub(crate) enum StoreArg {
     Redis(String),
     RedisCluster(Vec<String>),
     Postgres(String),
+    MySql(String),
     Sqlite(PathBuf),
 }
 
@@ -205,6 +214,9 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Request, S
                 "--postgres",
                 value("--postgres")?,
             )?)),
+            "--mysql" => options
+                .stores
+                .push(StoreArg::MySql(location("--mysql", value("--mysql")?)?)),
             "--sqlite" => options.stores.push(StoreArg::Sqlite(PathBuf::from(location(
                 "--sqlite",
                 value("--sqlite")?,
@@ -231,7 +243,8 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Request, S
     let store = match options.stores.len() {
         0 => {
             return Err(
-                "no store: give one of --redis, --redis-cluster, --postgres, --sqlite".to_owned(),
+                "no store: give one of --redis, --redis-cluster, --postgres, --mysql, --sqlite"
+                    .to_owned(),
             );
         }
         1 => options.stores.remove(0),
@@ -352,15 +365,17 @@ fn check_store_options(
     command: &Command,
 ) -> Result<(), String> {
     let redis = matches!(store, StoreArg::Redis(_) | StoreArg::RedisCluster(_));
-    let postgres = matches!(store, StoreArg::Postgres(_));
+    let sql = matches!(store, StoreArg::Postgres(_) | StoreArg::MySql(_));
     if options.prefix.is_some() && !redis {
         return Err("--prefix is the RedisStore's: it needs --redis or --redis-cluster".into());
     }
-    if options.table.is_some() && !postgres {
-        return Err("--table is the PostgresStore's: it needs --postgres".into());
+    if options.table.is_some() && !sql {
+        return Err(
+            "--table is the PostgresStore's or MySqlStore's: it needs --postgres or --mysql".into(),
+        );
     }
-    if (options.outbox_table.is_some() || command.is_outbox()) && !postgres {
-        return Err("the outbox is on PostgreSQL: dead letters need --postgres".into());
+    if (options.outbox_table.is_some() || command.is_outbox()) && !sql {
+        return Err(OUTBOX_STORES.into());
     }
     if command.is_outbox() {
         if options.namespace.is_some() || options.hashed {
@@ -464,6 +479,21 @@ mod tests {
                 .command,
             Command::DeadLetters { limit: 7 }
         );
+        let parsed = args("--mysql mysql://db --table keys --outbox-table jobs dead-letters list");
+        assert!(
+            parsed.is_err(),
+            "--table is not for dead letters: {parsed:?}"
+        );
+        let parsed = args("--mysql mysql://db --table keys show k").unwrap();
+        assert_eq!(parsed.store, StoreArg::MySql("mysql://db".into()));
+        assert_eq!(parsed.table.as_deref(), Some("keys"));
+        assert_eq!(
+            args("--mysql mysql://db --outbox-table jobs dead-letters requeue order:1")
+                .unwrap()
+                .outbox_table
+                .as_deref(),
+            Some("jobs")
+        );
         assert_eq!(
             args("--postgres p dead-letters requeue order:1")
                 .unwrap()
@@ -508,6 +538,11 @@ mod tests {
             "--redis r --table t list",
             "--sqlite f --prefix p list",
             "--redis r dead-letters list",
+            "--redis r --mysql m list",
+            "--mysql m --prefix p list",
+            "--mysql m --namespace ns dead-letters list",
+            "--mysql m --outbox-table o list",
+            "--mysql",
             "--sqlite f dead-letters requeue k",
             "--postgres p --namespace ns dead-letters requeue k",
             "--postgres p --outbox-table o list",
@@ -534,6 +569,7 @@ mod tests {
             "--redis",
             "--redis-cluster",
             "--postgres",
+            "--mysql",
             "--sqlite",
             "0  done",
             "1  usage",

@@ -7,9 +7,9 @@ use rusqlite::{Connection, OpenFlags};
 use tower_idempotency::outbox::Outbox;
 use tower_idempotency::store::StoreError;
 use tower_idempotency::store::admin::StoreAdmin;
-use tower_idempotency::{PostgresStore, RedisStore, SqliteStore};
+use tower_idempotency::{MySqlStore, PostgresStore, RedisStore, SqliteStore};
 
-use crate::args::{Args, StoreArg};
+use crate::args::{Args, OUTBOX_STORES, StoreArg};
 use crate::output::{Exit, chain};
 
 /// Why the store could not be opened: the exit code and what to tell.
@@ -67,9 +67,24 @@ pub(crate) async fn store(args: &Args) -> Result<Box<dyn StoreAdmin>, NotOpened>
             }
         }
         StoreArg::Postgres(url) => {
+            of_database(url, &POSTGRES)?;
             let store = PostgresStore::connect(url)
                 .await
                 .map_err(|e| NotOpened::connect("PostgreSQL", &e))?;
+            match &args.table {
+                Some(table) => Box::new(
+                    store
+                        .table(table)
+                        .map_err(|e| NotOpened::usage(format!("--table: {e}")))?,
+                ),
+                None => Box::new(store),
+            }
+        }
+        StoreArg::MySql(url) => {
+            of_database(url, &MYSQL)?;
+            let store = MySqlStore::connect(url)
+                .await
+                .map_err(|e| NotOpened::connect("MySQL", &e))?;
             match &args.table {
                 Some(table) => Box::new(
                     store
@@ -94,20 +109,80 @@ pub(crate) async fn store(args: &Args) -> Result<Box<dyn StoreAdmin>, NotOpened>
 
 /// The outbox, connected.
 pub(crate) async fn outbox(args: &Args) -> Result<Outbox, NotOpened> {
-    let StoreArg::Postgres(url) = &args.store else {
-        return Err(NotOpened::usage(
-            "the outbox is on PostgreSQL: dead letters need --postgres",
-        ));
+    let (url, database) = match &args.store {
+        StoreArg::Postgres(url) => (url, &POSTGRES),
+        StoreArg::MySql(url) => (url, &MYSQL),
+        _ => return Err(NotOpened::usage(OUTBOX_STORES)),
     };
+    // `Outbox::connect` picks the database by the URL's scheme: checked first, the option
+    // decides, as it does for the keys.
+    of_database(url, database)?;
     let outbox = Outbox::connect(url)
         .await
-        .map_err(|e| NotOpened::connect("PostgreSQL", &e))?;
+        .map_err(|e| NotOpened::connect(database.name, &e))?;
     match &args.outbox_table {
         Some(table) => outbox
             .table(table)
             .map_err(|e| NotOpened::usage(format!("--outbox-table: {e}"))),
         None => Ok(outbox),
     }
+}
+
+/// A database a store option names, and the URL schemes it takes.
+#[derive(Debug)]
+struct Database {
+    option: &'static str,
+    name: &'static str,
+    schemes: &'static [&'static str],
+    /// Whether a value without a scheme is the database's too (tokio-postgres's `key=value`
+    /// settings).
+    without_scheme: bool,
+    example: &'static str,
+}
+
+const POSTGRES: Database = Database {
+    option: "--postgres",
+    name: "PostgreSQL",
+    schemes: &["postgres", "postgresql"],
+    without_scheme: true,
+    example: "postgres://user@host:port/db",
+};
+
+const MYSQL: Database = Database {
+    option: "--mysql",
+    name: "MySQL",
+    schemes: &["mysql"],
+    without_scheme: false,
+    example: "mysql://user:password@host:port/db",
+};
+
+/// Refuses a URL of another scheme than the option's database: a typo names no database,
+/// and another database's URL must not open that database under this option.
+fn of_database(url: &str, database: &Database) -> Result<(), NotOpened> {
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    let fits = match scheme {
+        // Exactly, as `Outbox::connect` reads it.
+        Some(scheme) => database.schemes.contains(&scheme),
+        None => database.without_scheme,
+    };
+    if fits {
+        return Ok(());
+    }
+    let Database {
+        option,
+        name,
+        example,
+        ..
+    } = database;
+    // The scheme only: the rest may hold a password, and a value without a scheme may be
+    // nothing but one.
+    let given = match scheme {
+        Some(scheme) => format!("a {scheme}:// URL"),
+        None => "a value without a scheme".to_owned(),
+    };
+    Err(NotOpened::store(format!(
+        "could not open {name}: {option} takes a URL such as {example}, not {given}"
+    )))
 }
 
 /// `url` with its user information, which may hold a password, replaced by `***`: errors
@@ -176,5 +251,30 @@ mod tests {
         assert_eq!(without_password("redis://:p@ss@cache"), "redis://***@cache");
         assert_eq!(without_password("redis://cache:6379"), "redis://cache:6379");
         assert_eq!(without_password("not a url"), "not a url");
+    }
+
+    #[test]
+    fn each_database_option_takes_its_own_urls_only() {
+        assert!(of_database("mysql://root@db:3306/app", &MYSQL).is_ok());
+        assert!(of_database("postgres://app@db/app", &POSTGRES).is_ok());
+        assert!(of_database("postgresql://app@db/app", &POSTGRES).is_ok());
+        assert!(of_database("host=db user=app", &POSTGRES).is_ok());
+        for (url, database) in [
+            ("mysq://root:s3cret@db/app", &MYSQL),
+            ("MySQL://root:s3cret@db/app", &MYSQL),
+            ("postgres://root:s3cret@db/app", &MYSQL),
+            ("root:s3cret@db/app", &MYSQL),
+            ("mysql://root:s3cret@db/app", &POSTGRES),
+            ("postgress://root:s3cret@db/app", &POSTGRES),
+        ] {
+            let not = of_database(url, database).unwrap_err();
+            assert_eq!(not.exit, Exit::StoreFailed, "{url}");
+            assert!(
+                not.reason.contains(database.option),
+                "{url}: {}",
+                not.reason
+            );
+            assert!(!not.reason.contains("s3cret"), "{url}: {}", not.reason);
+        }
     }
 }

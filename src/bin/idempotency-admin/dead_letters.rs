@@ -1,4 +1,4 @@
-//! The commands on the PostgreSQL outbox: `dead-letters list` and `dead-letters requeue`.
+//! The commands on the outbox, on PostgreSQL or MySQL: `dead-letters list` and `dead-letters requeue`.
 
 use tower_idempotency::outbox::Outbox;
 

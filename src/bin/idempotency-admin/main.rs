@@ -1,7 +1,7 @@
 //! `idempotency-admin`: settle the keys of a tower-idempotency store by hand (list the keys of
 //! unknown delivery and the stale ones, show, forget, resolve as delivered or not sent), and
-//! list and requeue the PostgreSQL outbox's dead letters, on Redis, Redis Cluster,
-//! PostgreSQL and SQLite stores.
+//! list and requeue the outbox's dead letters, on Redis, Redis Cluster, PostgreSQL, MySQL
+//! (or MariaDB) and SQLite stores; the outbox on PostgreSQL or MySQL.
 //!
 //! ```sh
 //! cargo install tower-idempotency --features cli
@@ -9,6 +9,8 @@
 //! idempotency-admin --postgres postgres://app@db/app --namespace billing show invoice:42
 //! idempotency-admin --sqlite /var/lib/app/keys.sqlite3 resolve billing:invoice:42 delivered msg_81
 //! idempotency-admin --postgres postgres://app@db/app dead-letters requeue order.created:ord_1
+//! idempotency-admin --mysql mysql://app@db/app --table keys forget billing:invoice:42
+//! idempotency-admin --mysql mysql://app@db/app dead-letters list
 //! ```
 //!
 //! `--help` prints the whole usage and the exit codes (args.rs).
