@@ -562,7 +562,7 @@ impl RedisStore {
         lease: Duration,
     ) -> Result<Result<Reservation, StoreError>, StoreError> {
         let fast = self.fast_reserve(key, token, fingerprint, lease)?;
-        let (replies, short) = self.pipeline_acked(fast.commands.iter(), true).await?;
+        let (replies, short) = self.pipeline_acked(fast.commands, true).await?;
         let [set, pttl] = replies.try_into().map_err(|_| {
             StoreError::corrupt("reserve: the server answered two commands otherwise")
         })?;

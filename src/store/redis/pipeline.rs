@@ -232,7 +232,7 @@ impl RedisStore {
         }
         // One node: a single server, or the primary Sentinel names.
         let (values, short) = self
-            .pipeline_acked(commands.iter().map(|(_, cmd)| cmd), ack)
+            .pipeline_acked(commands.iter().map(|(_, cmd)| cmd.clone()), ack)
             .await?;
         let short = short.map(|e| e.to_string());
         Ok((
@@ -252,7 +252,7 @@ impl RedisStore {
         }
         let sent = futures_util::future::join_all(slots.into_values().map(|entries| async move {
             let replies = self
-                .pipeline_acked(entries.iter().map(|&i| &commands[i].1), ack)
+                .pipeline_acked(entries.iter().map(|&i| commands[i].1.clone()), ack)
                 .await;
             (entries, replies)
         }))
@@ -297,15 +297,17 @@ impl RedisStore {
     /// Followed by `WAIT` in the same pipeline when `ack` is set and the store
     /// [requires replicas](Self::require_replicas). Answers the commands'
     /// replies (not `WAIT`'s) and, when `WAIT` counted fewer replicas than required, the
-    /// store failure that says so: the writes ran on the primary all the same.
-    pub(super) async fn pipeline_acked<'c>(
+    /// store failure that says so: the writes ran on the primary all the same. Takes the
+    /// commands by value: a single reserve's are its own, and only a batch, which keeps its
+    /// commands for the next slot or a script reload, pays for copies.
+    pub(super) async fn pipeline_acked(
         &self,
-        commands: impl Iterator<Item = &'c Cmd>,
+        commands: impl IntoIterator<Item = Cmd>,
         ack: bool,
     ) -> Result<(Vec<Value>, Option<StoreError>), StoreError> {
         let mut pipe = redis::pipe();
         for cmd in commands {
-            pipe.add_command(cmd.clone());
+            pipe.add_command(cmd);
         }
         let durability = self.durability.filter(|_| ack);
         if let Some(durability) = durability {

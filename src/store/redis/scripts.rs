@@ -178,15 +178,18 @@ impl RedisStore {
             },
         )?;
         let redis_key = self.redis_key(key);
-        let mut set = redis::cmd("SET");
-        set.arg(&redis_key)
+        // Sized up front: every reserve builds these two, and grown argument by argument
+        // their buffers were reallocated several times a call.
+        let mut set = Cmd::with_capacity(7, redis_key.len() + pending.len() + 32);
+        set.arg("SET")
+            .arg(&redis_key)
             .arg(&pending)
             .arg("NX")
             .arg("GET")
             .arg("PX")
             .arg(px);
-        let mut pttl = redis::cmd("PTTL");
-        pttl.arg(redis_key);
+        let mut pttl = Cmd::with_capacity(2, redis_key.len() + 4);
+        pttl.arg("PTTL").arg(redis_key);
         Ok(FastReserve {
             commands: [set, pttl],
             pending,
