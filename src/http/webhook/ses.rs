@@ -54,7 +54,26 @@ pub const SNS_TOLERANCE: Duration = Duration::from_secs(60 * 60);
 /// use tower_idempotency::http::webhook::ses::{SesEvents, SesWebhook};
 /// use tower_idempotency::MemoryStore;
 ///
-/// # let pem = include_str!("../../../tests/fixtures/sns/cert.pem");
+/// # let pem = "\
+/// # -----BEGIN CERTIFICATE-----\n\
+/// # MIIDGTCCAgGgAwIBAgIUcC1udoL7+sPmMISduO6pzYj4rXYwDQYJKoZIhvcNAQEL\n\
+/// # BQAwGzEZMBcGA1UEAwwQc25zLnRlc3QuaW52YWxpZDAgFw0yNjEyMDQxODUwNTVa\n\
+/// # GA8yMTI2MTExMDE4NTA1NVowGzEZMBcGA1UEAwwQc25zLnRlc3QuaW52YWxpZDCC\n\
+/// # ASIwDQYJKoZIhvcNAQEBBQADggEPADCCAQoCggEBAMczrDAAguIH5FI2Ev9C5Wld\n\
+/// # Ep5kRQEwDNYsy6oJWdhj1deDflBSJI5zNtgJQVUngxEZR8ccMo41llMWdPm43wge\n\
+/// # EV+jZEI97990GIWkIFwcpMVlVSmHw/g+yYPduTW59tL0VewcNtxFbEcmJwRYsIgr\n\
+/// # V1GVXBy64Si9wpgvB75nNnexwZMl7LkYTGwBn/IvnP2f4sWNV1KaaiGxo59inJC3\n\
+/// # tRvJEcYS8qO26WYCpPZ1HXToUZ5TFGkTCN2/qc1CdnAvnpZ/O0NqwRbt50eVMWOW\n\
+/// # xweyJ6N4cw40C+RhHhWVgMN/Ut1m9vrIOa1/AzQ3bwdDUj2YOjS5zK0Qst2dPuMC\n\
+/// # AwEAAaNTMFEwHQYDVR0OBBYEFH+8v3BflJfgtrVPUI2GepQ4NXlTMB8GA1UdIwQY\n\
+/// # MBaAFH+8v3BflJfgtrVPUI2GepQ4NXlTMA8GA1UdEwEB/wQFMAMBAf8wDQYJKoZI\n\
+/// # hvcNAQELBQADggEBACJatayWXVLU6mwEFgaXRAIKqwtMvLvO1mOgA7NxEGz9ZVoF\n\
+/// # HLidgzHb4vcjDTcEDOD/j8Va2gimLwnWdWu7vdd7V1yBnSnfVeWo16y7IBS9PTm/\n\
+/// # hR3yjeO9jThbP4mXHGCV5vomXu6x6AAuLWwOMIZKxpstjLgzfq4/4aC39fdimfdC\n\
+/// # pVpA+ENQBwDFFUojNaq19pyQ51rB+t4VPzTxXG64Yzm3s4wEuYMB9dzaa+pdUMRS\n\
+/// # n9aUOCACrAW4thdd56vCIs7a1EzgkUHc5gluvDvdSIvD2I3PRfLmWxN/J4Heshah\n\
+/// # nr+I6H4pMHWncN2GAgL455Jy+XgGECGZdFAJMD4=\n\
+/// # -----END CERTIFICATE-----\n";
 /// // The certificate of SNS's SigningCertURL, downloaded and checked once by you.
 /// let events = SesEvents::new("arn:aws:sns:eu-west-1:123456789012:ses-events", pem)?;
 /// let receiver: SesWebhook<MemoryStore> = SesWebhook::new(MemoryStore::new(), events);
@@ -358,13 +377,17 @@ fn element(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
 mod tests {
     use super::*;
 
+    // A real certificate's key is read in tests/webhooks_ses.rs, which verifies with it.
     #[test]
-    fn the_fixture_certificate_yields_its_rsa_key() {
-        let pem = include_str!("../../../tests/fixtures/sns/cert.pem");
-        let key = rsa_public_key(pem).unwrap();
-        assert_eq!(key.first(), Some(&0x30), "an RSAPublicKey SEQUENCE");
+    fn what_is_not_a_certificate_is_refused_without_panicking() {
         assert!(rsa_public_key("no certificate").is_err());
+        assert!(
+            rsa_public_key("-----BEGIN CERTIFICATE-----\n!!\n-----END CERTIFICATE-----").is_err()
+        );
         assert!(spki_rsa_key(&[0x30, 0x82, 0xff]).is_none());
+        assert!(spki_rsa_key(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]).is_none());
+        assert!(spki_rsa_key(&[0x30, 0x80]).is_none());
+        assert!(spki_rsa_key(&[]).is_none());
     }
 
     #[test]
