@@ -66,7 +66,11 @@ async fn main() -> Result<(), BoxError> {
         .service(Client::builder(TokioExecutor::new()).build_http());
     let lookup = ListingLookup::new(
         client.clone(),
-        ResendListing::new("re_example").base_url(resend.base_url.parse()?),
+        // Every keyed message here lets the codec set its Message-ID, so a message missing
+        // from the listing past its delay was not sent.
+        ResendListing::new("re_example")
+            .base_url(resend.base_url.parse()?)
+            .every_message_marked(),
     );
     let reconciler = Reconciler::new(store.clone(), lookup).stored_keys(layer.stored_keys());
     let counters = reconciler.counters();

@@ -73,7 +73,9 @@ impl Stack {
     fn lookup(&self) -> ListingLookup<HyperClient, ResendListing> {
         ListingLookup::new(
             hyper_client(),
-            ResendListing::new("re_test").base_url(self.resend.base_url()),
+            ResendListing::new("re_test")
+                .base_url(self.resend.base_url())
+                .every_message_marked(),
         )
         .listing_delay(DELAY)
     }
@@ -156,6 +158,57 @@ async fn a_key_the_provider_never_took_is_left_inside_the_listing_delay_and_free
 }
 
 #[tokio::test]
+async fn a_message_with_its_own_message_id_is_never_answered_not_sent_by_default() {
+    let stack = Stack::new().await;
+    stack.resend.script([OnSend::TakeThen500]);
+    let threaded = Message::builder()
+        .from("Shop <hello@shop.example>")
+        .to("seller@example.com")
+        .subject("Re: New order")
+        .text("Sold.")
+        .message_id("<thread-7@shop.example>")
+        .idempotency_key("order:threaded")
+        .build()
+        .unwrap();
+    let send = || {
+        let transport = HttpTransport::new(
+            hyper_client(),
+            ResendCodec::new("re_test").base_url(stack.resend.base_url()),
+        );
+        ServiceBuilder::new()
+            .layer(stack.layer.clone())
+            .service(transport)
+            .oneshot(threaded.clone())
+    };
+    let unknown = send().await.unwrap_err();
+    assert!(unknown.delivery_unknown());
+    let taken = stack.resend.taken();
+    assert_eq!(
+        taken[0].message_id.as_deref(),
+        Some("<thread-7@shop.example>"),
+        "the sender's own Message-ID is kept, so Resend lists no mark"
+    );
+
+    // The listing cannot find it; long past the listing delay, that still proves nothing.
+    let lookup = ListingLookup::new(
+        hyper_client(),
+        ResendListing::new("re_test").base_url(stack.resend.base_url()),
+    )
+    .listing_delay(DELAY);
+    let mut reconciler = stack.reconciler(lookup);
+    reconciler.run_once().await;
+    tokio::time::pause();
+    tokio::time::advance(DELAY * 3).await;
+    tokio::time::resume();
+    let after = reconciler.run_once().await;
+    assert_eq!((after.delivered, after.not_sent, after.unknown), (0, 0, 1));
+
+    let still = send().await.unwrap_err();
+    assert!(still.delivery_unknown(), "not freed: {still:?}");
+    assert_eq!(stack.resend.sends(), 1, "never sent a second time");
+}
+
+#[tokio::test]
 async fn a_pass_over_a_thousand_unknown_keys_reads_one_paged_listing() {
     let stack = Stack::new().await;
     const KEYS: usize = 1_000;
@@ -213,7 +266,9 @@ async fn keys_a_crash_left_are_settled_by_the_lookup_before_any_takeover_sends()
     let store = MemoryStore::new();
     let lookup = ListingLookup::new(
         hyper_client(),
-        ResendListing::new("re_test").base_url(resend.base_url()),
+        ResendListing::new("re_test")
+            .base_url(resend.base_url())
+            .every_message_marked(),
     )
     .listing_delay(DELAY);
     let layer = IdempotencyLayer::builder()

@@ -7,11 +7,12 @@
 //! |---|---|---|
 //! | Resend | a tag named [`KEY_DIGEST`], and the `Message-ID` header `<ti-{digest}@{sender's domain}>` when the message sets none of its own | the webhook (its events carry the tags), the lookup (`GET /emails` lists `message_id`, not tags) |
 //! | Postmark | the `Metadata` entry [`KEY_DIGEST`] | the lookup (message search filters on metadata), the webhook (its events carry the metadata) |
+//! | Amazon SES | the message tag [`KEY_DIGEST`] (beside the codec's own `idempotency-key` tag) | the SNS receiver (SES writes a message's tags into every event, `mail.tags`); no lookup: SES lists nothing it sent |
 //! | Twilio | the query parameter [`KEY_DIGEST`] of the `StatusCallback` URL, when the codec has one | the webhook (Twilio calls that URL back); the Messages resource has no field of the sender's, so the lookup matches by `To`, `From` and `Body` |
 
 use sha2::{Digest, Sha256};
 
-/// The name of the tag (Resend), metadata entry (Postmark) and query parameter (Twilio's
+/// The name of the tag (Resend, Amazon SES), metadata entry (Postmark) and query parameter (Twilio's
 /// `StatusCallback`) that carries [`key_digest`]: 18 characters of Resend's tag charset
 /// (ASCII letters, digits, `_`), short enough for a Postmark metadata name.
 pub const KEY_DIGEST: &str = "idempotency_digest";

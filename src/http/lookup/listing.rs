@@ -102,6 +102,15 @@ pub trait Listing {
     /// # Errors
     /// When the body is not what the provider documents.
     fn read(&self, response: &http::Response<Bytes>) -> Result<ListedPage, BoxError>;
+
+    /// Whether a message missing from a complete listing proves it was not sent (default:
+    /// yes). A listing that cannot find every message the codec sent (one whose mark may be
+    /// missing) answers no, and the lookup then answers
+    /// [`Unknown`](crate::verify::Verified::Unknown), never
+    /// [`NotSent`](crate::verify::Verified::NotSent), for what it did not find.
+    fn absence_proves_not_sent(&self) -> bool {
+        true
+    }
 }
 
 #[derive(Default)]
@@ -319,11 +328,16 @@ where
             )));
         }
         let taken = snapshot.taken_at.unwrap_or(now);
-        Ok(if snapshot.complete && taken >= conclusive_after {
-            Verified::NotSent
-        } else {
-            Verified::Unknown
-        })
+        Ok(
+            if snapshot.complete
+                && taken >= conclusive_after
+                && self.listing.absence_proves_not_sent()
+            {
+                Verified::NotSent
+            } else {
+                Verified::Unknown
+            },
+        )
     }
 
     /// When the lookup first heard of `key`, remembering it now if never.

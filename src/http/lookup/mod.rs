@@ -27,9 +27,14 @@
 //! | Twilio ([`twilio::TwilioLookup`], one listing per key: no mark to list by) | `GET …/Messages.json?To=…&From=…` | `To`, `From` and `Body` of the message you rebuild | [`DEFAULT_LISTING_DELAY`] (5 min): Twilio documents none |
 //! | Postmark ([`postmark::PostmarkListing`]) | `GET /messages/outbound?count=500&offset=…` (at most 10,000 back) | `Metadata.idempotency_digest` | [`DEFAULT_LISTING_DELAY`] (5 min): Postmark documents none |
 //!
+//! The listing delays are assumptions: no provider documents how long it takes to list a
+//! message it took. Set [`listing_delay`](ListingLookup::listing_delay) longer if yours lists
+//! later.
+//!
 //! A message that sets a `Message-ID` of its own is not marked at Resend (its header is
-//! kept): the Resend lookup cannot find it, and would answer not sent once the window passed.
-//! Do not combine the two for keyed messages, or answer such keys from webhooks alone.
+//! kept), and a question carries nothing that tells whether it did: the Resend lookup answers
+//! unknown for a key it does not find, never not sent, unless you declare
+//! [`every_message_marked`](resend::ResendListing::every_message_marked).
 
 mod listing;
 pub mod postmark;

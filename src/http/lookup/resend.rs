@@ -3,6 +3,16 @@
 //! `ListEmailsResponse`) documents it. A message is found by its `message_id`, the
 //! `Message-ID` the [codec](crate::http::resend::ResendCodec) set from the stored key's
 //! [digest](crate::http::mark::key_digest).
+//!
+//! A keyed message that sets a `Message-ID` of its own keeps it (its threading is the
+//! sender's), so it carries no mark Resend lists, and a question about a key carries neither
+//! the message nor whether it set one. A listing that misses a message therefore proves
+//! nothing by default: the lookup answers [`Delivered`](crate::verify::Verified::Delivered)
+//! for what it finds and [`Unknown`](crate::verify::Verified::Unknown) for the rest, and the
+//! reconciler leaves those keys (to a webhook, or to you). Declare
+//! [`every_message_marked`](ResendListing::every_message_marked) when no keyed message of
+//! yours sets a `Message-ID`: a message still missing once the listing delay has passed is
+//! then [`NotSent`](crate::verify::Verified::NotSent).
 
 use std::fmt;
 
@@ -32,6 +42,7 @@ pub const RESEND_PAGE: usize = 100;
 pub struct ResendListing {
     authorization: String,
     base_url: Uri,
+    every_message_marked: bool,
 }
 
 impl ResendListing {
@@ -41,7 +52,21 @@ impl ResendListing {
         Self {
             authorization: format!("Bearer {}", api_key.as_ref()),
             base_url: Uri::from_static(RESEND_API),
+            every_message_marked: false,
         }
+    }
+
+    /// Declares that no keyed message sent through the codec sets a `Message-ID` of its own,
+    /// so every one carries the mark: a message missing from a complete listing, once the
+    /// listing delay has passed, was not sent. Without it, the lookup never answers not sent.
+    ///
+    /// Declare it only if it holds for every message of every process sending under these
+    /// keys: a message that set its own `Message-ID` would be answered not sent, and its key
+    /// freed to send again.
+    #[must_use]
+    pub fn every_message_marked(mut self) -> Self {
+        self.every_message_marked = true;
+        self
     }
 
     /// Lists at `base_url` instead (a test server, a proxy).
@@ -57,6 +82,7 @@ impl fmt::Debug for ResendListing {
         f.debug_struct("ResendListing")
             .field("api_key", &"<redacted>")
             .field("base_url", &self.base_url)
+            .field("every_message_marked", &self.every_message_marked)
             .finish()
     }
 }
@@ -114,5 +140,9 @@ impl Listing for ResendListing {
             })
             .collect();
         Ok(ListedPage::new(messages, page.has_more))
+    }
+
+    fn absence_proves_not_sent(&self) -> bool {
+        self.every_message_marked
     }
 }

@@ -9,8 +9,7 @@
 //! | Twilio | [`TwilioWebhook`](twilio::TwilioWebhook) | `X-Twilio-Signature`: base64 HMAC-SHA1 over the URL and the sorted form parameters, keyed by the auth token | `MessageStatus` `accepted`, `scheduled`, `queued`, `sending`, `sent`, `delivered`, `undelivered`, `read`, `partially_delivered` | `failed`, `canceled` |
 //! | Postmark | [`PostmarkWebhook`](postmark::PostmarkWebhook) | HTTP Basic credentials you put in the webhook's URL (Postmark signs nothing) | `Delivery`, `Bounce`, `SpamComplaint`, `Open`, `Click` | none: Postmark refuses at send time |
 //!
-//! Amazon SES through SNS is not shipped: its signature needs an RSA check against a
-//! certificate the user configures, which the crate does not do yet.
+//! | Amazon SES through SNS (feature `ses`) | `ses::SesWebhook` | SNS's RSA signature (`SignatureVersion` 1, SHA-1, or 2, SHA-256) checked against the certificate you configure (never fetched), the configured `TopicArn`, a `Timestamp` within `ses::SNS_TOLERANCE` (1 h), a redelivered `MessageId` acted on once | `Send`, `Delivery`, `Bounce`, `Complaint`, `DeliveryDelay`, `Open`, `Click` | `Reject`, `Rendering Failure` |
 //!
 //! A bounce or a complaint still proves the provider took the message: its key is settled as
 //! delivered, so the message is never sent again under it.
@@ -19,7 +18,7 @@
 //! |---|---|---|
 //! | not a `POST` | 405 | untouched |
 //! | a body longer than [`max_body`](WebhookReceiver::max_body) (default [`DEFAULT_MAX_BODY`]) | 413 | untouched |
-//! | a missing or wrong signature, a timestamp outside the tolerance | 401 | untouched |
+//! | a missing or wrong signature, a timestamp outside the tolerance, another SNS topic | 401 | untouched |
 //! | an event already handled (the same `svix-id`) | 200 | untouched |
 //! | a body that does not parse, after a good signature | 400 | untouched |
 //! | an event of no interest, or about no unsettled key of this store | 200 | untouched |
@@ -39,6 +38,8 @@
 pub mod postmark;
 mod receiver;
 pub mod resend;
+#[cfg(feature = "ses")]
+pub mod ses;
 mod settle;
 pub mod svix;
 pub mod twilio;

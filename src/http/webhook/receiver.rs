@@ -36,6 +36,8 @@ pub enum Refused {
     /// The signed timestamp is outside the tolerance: an old request replayed, or a clock far
     /// off.
     StaleTimestamp,
+    /// Signed, but for another source than the one configured (an SNS topic of another).
+    WrongTopic,
 }
 
 /// What a provider's webhook looks like: how its requests prove they come from it, and what

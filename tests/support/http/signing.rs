@@ -74,7 +74,7 @@ pub fn postmark_request(user: &str, password: &str, body: &str) -> http::Request
 }
 
 /// Standard base64 with padding, written out so the fakes share no code with the receivers.
-mod base64_engine {
+pub mod base64_engine {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
     pub fn encode(bytes: &[u8]) -> String {

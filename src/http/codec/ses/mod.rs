@@ -79,7 +79,7 @@
 //! | subject, text, html, headers, in-reply-to, references | `Content.Simple`: `Subject`, `Body.Text`, `Body.Html`, `Headers` (UTF-8) |
 //! | with attachments, more than [`SES_MAX_HEADERS`] headers, or its own `Message-ID` | `Content.Raw.Data`: the MIME message (lettre's builder), base64, its `Message-ID` derived from the stored key as the SMTP transport's is |
 //! | metadata | `EmailTags`, one tag each |
-//! | the stored key ([`provider_key`](crate::Message::provider_key)) | the tag [`SES_IDEMPOTENCY_TAG`] = [`ses_key_tag`] (hex SHA-256) |
+//! | the stored key ([`provider_key`](crate::Message::provider_key)) | the tag [`SES_IDEMPOTENCY_TAG`] = [`ses_key_tag`] (hex SHA-256), and the tag [`KEY_DIGEST`](crate::http::mark::KEY_DIGEST) = [`key_digest`](crate::http::mark::key_digest), the mark the SNS receiver finds the key by |
 //! | the codec's configuration set | `ConfigurationSetName` |
 //!
 //! The key rides as a tag, not as a header: SES writes a message's tags into every event it
@@ -419,6 +419,11 @@ mod tests {
         assert_eq!(tags[0]["Name"], "order");
         assert_eq!(tags[1]["Name"], SES_IDEMPOTENCY_TAG);
         assert_eq!(tags[1]["Value"], ses_key_tag("welcome:a@example.com"));
+        assert_eq!(tags[2]["Name"], crate::http::mark::KEY_DIGEST);
+        assert_eq!(
+            tags[2]["Value"],
+            crate::http::mark::key_digest("welcome:a@example.com")
+        );
         assert!(!body.to_string().contains("welcome:a@example.com"));
     }
 

@@ -4,6 +4,7 @@
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::http::mark::{KEY_DIGEST, key_digest};
 use crate::message::Message;
 use crate::outcome::SendError;
 
@@ -187,10 +188,10 @@ pub(super) fn tags(message: &Message) -> Result<Vec<Tag<'_>>, SendError> {
                 ),
             ));
         }
-        if name == SES_IDEMPOTENCY_TAG {
+        if name == SES_IDEMPOTENCY_TAG || name == KEY_DIGEST {
             return Err(refused(
                 "Amazon SES",
-                format_args!("the tag {SES_IDEMPOTENCY_TAG:?} carries the idempotency key"),
+                format_args!("the tag {name:?} carries the idempotency key"),
             ));
         }
         tags.push(Tag {
@@ -202,6 +203,11 @@ pub(super) fn tags(message: &Message) -> Result<Vec<Tag<'_>>, SendError> {
         tags.push(Tag {
             name: SES_IDEMPOTENCY_TAG,
             value: ses_key_tag(key),
+        });
+        // The mark the SNS receiver finds the stored key by (`http::mark`).
+        tags.push(Tag {
+            name: KEY_DIGEST,
+            value: key_digest(key),
         });
     }
     Ok(tags)
