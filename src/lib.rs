@@ -202,7 +202,7 @@
 //! | `redis-sentinel` | `RedisStore` on the primary Redis Sentinel names, followed through failovers | `redis = "1"` with `sentinel` (`RedisStore::from_sentinel_client`) |
 //! | `postgres` | `PostgresStore`, the `outbox` | `deadpool-postgres = "0.14"`, `tokio-postgres = "0.7"` (`PostgresStore::new`, `claim_in`, `Outbox::new`, `enqueue`) |
 //! | `sqlite` | `SqliteStore` | `rusqlite = "0.40"` (`SqliteStore::claim_in`) |
-//! | `mysql` | `MySqlStore` (MySQL 8, MariaDB 10.6+), the `outbox` | `mysql_async = "0.37"` (`MySqlStore::new`, `claim_in`, `Outbox::mysql`, `enqueue_mysql`); with `sqlx` too, `sqlx = "0.8"` with `mysql` (`claim_in_sqlx`) |
+//! | `mysql` | `MySqlStore` (MySQL 8, MariaDB 10.6+), the `outbox` | `mysql_async = "0.37"` (`MySqlStore::new`, `claim_in`, `Outbox::mysql`, `enqueue_mysql`); with `sqlx` too, `sqlx = "0.8"` with `mysql` (`claim_in_sqlx`, `enqueue_sqlx_mysql`) |
 //! | `http` | `HttpTransport` and the provider codecs | `http = "1"`, `bytes = "1"` (your client is a `Service<http::Request<Bytes>>`) |
 //! | `reqwest` | the default classifier reads `reqwest::Error` | `reqwest = "0.13"` |
 //! | `test-util` | the store conformance suite, `store::conformance` | |

@@ -17,7 +17,6 @@
 mod mysql;
 mod support;
 
-use std::future::Future;
 use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
@@ -32,6 +31,7 @@ use tower::{Layer, ServiceExt};
 
 use support::Provider;
 use support::claims::{alert, layer};
+use support::outbox::eventually;
 use support::stores::postgres_admin::{admin, drop_table};
 use support::stores::{SqliteDir, backend_url, unique};
 use tower_idempotency::outbox::{Enqueued, Outbox};
@@ -244,24 +244,6 @@ async fn a_sqlx_claim_on_a_table_never_migrated_fails_the_transaction_and_says_s
     let error = store.claim_in_sqlx(&mut *tx, &claim).await.unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Unavailable);
     assert!(error.to_string().contains("migrate"), "{error}");
-}
-
-/// Polls `condition` until it holds; fails after `limit`.
-async fn eventually<F, Fut>(limit: Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let waited = tokio::time::timeout(limit, async {
-        while !condition().await {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    assert!(
-        waited.is_ok(),
-        "the condition did not hold within {limit:?}"
-    );
 }
 
 #[tokio::test]

@@ -116,8 +116,10 @@
 //! versions to your dependencies (`deadpool-postgres = "0.14"`, `tokio-postgres = "0.7"`) to
 //! hand them in. As [`MySqlStore`](crate::MySqlStore), the MySQL outbox runs on mysql_async
 //! 0.37: [`Outbox::mysql`] takes a `mysql_async::Pool` and [`Outbox::enqueue_mysql`] any
-//! `mysql_async::prelude::Queryable` (a `Transaction`, a `Conn`). [`Outbox::connect`] needs
-//! none of them, and picks the database by the URL's scheme.
+//! `mysql_async::prelude::Queryable` (a `Transaction`, a `Conn`). In a sqlx 0.8 transaction
+//! (feature `sqlx`), `Outbox::enqueue_sqlx` writes on PostgreSQL and
+//! `Outbox::enqueue_sqlx_mysql` (with `mysql` too) on MySQL. [`Outbox::connect`] needs none
+//! of them, and picks the database by the URL's scheme.
 //!
 //! # Example
 //!

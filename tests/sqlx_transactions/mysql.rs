@@ -6,16 +6,20 @@
 //! Runs against `MYSQL_URL` or the default local server; reported as ignored when none
 //! answered as the suite was built (see `support::stores`).
 
+use std::time::Duration;
+
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{Connection as _, MySqlConnection, MySqlPool};
 use tower::{Layer, ServiceExt};
 
 use crate::support::Provider;
 use crate::support::claims::{alert, layer, the_send_takes_the_claim_once};
+use crate::support::outbox::{eventually, start};
 use crate::support::stores::mysql_admin::drop_table;
 use crate::support::stores::{backend_url, unique};
-use tower_idempotency::MySqlStore;
+use tower_idempotency::outbox::{Enqueued, Outbox};
 use tower_idempotency::store::{StoreErrorKind, WaitingClaim};
+use tower_idempotency::{Message, MySqlStore};
 
 /// A store on a fresh table of the test's own (see `backend_url` for the `Option`).
 async fn setup(test: &str) -> Option<(String, MySqlStore)> {
@@ -210,6 +214,146 @@ async fn a_sqlx_mysql_claim_on_a_table_never_migrated_says_to_migrate() {
     let error = store.claim_in_sqlx(&mut tx, &claim).await.unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Unavailable);
     assert!(error.to_string().contains("migrate"), "{error}");
+    tx.rollback().await.unwrap();
+    pool.close().await;
+}
+
+/// An outbox on a fresh MySQL table of the test's own.
+async fn outbox_on(url: &str, test: &str) -> Outbox {
+    let outbox = Outbox::connect(url)
+        .await
+        .expect("connect")
+        .table(&unique(test))
+        .expect("valid table name");
+    outbox.migrate().await.expect("migrate");
+    outbox
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn a_sqlx_mysql_rollback_leaves_no_claim_no_outbox_row_and_no_order() {
+    let Some((url, store)) = setup("idem_sqlx_my_ob_rollback").await else {
+        return;
+    };
+    let outbox = outbox_on(&url, "idem_sqlx_my_ob_rollback_outbox").await;
+    let orders = unique("idem_sqlx_my_ob_rollback_orders");
+    let pool = app_pool(&url, &orders).await;
+    let layer = layer(store.clone());
+    let message = alert("sold");
+
+    // The claim, the alert and the order in one transaction: all go with its rollback.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&format!("INSERT INTO `{orders}` VALUES ('ord_1', 'paid')"))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let claim = layer.claim(&message).unwrap().expect("keyed");
+    assert!(store.claim_in_sqlx(&mut tx, &claim).await.unwrap());
+    assert!(matches!(
+        outbox.enqueue_sqlx_mysql(&mut tx, &message).await,
+        Ok(Enqueued::New(_))
+    ));
+    tx.rollback().await.unwrap();
+
+    assert_eq!(orders_in(&pool, &orders).await, 0);
+    assert!(store.claims(10).await.unwrap().is_empty(), "no claim");
+    assert_eq!(outbox.counts().await.unwrap().waiting, 0, "no outbox row");
+
+    pool.close().await;
+    drop_table(&url, &orders).await;
+    drop_table(&url, outbox.table_name()).await;
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn an_outbox_message_enqueued_through_sqlx_on_mysql_is_sent_once_by_the_worker() {
+    let Some((url, store)) = setup("idem_sqlx_my_ob_once").await else {
+        return;
+    };
+    let outbox = outbox_on(&url, "idem_sqlx_my_ob_once_outbox").await;
+    let orders = unique("idem_sqlx_my_ob_once_orders");
+    let pool = app_pool(&url, &orders).await;
+    let message = alert("sold");
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&format!("INSERT INTO `{orders}` VALUES ('ord_1', 'paid')"))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert!(matches!(
+        outbox.enqueue_sqlx_mysql(&mut tx, &message).await,
+        Ok(Enqueued::New(_))
+    ));
+    // sqlx's connection counts found rows: the second enqueue of the key must still say it
+    // wrote nothing.
+    assert_eq!(
+        outbox.enqueue_sqlx_mysql(&mut tx, &message).await.unwrap(),
+        Enqueued::AlreadyThere
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(outbox.counts().await.unwrap().waiting, 1);
+
+    let provider = Provider::ok();
+    let worker = outbox
+        .worker(layer(store.clone()).layer(provider.clone()))
+        .poll_interval(Duration::from_millis(20));
+    let running = start(worker);
+    eventually(Duration::from_secs(10), || async {
+        outbox.counts().await.unwrap().done == 1
+    })
+    .await;
+    let stats = running.stop().await;
+    assert_eq!((stats.claimed, stats.sent), (1, 1));
+    assert_eq!(provider.calls(), 1);
+
+    // An unkeyed message is refused before any statement.
+    let unkeyed = Message::builder()
+        .from("a@x.example")
+        .to("b@x.example")
+        .text("no key")
+        .build()
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let error = outbox
+        .enqueue_sqlx_mysql(&mut tx, &unkeyed)
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::InvalidInput);
+    tx.rollback().await.unwrap();
+
+    pool.close().await;
+    drop_table(&url, &orders).await;
+    drop_table(&url, outbox.table_name()).await;
+    drop_table(&url, store.table_name()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn a_postgres_outbox_refuses_a_sqlx_mysql_enqueue() {
+    let Some(url) = backend_url("MYSQL_URL") else {
+        return;
+    };
+    let Some(pg_url) = backend_url("DATABASE_URL") else {
+        return;
+    };
+    let outbox = Outbox::connect(&pg_url).await.expect("connect");
+    let pool = MySqlPool::connect(&url).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let error = outbox
+        .enqueue_sqlx_mysql(&mut tx, &alert("sold"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Misconfigured);
     tx.rollback().await.unwrap();
     pool.close().await;
 }

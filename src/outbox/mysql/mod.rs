@@ -25,6 +25,8 @@ use crate::message::Message;
 use crate::store::{StoreError, StoreErrorKind};
 
 mod sql;
+#[cfg(feature = "sqlx")]
+mod sqlx;
 
 use sql::OutboxSql;
 

@@ -143,7 +143,7 @@ mod purge;
 mod row;
 mod sql;
 #[cfg(feature = "sqlx")]
-mod sqlx;
+pub(crate) mod sqlx;
 
 pub use purge::PurgeTask;
 pub use sql::InvalidTableName;

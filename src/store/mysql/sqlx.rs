@@ -89,7 +89,7 @@ impl ClaimConnection for SqlxConnection<'_> {
             .0
             .execute(query(sql, params))
             .await
-            .map_err(|e| sqlx_error(e, store.table_name()))?;
+            .map_err(|e| sqlx_error(e, store.table_name(), "MySqlStore::migrate"))?;
         Ok(done.rows_affected())
     }
 
@@ -103,13 +103,14 @@ impl ClaimConnection for SqlxConnection<'_> {
             .0
             .fetch_optional(query(sql, params))
             .await
-            .map_err(|e| sqlx_error(e, store.table_name()))?;
+            .map_err(|e| sqlx_error(e, store.table_name(), "MySqlStore::migrate"))?;
         Ok(row.is_some())
     }
 }
 
-/// The store error for a failed sqlx statement on `table`.
-fn sqlx_error(error: ::sqlx::Error, table: &str) -> StoreError {
+/// The store error for a failed sqlx statement on `table`, whose missing table `migrate`
+/// (the function that creates it) would create.
+pub(crate) fn sqlx_error(error: ::sqlx::Error, table: &str, migrate: &str) -> StoreError {
     // The servers' error numbers: ER_NO_SUCH_TABLE; MariaDB's max_statement_time and MySQL's
     // max_execution_time.
     let number = error
@@ -119,7 +120,7 @@ fn sqlx_error(error: ::sqlx::Error, table: &str) -> StoreError {
     let (kind, detail) = match number {
         Some(1146) => (
             StoreErrorKind::Unavailable,
-            format!("table {table:?} does not exist: run MySqlStore::migrate"),
+            format!("table {table:?} does not exist: run {migrate}"),
         ),
         Some(1969 | 3024) => (
             StoreErrorKind::Timeout,
