@@ -3,8 +3,9 @@
 //!
 //! libtest cannot ignore a test at run time, so the probe runs here, when the library is
 //! built: for each shared server (tests/support/probe.rs), its variable's URL (`REDIS_URL`,
-//! `REDIS_CLUSTER_URLS`, `DATABASE_URL`, `MYSQL_URL`) or else its default local address is tried with a
-//! short connect timeout, and the server binaries for the tests' own servers are looked for.
+//! `REDIS_CLUSTER_URLS`, `DATABASE_URL`, `MYSQL_URL`) or else its default local address is
+//! tried with a short connect timeout, and the server binaries for the tests' own servers are
+//! looked for.
 //! Each that is there sets a `cfg` flag; each backend test carries
 //! `#[cfg_attr(not(<flag>), ignore = "...")]`. A Redis Cluster is the one shared server the
 //! tests can stand in for: with `REDIS_CLUSTER_URLS` unset, nothing on 7001-7003 and
@@ -13,10 +14,12 @@
 //!
 //! Only a build with the feature a server serves looks for it (`CARGO_FEATURE_REDIS` for
 //! Redis and `redis-server`, `CARGO_FEATURE_REDIS_CLUSTER`, `CARGO_FEATURE_POSTGRES` for
-//! PostgreSQL and its binaries, `CARGO_FEATURE_MYSQL` for MySQL or MariaDB, `CARGO_FEATURE_SES` and `CARGO_FEATURE_SMTP` for the Python
-//! fakes: moto's server and aiosmtpd, in the Python that `TOWER_IDEMPOTENCY_PYTHON` names or
-//! the venv `.ci/python-fakes.sh` makes in `target/python-fakes`). The tests' builds have every feature (the package's
-//! dev-dependency on itself), so they look for every server; the quickstart's build
+//! PostgreSQL and its binaries, `CARGO_FEATURE_MYSQL` for MySQL or MariaDB,
+//! `CARGO_FEATURE_SES` and `CARGO_FEATURE_SMTP` for the Python fakes: moto's server and
+//! aiosmtpd, in the Python that `TOWER_IDEMPOTENCY_PYTHON` names or the venv
+//! `.ci/python-fakes.sh` makes in `target/python-fakes`). The tests' builds have every
+//! feature (the package's dev-dependency on itself), so they look for every server; the
+//! quickstart's build
 //! (`sqlite` only) and a plain `cargo build` connect to nothing. The published crate leaves
 //! this file out (the `include` list in Cargo.toml), so no user runs it.
 //!
