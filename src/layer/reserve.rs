@@ -91,6 +91,8 @@ pub(crate) async fn reserve_one(
         let store = Arc::clone(&config.store);
         let owned = Arc::clone(key);
         spawn_detached(async move {
+            // A takeover stays held: freeing it would forget that its earlier attempt may
+            // have sent, and once its lease passes the next reserve takes it over again.
             if let Ok(Reservation::Reserved { token }) = unfinished.await {
                 // Nothing was sent under it; failing to free it only costs the lease.
                 let _ = store.release(&owned, token).await;
@@ -123,6 +125,7 @@ pub(crate) async fn reserve_many(
                     .iter()
                     .zip(answers)
                     .filter_map(|((key, _), answer)| match answer {
+                        // Not a takeover: see `reserve`.
                         Ok(Reservation::Reserved { token }) => Some((key.as_ref(), token)),
                         _ => None,
                     })
