@@ -221,7 +221,7 @@ async fn reserve_keyed<R: IdempotentRequest>(
                 .iter()
                 .zip(&reservations)
                 .filter_map(|((key, _), r)| match r {
-                    // Not a takeover: see `reserve::reserve`.
+                    // Not a takeover: see `reserve::reserve_one`.
                     Ok(Reservation::Reserved { token }) => Some((key.as_ref(), *token)),
                     _ => None,
                 })

@@ -125,7 +125,7 @@ pub(crate) async fn reserve_many(
                     .iter()
                     .zip(answers)
                     .filter_map(|((key, _), answer)| match answer {
-                        // Not a takeover: see `reserve`.
+                        // Not a takeover: see `reserve_one`.
                         Ok(Reservation::Reserved { token }) => Some((key.as_ref(), token)),
                         _ => None,
                     })

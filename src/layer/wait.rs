@@ -146,7 +146,7 @@ pub(crate) async fn wait_many(
                     .iter()
                     .zip(&unmatched)
                     .filter_map(|((key, _), answer)| match answer {
-                        // Not a takeover: see `reserve::reserve`.
+                        // Not a takeover: see `reserve::reserve_one`.
                         Ok(Reservation::Reserved { token }) => Some((key.as_ref(), *token)),
                         _ => None,
                     })
