@@ -124,9 +124,11 @@ fn spawn_redis(port: u16, extra: &[&str]) -> Child {
     Command::new("redis-server")
         .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
         .args(["--save", "", "--appendonly", "no"])
-        // A replica's full sync writes the primary's data to a file: not in the repository.
+        // A replica's full sync writes the primary's data to a file: not in the repository,
+        // and one per server, as replicas that share a file load each other's syncs.
         .arg("--dir")
         .arg(redis_dir())
+        .args(["--dbfilename", &format!("dump-{port}.rdb")])
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
