@@ -286,12 +286,17 @@ impl SentinelGroup {
         }
     }
 
-    /// Starts the killed server on `port` again, empty, as a replica of the current primary,
-    /// and waits until its link is up.
+    /// Puts an empty replica of the current primary in the place of the killed server on
+    /// `port`, and waits until its link is up. It listens on a fresh port: the killed
+    /// server's may have been taken meanwhile by another test's server or connection.
     pub async fn restart_as_replica(&mut self, port: u16) {
         let primary = self.primary().await;
-        self.spawn_server(port, Some(primary));
-        link_up(port).await;
+        let fresh = free_port(0);
+        if let Some(entry) = self.servers.iter_mut().find(|(p, _)| *p == port) {
+            entry.0 = fresh;
+        }
+        self.spawn_server(fresh, Some(primary));
+        link_up(fresh).await;
     }
 
     /// Makes the server on `port` hold every command it is sent (`CLIENT PAUSE ... ALL`) for
