@@ -422,8 +422,9 @@ async fn store_that_does_not_answer_in_time_fails_as_store_failed() {
 async fn done_record_without_an_outcome_is_store_failed_and_not_sent() {
     let store = TestStore::default();
     let provider = Provider::ok();
+    let l = layer(&store);
     let mut svc = ServiceBuilder::new()
-        .layer(layer(&store))
+        .layer(l.clone())
         .service(provider.clone());
     let m = message(Some("k"), "hi");
     *store.forced.lock().unwrap() = Some(Reservation::Held {
@@ -436,6 +437,8 @@ async fn done_record_without_an_outcome_is_store_failed_and_not_sent() {
     let err = send(&mut svc, m).await.unwrap_err();
     assert_eq!(err.code(), codes::STORE_FAILED);
     assert_eq!(provider.calls(), 0);
+    // Counted once, as every store failure the layer answers.
+    assert_eq!(l.stats().store_failed, 1);
 }
 
 #[tokio::test(start_paused = true)]
