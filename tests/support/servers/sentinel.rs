@@ -297,6 +297,15 @@ impl SentinelGroup {
         }
         self.spawn_server(fresh, Some(primary));
         link_up(fresh).await;
+        // The replica's link is up a moment before the primary counts it online, and a
+        // `WAIT` in between counts no replica.
+        let online = format!("port={fresh},state=online");
+        poll_server("the primary counting the replica online", || async {
+            replication(primary)
+                .await
+                .is_some_and(|info| info.values().any(|v| v.contains(&online)))
+        })
+        .await;
     }
 
     /// Makes the server on `port` hold every command it is sent (`CLIENT PAUSE ... ALL`) for
