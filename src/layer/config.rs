@@ -14,7 +14,7 @@ use futures_util::future::BoxFuture;
 use tower::ServiceExt as _;
 use tower_service::Service;
 
-pub use super::error::ConfigError;
+use super::error::ConfigError;
 use super::stats::Counters;
 use crate::classify::Classifier;
 use crate::message::{Message, RawMessage};

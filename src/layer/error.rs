@@ -3,14 +3,12 @@
 use std::error::Error;
 use std::fmt;
 
-#[cfg(doc)]
-use super::config::IdempotencyLayerBuilder;
-
 /// Why a layer could not be built.
 ///
-/// A layer without a store is not among them: [`build`](IdempotencyLayerBuilder::build)
-/// exists only once a store is set. Its `Debug` form says what to do as its `Display` form
-/// does, so a `main` that returns the error prints the advice.
+/// A layer without a store is not among them:
+/// [`build`](crate::layer::IdempotencyLayerBuilder::build) exists only once a store is set.
+/// Its `Debug` form says what to do as its `Display` form does, so a `main` that returns the
+/// error prints the advice.
 ///
 /// ```
 /// use std::time::Duration;

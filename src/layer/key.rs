@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::config::{Config, ConfigError, KeyForm, validate_namespace};
+use super::config::{Config, KeyForm, validate_namespace};
+use super::error::ConfigError;
 use super::request::IdempotentRequest;
 use super::stats::bump;
 use crate::message::{KeyError, MAX_KEY_LEN, validate_key};

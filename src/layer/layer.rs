@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::config::{Config, ConfigError, IdempotencyLayerBuilder, KeyForm, NoStore, WithStore};
+use super::config::{Config, IdempotencyLayerBuilder, KeyForm, NoStore, WithStore};
+use super::error::ConfigError;
 use super::key::{StoredKeys, derive_key};
 use super::request::IdempotentRequest;
 use super::service::Idempotency;

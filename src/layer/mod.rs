@@ -47,10 +47,11 @@ mod takeover;
 mod wait;
 
 pub use config::{
-    ConfigError, DEFAULT_LEASE, DEFAULT_MAX_HOLD, DEFAULT_NAMESPACE, DEFAULT_RESERVE_TIMEOUT,
+    DEFAULT_LEASE, DEFAULT_MAX_HOLD, DEFAULT_NAMESPACE, DEFAULT_RESERVE_TIMEOUT,
     DEFAULT_SETTLE_TIMEOUT, DEFAULT_TTL, DEFAULT_VERIFY_TIMEOUT, IdempotencyLayerBuilder, KeyForm,
     NoStore, WithStore,
 };
+pub use error::ConfigError;
 pub use future::ResponseFuture;
 pub use key::StoredKeys;
 pub(crate) use key::key_hash;
