@@ -1079,6 +1079,65 @@ fn calls(list: &[(&str, u64)]) -> Vec<(String, u64)> {
     calls
 }
 
+/// A replay of a sent key is one `SET NX GET`, its record answered without its first
+/// attempt's age; a repeat of a key of unknown delivery also runs the reserve script, which
+/// reads its `PTTL` for the age a re-send inside the provider's window is decided on.
+/// Counted by a private server's `INFO commandstats`.
+#[tokio::test]
+#[cfg_attr(
+    not(backend_redis_binaries),
+    ignore = "no redis-server and redis-cli on PATH"
+)]
+async fn a_replay_is_one_command_and_only_unknown_delivery_asks_the_clock() {
+    let server = private_server().await;
+    let store = RedisStore::connect(&server.url)
+        .await
+        .unwrap()
+        .key_prefix(unique_prefix("replay-commands"));
+    let mut admin = admin(&server.url).await;
+    let sent = Outcome::sent(Receipt::new("m", "test"));
+    let unknown = Outcome::failed(SendError::unknown_delivery("provider.timeout", "timed out"));
+    for (key, outcome) in [("sent", &sent), ("unknown", &unknown)] {
+        let Reservation::Reserved { token } = store.reserve(key, fp(1), LEASE).await.unwrap()
+        else {
+            panic!("a fresh key is reserved")
+        };
+        assert!(
+            store
+                .complete(key, token, fp(1), outcome, TTL)
+                .await
+                .unwrap()
+        );
+    }
+
+    reset_stats(&mut admin).await;
+    let Reservation::Held { record } = store.reserve("sent", fp(1), LEASE).await.unwrap() else {
+        panic!("a sent key is held")
+    };
+    assert_eq!(record.outcome.unwrap().replay().unwrap().id, "m");
+    assert_eq!(record.first_attempt_age, None);
+    assert_eq!(
+        store_calls(&command_calls(&mut admin).await),
+        calls(&[("set", 1)])
+    );
+
+    // The server learns the reserve script on its first use (`NOSCRIPT`, then `SCRIPT LOAD`).
+    store.reserve("unknown", fp(1), LEASE).await.unwrap();
+    reset_stats(&mut admin).await;
+    let Reservation::Held { record } = store.reserve("unknown", fp(1), LEASE).await.unwrap() else {
+        panic!("a key of unknown delivery is held")
+    };
+    assert!(record.is_unknown_delivery());
+    assert!(
+        record.first_attempt_age.is_some_and(|age| age < LEASE),
+        "{record:?}"
+    );
+    assert_eq!(
+        store_calls(&command_calls(&mut admin).await),
+        calls(&[("set", 1), ("evalsha", 1), ("get", 1), ("pttl", 1)])
+    );
+}
+
 /// 100 keys through `reserve_many`, `complete_many` and `release_many` cost one round trip
 /// each (three for the call that finds its script flushed), and exactly one command per key.
 ///
@@ -1117,10 +1176,10 @@ async fn a_batch_of_100_keys_costs_one_round_trip_per_call() {
         })
         .collect();
     let reserve_trips = trips.so_far() - before;
-    // Each reserve of a free key is a `SET NX GET` and a `PTTL`: no script.
+    // Each reserve of a free key is one `SET NX GET`: no script.
     assert_eq!(
         store_calls(&command_calls(&mut admin).await),
-        calls(&[("set", 100), ("pttl", 100)])
+        calls(&[("set", 100)])
     );
 
     // The server knows the complete script, as after any earlier complete: one pipeline.

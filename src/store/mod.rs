@@ -121,7 +121,10 @@ pub struct Record {
     /// kept through retakes and takeovers of the same message), measured by the store's own
     /// clock, so no skew between the caller's and the store's clocks enters it. `None` when
     /// the store cannot tell: a store that does not keep the time, a record completed after
-    /// its own pending record was gone, or one resolved by hand on `RedisStore`. A layer never
+    /// its own pending record was gone, or one resolved by hand on `RedisStore`; and on a done
+    /// record of known delivery, where a store may leave it out (`RedisStore` does, to answer
+    /// a replay in one command): only a re-send of an outcome of unknown delivery is decided
+    /// by it. A layer never
     /// re-sends a message whose first attempt's age is unknown (see [`IdempotencyLayerBuilder::provider_window`](crate::IdempotencyLayerBuilder::provider_window)).
     pub first_attempt_age: Option<Duration>,
 }
@@ -361,8 +364,10 @@ impl std::error::Error for StoreError {
 /// implements [`retake`](Self::retake), keeps the first attempt's time in its records
 /// (written by `reserve` on a free key, kept by a takeover of the same message, by
 /// `complete` by the same token and by `retake`) and reports it as
-/// [`Record::first_attempt_age`] in what `reserve` answers, and, when it keeps pending
-/// records past their lease, answers [`Reservation::TakenOver`]. A store that does none of
+/// [`Record::first_attempt_age`] in what `reserve` answers (on pending records and on done
+/// ones of unknown delivery; on a done record of known delivery it may leave it out), and,
+/// when it keeps pending records past their lease, answers [`Reservation::TakenOver`]. A
+/// store that does none of
 /// this still works: the layer then never re-sends a key and sends a taken-over key as a
 /// fresh one.
 /// [`complete`](Self::complete) and [`release`](Self::release) answer whether they changed the

@@ -58,7 +58,8 @@ impl Conformance {
         );
     }
 
-    /// A record reports how long ago its first attempt began, pending and done alike.
+    /// A record reports how long ago its first attempt began: pending, and done of unknown
+    /// delivery (the records a re-send inside the provider's window is decided on).
     pub async fn records_carry_the_first_attempts_age(&self) {
         if !self.resend_cases() {
             return;
@@ -141,8 +142,11 @@ impl Conformance {
         let receipt = Outcome::sent(Receipt::new("original", "conformance"));
         assert!(self.complete(&key, token, fp(1), &receipt).await);
         let done = self.held(&key, fp(1)).await;
+        // A store may leave the age out on a done record of known delivery; told, it is right.
+        if done.first_attempt_age.is_some() {
+            self.assert_age(&done, self.lease / 2);
+        }
         assert_eq!(done.outcome.unwrap().replay().unwrap().id, "original");
-        self.assert_age(&self.held(&key, fp(1)).await, self.lease / 2);
         assert_eq!(
             self.retake(&key, fp(1), window).await,
             None,

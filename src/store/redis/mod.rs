@@ -10,7 +10,7 @@
 //!
 //! | operation | command |
 //! |---|---|
-//! | [`reserve`](Store::reserve) | `SET key <pending record> NX GET PX <lease + kept>` and `PTTL key`, one pipeline (one round trip): no old value, the key is reserved; a done record is answered as held, decided by the client. Only when a pending record holds the key does a Lua script (`EVALSHA`, a second round trip) tell by its `PTTL` whether its lease passed, and take it over if so |
+//! | [`reserve`](Store::reserve) | `SET key <pending record> NX GET PX <lease + kept>`, one command: no old value, the key is reserved; a done record is answered as held, decided by the client. Only when another send's pending record holds the key does a Lua script (`EVALSHA`, a second round trip) tell by its `PTTL` whether its lease passed, and take it over if so; a done record of unknown delivery takes the same script, for its first attempt's age (see [Expiry](#expiry)) |
 //! | [`complete`](Store::complete) | a Lua script (`EVALSHA`): compares the token at the value's front and writes the done record with `PX ttl` when the token holds the key or nothing does |
 //! | [`release`](Store::release) | a Lua script (`EVALSHA`): deletes the key when its front is the token's pending record |
 //! | [`extend`](Store::extend) | a Lua script (`EVALSHA`): when its front is the token's pending record within its lease, writes it again with the new `PX` |
@@ -28,9 +28,9 @@
 //! # Batches
 //!
 //! [`reserve_many`](Store::reserve_many), [`complete_many`](Store::complete_many) and
-//! [`release_many`](Store::release_many) send the same commands, one per key (two for a
-//! reserve), as one pipeline; the keys of a `reserve_many` found held by a pending record
-//! then run the reserve script, in a second pipeline:
+//! [`release_many`](Store::release_many) send the same commands, one per key, as one
+//! pipeline; the keys of a `reserve_many` that need the reserve script (as a single
+//! `reserve` would) then run it, in a second pipeline:
 //! one write and one read of all the replies, so a batch of any size costs one round trip
 //! (three for a script batch that meets `NOSCRIPT`: the pipeline, `SCRIPT LOAD`, then the
 //! entries that answered `NOSCRIPT` once more). Each command is still its own atomic step, so
@@ -75,8 +75,12 @@
 //! the reserve wrote it) and how long it is kept after its lease; its lease has passed when
 //! the key's `PTTL` is no more than the kept time. A first attempt's age is the time before
 //! expiry less the `PTTL`. `complete`, `extend`, a takeover and `retake` carry the first
-//! attempt's time over to the new expiry, so a done record reports its first attempt's age
-//! too. See [`store::record`](super::record).
+//! attempt's time over to the new expiry, so a done record keeps its first attempt's time
+//! too. A `reserve` reports the age where a decision needs it: on a pending record, and on a
+//! done one of unknown delivery (a re-send inside the provider's window); a done record of
+//! known delivery is answered from `SET NX GET` alone, without it
+//! ([`Record::first_attempt_age`](super::Record::first_attempt_age) is `None` there).
+//! See [`store::record`](super::record).
 //!
 //! # Key layout and values
 //!
@@ -562,13 +566,13 @@ impl RedisStore {
         lease: Duration,
     ) -> Result<Result<Reservation, StoreError>, StoreError> {
         let fast = self.fast_reserve(key, token, fingerprint, lease)?;
-        let (replies, short) = self.pipeline_acked(fast.commands, true).await?;
-        let [set, pttl] = replies.try_into().map_err(|_| {
-            StoreError::corrupt("reserve: the server answered two commands otherwise")
+        let (replies, short) = self.pipeline_acked([fast.set], true).await?;
+        let [set] = replies.try_into().map_err(|_| {
+            StoreError::corrupt("reserve: the server answered one command otherwise")
         })?;
-        let (reservation, short) = match first_step(set, pttl, token)? {
+        let (reservation, short) = match first_step(set, token)? {
             FirstStep::Answered(reservation) => (reservation, short),
-            FirstStep::Pending => {
+            FirstStep::Script => {
                 let cmd = self.reserve_cmd(key, fingerprint, lease, &fast.pending);
                 let (reply, short) = self.run_script_acked(&self.reserve, &cmd).await?;
                 (reservation(reply, token)?, short)

@@ -18,42 +18,36 @@ use crate::store::{Completion, Reservation, StoreError, StoreErrorKind, Token};
 pub(super) type Batch = (Vec<Result<Value, StoreError>>, Vec<Option<String>>);
 
 impl RedisStore {
-    /// Each key's `SET NX GET` and `PTTL` in one pipeline; the keys found held by a pending
-    /// record then run the reserve script, in a second pipeline.
+    /// Each key's `SET NX GET` in one pipeline; the keys whose answer needs the server's
+    /// clock (see [`first_step`]) then run the reserve script, in a second pipeline.
     pub(super) async fn reserve_batch(
         &self,
         requests: &[(&str, Fingerprint)],
         lease: Duration,
         tokens: &[Token],
     ) -> Result<Vec<Result<Reservation, StoreError>>, StoreError> {
-        let mut commands = Vec::with_capacity(requests.len() * 2);
+        let mut commands = Vec::with_capacity(requests.len());
         let mut pending = Vec::with_capacity(requests.len());
         for ((key, fingerprint), &token) in requests.iter().zip(tokens) {
             let fast = self.fast_reserve(key, token, *fingerprint, lease)?;
-            let [set, pttl] = fast.commands;
-            let redis_key = self.redis_key(key);
-            commands.push((redis_key.clone(), set));
-            commands.push((redis_key, pttl));
+            commands.push((self.redis_key(key), fast.set));
             pending.push(fast.pending);
         }
-        let (replies, fast_short) = self.send_batch(&commands, true).await?;
+        let (replies, mut short) = self.send_batch(&commands, true).await?;
         let mut replies = replies.into_iter();
-        // One shortfall per key: its two commands went in the same pipeline.
-        let mut short: Vec<Option<String>> = fast_short.into_iter().step_by(2).collect();
         let mut answers = Vec::with_capacity(requests.len());
         let mut scripted = Vec::new();
         for (i, &token) in tokens.iter().enumerate() {
-            let (set, pttl) = (replies.next(), replies.next());
-            let step = match (set, pttl) {
-                (Some(set), Some(pttl)) => set.and_then(|set| first_step(set, pttl?, token)),
-                _ => Err(StoreError::new(
+            let step = match replies.next() {
+                Some(set) => set.and_then(|set| first_step(set, token)),
+                None => Err(StoreError::new(
                     StoreErrorKind::Unavailable,
                     "a batch entry got no reply",
                 )),
             };
             answers.push(match step {
                 Ok(FirstStep::Answered(reservation)) => Ok(reservation),
-                Ok(FirstStep::Pending) => {
+                Ok(FirstStep::Script) => {
                     scripted.push(i);
                     Err(StoreError::new(
                         StoreErrorKind::Unavailable,

@@ -16,8 +16,9 @@ use crate::store::{Completion, Record, RecordState, Reservation, StoreError, Tok
 // 103. Times are relative to the key's expiry, so `PTTL` and `PX` carry the server's clock.
 
 /// The Lua script behind the [`reserve`](crate::store::Store::reserve) of a key that
-/// `SET NX GET` found held by a pending record: whether its lease passed needs the server's
-/// clock.
+/// `SET NX GET` found held by another send's pending record (whether its lease passed needs
+/// the server's clock) or by a done record of unknown delivery (its first attempt's age
+/// does).
 ///
 /// `KEYS[1]` the key, `ARGV[1]` the new pending record, `ARGV[2]` the fingerprint in hex,
 /// `ARGV[3]` its `PX` (the lease plus the time kept after it), `ARGV[4]` the time kept after
@@ -147,8 +148,8 @@ return 1
 
 /// A reserve's first step, and what it can answer without a script.
 pub(super) struct FastReserve {
-    /// `SET key <pending record> NX GET PX <lease + kept>`, then `PTTL key`: one round trip.
-    pub(super) commands: [Cmd; 2],
+    /// `SET key <pending record> NX GET PX <lease + kept>`: one command, one round trip.
+    pub(super) set: Cmd,
     /// The pending record, for the script when one is needed.
     pub(super) pending: Vec<u8>,
 }
@@ -178,8 +179,8 @@ impl RedisStore {
             },
         )?;
         let redis_key = self.redis_key(key);
-        // Sized up front: every reserve builds these two, and grown argument by argument
-        // their buffers were reallocated several times a call.
+        // Sized up front: every reserve builds it, and grown argument by argument its
+        // buffers were reallocated several times a call.
         let mut set = Cmd::with_capacity(7, redis_key.len() + pending.len() + 32);
         set.arg("SET")
             .arg(&redis_key)
@@ -188,12 +189,7 @@ impl RedisStore {
             .arg("GET")
             .arg("PX")
             .arg(px);
-        let mut pttl = Cmd::with_capacity(2, redis_key.len() + 4);
-        pttl.arg("PTTL").arg(redis_key);
-        Ok(FastReserve {
-            commands: [set, pttl],
-            pending,
-        })
+        Ok(FastReserve { set, pending })
     }
 
     /// `EVALSHA` of [`RESERVE_SCRIPT`] for a key `SET NX GET` found held pending.
@@ -280,30 +276,35 @@ impl RedisStore {
     }
 }
 
-/// What a reserve's first step found: its answer, or a pending record that needs the
+/// What a reserve's first step found: its answer, or a record whose answer needs the
 /// script.
 pub(super) enum FirstStep {
     Answered(Reservation),
-    Pending,
+    Script,
 }
 
-/// What the replies to [`FastReserve`]'s commands say. A done record is answered as held
-/// (its first attempt's age is what it was before its expiry less the `PTTL` read with it);
-/// a pending record of our own token is ours (a reserve whose first reply was lost and that
-/// the client sent again); another pending record needs the server's clock.
-pub(super) fn first_step(set: Value, pttl: Value, token: Token) -> Result<FirstStep, StoreError> {
+/// What the reply to [`FastReserve`]'s `SET NX GET` says. No old value: the key is
+/// reserved. A pending record of our own token is ours (a reserve whose first reply was lost
+/// and that the client sent again). A done record of known delivery is answered as held,
+/// without its first attempt's age: the age decides only a re-send inside the provider's
+/// window, which only an outcome of unknown delivery gets, so a replay needs no second
+/// command. Another pending record (in flight, or a lease that passed) and a done record of
+/// unknown delivery need the server's clock: the script reads the record and its `PTTL` at
+/// once.
+pub(super) fn first_step(set: Value, token: Token) -> Result<FirstStep, StoreError> {
     let value: Option<Vec<u8>> = from_reply(set)?;
     let Some(value) = value else {
         return Ok(FirstStep::Answered(Reservation::Reserved { token }));
     };
-    let left: i64 = from_reply(pttl)?;
-    let (held_by, record) = held(&value, left)?;
+    let (held_by, record, _times) = record::decode_record_times(&value)?;
     Ok(match record.state {
-        RecordState::Done => FirstStep::Answered(Reservation::Held { record }),
+        RecordState::Done if !record.is_unknown_delivery() => {
+            FirstStep::Answered(Reservation::Held { record })
+        }
         RecordState::Pending if held_by == token => {
             FirstStep::Answered(Reservation::Reserved { token })
         }
-        RecordState::Pending => FirstStep::Pending,
+        RecordState::Done | RecordState::Pending => FirstStep::Script,
     })
 }
 
@@ -399,7 +400,7 @@ mod tests {
     fn answered(step: FirstStep) -> Reservation {
         match step {
             FirstStep::Answered(reservation) => reservation,
-            FirstStep::Pending => panic!("the script was asked for"),
+            FirstStep::Script => panic!("the script was asked for"),
         }
     }
 
@@ -411,30 +412,34 @@ mod tests {
             kept_after_lease_ms: Some(1_000),
         };
         // A free key: SET NX answered no old value.
-        let free = first_step(Value::Nil, Value::Int(61_000), ours).unwrap();
+        let free = first_step(Value::Nil, ours).unwrap();
         assert!(matches!(answered(free), Reservation::Reserved { token } if token == ours));
         // Our own pending record: a reserve the client sent again after its reply was lost.
         let pending = record::pending_value(ours, fingerprint, times).unwrap();
-        let again = first_step(Value::BulkString(pending.clone()), Value::Int(60_000), ours);
+        let again = first_step(Value::BulkString(pending.clone()), ours);
         assert!(
             matches!(answered(again.unwrap()), Reservation::Reserved { token } if token == ours)
         );
         // Another token's pending record: whether its lease passed needs the server's clock.
-        let other = first_step(Value::BulkString(pending), Value::Int(60_000), Token::new());
-        assert!(matches!(other.unwrap(), FirstStep::Pending));
-        // A done record is held, its first attempt's age read against the PTTL.
-        let done =
-            record::done_value(ours, fingerprint, &Outcome::sent(Receipt::new("m", "t"))).unwrap();
-        let mut kept = done[..102].to_vec();
-        kept.extend_from_slice(b"90000");
-        kept.extend_from_slice(&done[102..]);
-        let held = first_step(Value::BulkString(kept), Value::Int(60_000), Token::new());
+        let other = first_step(Value::BulkString(pending), Token::new());
+        assert!(matches!(other.unwrap(), FirstStep::Script));
+        // A done record of known delivery is held, with no second command for its age.
+        let sent = Outcome::sent(Receipt::new("m", "t"));
+        let done = record::done_value(ours, fingerprint, &sent).unwrap();
+        let held = first_step(Value::BulkString(done), Token::new());
         let Reservation::Held { record } = answered(held.unwrap()) else {
             panic!("a done key is held")
         };
-        assert_eq!(record.first_attempt_age, Some(Duration::from_secs(30)));
+        let replayed = record.outcome.map(|o| o.replay().map(|r| r.id));
+        assert!(matches!(replayed, Some(Ok(id)) if id == "m"));
+        // One of unknown delivery may be re-sent inside the provider's window: its first
+        // attempt's age needs the server's clock.
+        let unknown = Outcome::failed(crate::SendError::unknown_delivery("t.timeout", "lost"));
+        let done = record::done_value(ours, fingerprint, &unknown).unwrap();
+        let step = first_step(Value::BulkString(done), Token::new());
+        assert!(matches!(step.unwrap(), FirstStep::Script));
         // Garbage is corrupt, never a reservation.
-        let garbage = first_step(Value::BulkString(b"garbage".to_vec()), Value::Int(1), ours);
+        let garbage = first_step(Value::BulkString(b"garbage".to_vec()), ours);
         assert_eq!(
             garbage.err().map(|e| e.kind()),
             Some(crate::store::StoreErrorKind::Corrupt)
