@@ -2,7 +2,11 @@
 //! independent implementation of SES, with a fault proxy in front of it for what moto does not
 //! do by itself (throttling, a reply lost after SES took the message). A message sent through
 //! the layer with retries and a timeout reaches SES once per key; a replay sends nothing; a
-//! rejected message frees its key; a lost reply keeps it.
+//! rejected message frees its key; a lost reply keeps it. Every message SES takes carries the
+//! stored key's mark (the `idempotency_digest` tag the SNS receiver finds the key by) as a
+//! `MessageTag` of `SendEmail`'s `EmailTags`; moto keeps no tags of a sent message (its
+//! `SendEmail` reads no `EmailTags`), so they are read from the request the proxy forwarded to
+//! moto, which moto accepted.
 #![cfg(feature = "ses")]
 
 mod support;
@@ -23,6 +27,7 @@ use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::batch::{Batch, PerMessage};
 use tower_idempotency::http::HttpTransport;
+use tower_idempotency::http::mark::{KEY_DIGEST, key_digest};
 use tower_idempotency::http::ses::{SES_IDEMPOTENCY_TAG, SesCodec, ses_key_tag};
 use tower_idempotency::outcome::{Category, codes};
 use tower_idempotency::{Attachment, IdempotencyLayer, Message, Receipt, RetryPolicy, SendError};
@@ -220,6 +225,48 @@ fn message(from: &str, subject: &str, key: &str) -> Message {
         .unwrap()
 }
 
+/// Checks `body`'s `EmailTags` as SES v2's `SendEmail` takes them (a list of `MessageTag`,
+/// `{"Name", "Value"}`, each of ASCII letters, digits, `_` and `-`, at most 256 characters,
+/// names unique), and that they mark the message with `stored`'s digest and key tag.
+fn assert_marked(body: &serde_json::Value, stored: &str) {
+    let tags = body["EmailTags"].as_array().expect("EmailTags is a list");
+    let tag_text = |text: &str| {
+        text.len() <= 256
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    let mut names = Vec::new();
+    for tag in tags {
+        let tag = tag.as_object().expect("a MessageTag is an object");
+        assert_eq!(tag.len(), 2, "Name and Value only: {tag:?}");
+        let (name, value) = (
+            tag["Name"].as_str().unwrap(),
+            tag["Value"].as_str().unwrap(),
+        );
+        assert!(
+            !name.is_empty() && tag_text(name) && tag_text(value),
+            "{tag:?}"
+        );
+        names.push(name);
+    }
+    let count = names.len();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), count, "tag names are unique: {tags:?}");
+    let value = |name: &str| tags.iter().find(|t| t["Name"] == name).map(|t| &t["Value"]);
+    assert_eq!(
+        value(KEY_DIGEST),
+        Some(&serde_json::Value::from(key_digest(stored))),
+        "{tags:?}"
+    );
+    assert_eq!(
+        value(SES_IDEMPOTENCY_TAG),
+        Some(&serde_json::Value::from(ses_key_tag(stored))),
+        "{tags:?}"
+    );
+}
+
 async fn send<S>(service: &mut S, message: Message) -> Result<Receipt, SendError>
 where
     S: Service<Message, Response = Receipt, Error = SendError>,
@@ -259,14 +306,18 @@ async fn a_throttled_message_is_retried_and_reaches_ses_once_per_key() {
     );
     assert_eq!(simple_sent_with_subject(&moto, "Order 1 shipped").await, 1);
 
-    // The stored key rode along as a tag, with the configuration set.
+    // The stored key rode along as tags of the request moto took, beside the metadata's tag,
+    // with the configuration set whose event destination publishes them.
     let body = &proxy.requests()[2];
     let stored = layer.stored_key_for("order:1:shipped").unwrap();
-    let tags = body["EmailTags"].as_array().unwrap();
+    assert_marked(body, &stored);
     assert!(
-        tags.iter()
-            .any(|t| t["Name"] == SES_IDEMPOTENCY_TAG && t["Value"] == ses_key_tag(&stored)),
-        "{tags:?}"
+        body["EmailTags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["Name"] == "kind" && t["Value"] == "order_shipped"),
+        "{body}"
     );
     assert_eq!(body["ConfigurationSetName"], "transactional");
 
@@ -333,8 +384,9 @@ async fn a_reply_lost_after_ses_took_the_message_keeps_the_key_of_unknown_delive
 async fn a_message_with_attachments_goes_raw_once() {
     let moto = Moto::start();
     verify(&moto, VERIFIED).await;
-    let base_url: http::Uri = moto.base_url().parse().unwrap();
-    let mut ses = stack(&IdempotencyLayer::in_memory(), base_url);
+    let proxy = Proxy::start(moto.addr, vec![Fault::Forward]).await;
+    let layer = IdempotencyLayer::in_memory();
+    let mut ses = stack(&layer, proxy.base_url());
     let invoice = || {
         Message::builder()
             .from(VERIFIED)
@@ -357,6 +409,15 @@ async fn a_message_with_attachments_goes_raw_once() {
     let text = raw[0].to_string();
     assert!(text.contains("invoice-4.pdf"), "{text}");
     assert!(text.contains(".idempotency@shop.example"), "{text}");
+
+    // A raw message is marked as a simple one is: tags are the request's, not the MIME's.
+    let requests = proxy.requests();
+    assert_eq!(requests.len(), 1, "the replay sent nothing");
+    assert!(requests[0]["Content"]["Raw"].is_object(), "{}", requests[0]);
+    assert_marked(
+        &requests[0],
+        &layer.stored_key_for("order:4:invoice").unwrap(),
+    );
 }
 
 #[cfg_attr(not(backend_moto), ignore = "moto not found: run .ci/python-fakes.sh")]

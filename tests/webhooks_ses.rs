@@ -3,13 +3,15 @@
 //! that timed out is settled by a `Delivery` with no second send, and a repeat replays the
 //! SES id; a forged signature, another certificate, a stale timestamp and another topic are
 //! refused with the store untouched; a redelivery changes nothing; `Reject` frees the key.
+//! A certificate outside its validity is refused when configured, with its dates, and one
+//! that expires afterwards verifies no message: the time is the receiver's injected clock.
 //! Messages are signed as AWS documents it, with the test key in tests/fixtures/sns.
 #![cfg(feature = "ses")]
 
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ring::rand::SystemRandom;
@@ -18,7 +20,8 @@ use serde_json::json;
 use support::http::signing::base64_engine;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::http::mark::{KEY_DIGEST, key_digest};
-use tower_idempotency::http::webhook::ses::{SesEvents, SesWebhook};
+use tower_idempotency::http::webhook::ses::{CertificateError, SesEvents, SesWebhook};
+use tower_idempotency::http::webhook::{Provider, Refused};
 use tower_idempotency::store::admin::StoreAdmin;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
 
@@ -26,6 +29,10 @@ const NAMESPACE: &str = "orders";
 const TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:ses-events";
 const CERT: &str = include_str!("fixtures/sns/cert.pem");
 const OTHER_CERT: &str = include_str!("fixtures/sns/other-cert.pem");
+/// `key.pem`'s certificate valid from 2020-01-01 to 2021-01-01 (UTCTime).
+const EXPIRED_CERT: &str = include_str!("fixtures/sns/expired-cert.pem");
+/// `key.pem`'s certificate valid from 2100-01-01 to 2101-01-01 (GeneralizedTime).
+const NOT_YET_VALID_CERT: &str = include_str!("fixtures/sns/not-yet-valid-cert.pem");
 const KEY: &[u8] = include_bytes!("fixtures/sns/key.pk8");
 
 /// `SystemTime` as SNS writes it: `2024-05-01T12:00:00.000Z`.
@@ -315,4 +322,137 @@ async fn a_signature_version_1_message_verifies_and_a_subscription_is_only_expos
         Some(url)
     );
     assert_eq!(stack.receiver.stats().ignored(), 1);
+}
+
+/// 2020-01-01T00:00:00Z, 2021-01-01T00:00:00Z, 2100-01-01T00:00:00Z, 2101-01-01T00:00:00Z:
+/// the fixtures' validity dates, in seconds since the epoch.
+const Y2020: u64 = 1_577_836_800;
+const Y2021: u64 = 1_609_459_200;
+const Y2100: u64 = 4_102_444_800;
+const Y2101: u64 = 4_133_980_800;
+
+fn at(secs: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+/// A clock the test moves, and the function the receiver reads it through.
+fn clock(
+    secs: u64,
+) -> (
+    Arc<AtomicU64>,
+    impl Fn() -> SystemTime + Send + Sync + 'static,
+) {
+    let now = Arc::new(AtomicU64::new(secs));
+    let read = Arc::clone(&now);
+    (now, move || at(read.load(Ordering::SeqCst)))
+}
+
+/// What the receiver answers `body`'s authenticity, without the store.
+fn authenticate(events: &SesEvents, body: &str) -> Result<Option<String>, Refused> {
+    let (parts, ()) = http::Request::post("/webhooks/ses")
+        .body(())
+        .unwrap()
+        .into_parts();
+    events.authenticate(&parts, body.as_bytes())
+}
+
+#[test]
+fn certificates_outside_their_validity_are_refused_when_configured_with_their_dates() {
+    let expired = SesEvents::new(TOPIC, EXPIRED_CERT).unwrap_err();
+    let CertificateError::Expired { not_after, now } = expired else {
+        panic!("{expired:?}");
+    };
+    assert_eq!(not_after, at(Y2021));
+    assert!(now > at(Y2021));
+    assert_eq!(expired.code(), "sns_certificate.expired");
+    let advice = expired.to_string();
+    assert!(
+        advice.contains("expired at 2021-01-01T00:00:00Z") && advice.contains("SigningCertURL"),
+        "{advice}"
+    );
+
+    let early = SesEvents::new(TOPIC, NOT_YET_VALID_CERT).unwrap_err();
+    assert!(
+        matches!(early, CertificateError::NotYetValid { not_before, .. } if not_before == at(Y2100)),
+        "{early:?}"
+    );
+    assert!(
+        format!("{early:?}").contains("not valid before 2100-01-01T00:00:00Z"),
+        "Debug carries the advice: {early:?}"
+    );
+
+    // Beside a valid one, as for a rotation, the same checks.
+    assert!(matches!(
+        events().certificate(EXPIRED_CERT),
+        Err(CertificateError::Expired { .. })
+    ));
+    assert!(matches!(
+        events().certificate(NOT_YET_VALID_CERT),
+        Err(CertificateError::NotYetValid { .. })
+    ));
+
+    // Judged at the receiver's clock, both ends of the period included.
+    for secs in [Y2020, Y2021] {
+        assert!(SesEvents::with_clock(TOPIC, EXPIRED_CERT, move || at(secs)).is_ok());
+    }
+    assert!(SesEvents::with_clock(TOPIC, EXPIRED_CERT, || at(Y2021 + 1)).is_err());
+    assert!(SesEvents::with_clock(TOPIC, NOT_YET_VALID_CERT, || at(Y2100 - 1)).is_err());
+    assert!(SesEvents::with_clock(TOPIC, NOT_YET_VALID_CERT, || at(Y2101)).is_ok());
+}
+
+#[tokio::test]
+async fn a_message_only_a_certificate_expired_since_configuration_verifies_is_refused() {
+    // Configured an hour before the certificate expires; SNS signs with its key meanwhile.
+    let (now, read) = clock(Y2021 - 3600);
+    let stack = Stack::new(SesEvents::with_clock(TOPIC, EXPIRED_CERT, read).unwrap());
+    stack.send("order:5", false).await.unwrap_err();
+    let before = stack.stored("order:5").await;
+    let event = ses_event("Delivery", &format!("{NAMESPACE}:order:5"), "0100-late");
+    let in_time = notification("sns-in-time", TOPIC, at(Y2021 - 60), &event);
+    assert_eq!(
+        authenticate(stack.receiver.provider(), &in_time),
+        Ok(Some("sns-in-time".to_owned()))
+    );
+
+    // A second past its notAfter: the same key's signature no longer vouches.
+    now.store(Y2021 + 1, Ordering::SeqCst);
+    let late = notification("sns-late", TOPIC, at(Y2021 + 1), &event);
+    assert_eq!(
+        authenticate(stack.receiver.provider(), &late),
+        Err(Refused::ExpiredCertificate)
+    );
+    assert_eq!(stack.post(late.clone()).await, 401);
+    assert_eq!(stack.receiver.stats().unauthorized(), 1);
+    assert_eq!(stack.receiver.stats().delivered(), 0);
+    assert_eq!(stack.stored("order:5").await, before);
+
+    // A message no configured key verifies is still a bad signature, expired or not.
+    let forged = late.replace("0100-late", "0100-forged");
+    assert_eq!(
+        authenticate(stack.receiver.provider(), &forged),
+        Err(Refused::BadSignature)
+    );
+}
+
+#[tokio::test]
+async fn a_valid_certificate_beside_an_expired_one_still_verifies() {
+    // Configured while the first was valid; the operator adds the next in time.
+    let (now, read) = clock(Y2021 - 3600);
+    let events = SesEvents::with_clock(TOPIC, EXPIRED_CERT, read).unwrap();
+    let real_now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    now.store(real_now, Ordering::SeqCst);
+    let stack = Stack::new(events.certificate(CERT).unwrap());
+    stack.send("order:6", false).await.unwrap_err();
+
+    let body = notification(
+        "sns-rotated",
+        TOPIC,
+        at(real_now),
+        &ses_event("Delivery", &format!("{NAMESPACE}:order:6"), "0100-rotated"),
+    );
+    assert_eq!(stack.post(body).await, 200);
+    assert_eq!(stack.receiver.stats().delivered(), 1);
 }

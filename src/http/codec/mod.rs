@@ -8,7 +8,7 @@ mod segments;
 #[cfg(feature = "ses")]
 pub mod ses;
 pub mod twilio;
-mod wire;
+pub(crate) mod wire;
 
 use bytes::Bytes;
 

@@ -38,6 +38,9 @@ pub enum Refused {
     StaleTimestamp,
     /// Signed, but for another source than the one configured (an SNS topic of another).
     WrongTopic,
+    /// Signed with the key of a configured certificate that is outside its validity period
+    /// now (SNS's certificate expired since it was configured): configure SNS's current one.
+    ExpiredCertificate,
 }
 
 /// What a provider's webhook looks like: how its requests prove they come from it, and what

@@ -7,6 +7,11 @@
 //! rotates its signing certificate: configure the new one beside the old
 //! ([`SesEvents::certificate`]) before the old one goes.
 //!
+//! A certificate outside its validity period (`notBefore`, `notAfter`) is refused when it is
+//! configured ([`CertificateError`]); one that expires afterwards no longer vouches for a
+//! message: a message that only its key verifies is refused ([`Refused::ExpiredCertificate`],
+//! 401, logged at warn with the date), so a missed rotation fails loudly.
+//!
 //! Checked, in order, before the event is read: the signature (401), the `TopicArn` (the
 //! one configured, 401), the `Timestamp` (within [`SNS_TOLERANCE`], one hour, of now, 401:
 //! SNS keeps a message's publish time on every retry, and its delivery policies retry for
@@ -29,6 +34,7 @@
 //! | any other | untouched |
 
 use std::collections::HashMap;
+use std::error::Error;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -41,6 +47,7 @@ use serde::Deserialize;
 
 use super::{Event, EventKind, Provider, Refused, WebhookReceiver, constant_time_eq};
 use crate::http::codec::ses::SES;
+use crate::http::codec::wire::rfc3339;
 use crate::http::lookup::time::iso8601;
 use crate::http::mark::KEY_DIGEST;
 use crate::outcome::BoxError;
@@ -88,23 +95,48 @@ pub type SesWebhook<S> = WebhookReceiver<S, SesEvents>;
 #[derive(Clone)]
 pub struct SesEvents {
     topic_arn: String,
-    /// The RSA public keys (PKCS#1 `RSAPublicKey`) of the configured certificates.
-    keys: Vec<Vec<u8>>,
+    certificates: Vec<Certificate>,
     tolerance: Duration,
+    clock: Clock,
     subscribe_url: Arc<Mutex<Option<String>>>,
 }
+
+/// What the receiver reads the time from: the certificates' validity and the tolerance of a
+/// message's `Timestamp` are judged by it.
+type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 
 impl SesEvents {
     /// Accepts messages of `topic_arn` signed by the certificate `certificate_pem` (the one
     /// SNS's `SigningCertURL` serves, which you download and check yourself).
     ///
     /// # Errors
-    /// When the PEM holds no X.509 certificate with an RSA key.
-    pub fn new(topic_arn: impl Into<String>, certificate_pem: &str) -> Result<Self, BoxError> {
+    /// [`CertificateError`] when the PEM holds no X.509 certificate with an RSA key, or one
+    /// outside its validity period now.
+    pub fn new(
+        topic_arn: impl Into<String>,
+        certificate_pem: &str,
+    ) -> Result<Self, CertificateError> {
+        Self::with_clock(topic_arn, certificate_pem, SystemTime::now)
+    }
+
+    /// As [`new`](Self::new), with the time read from `clock` rather than the system's: the
+    /// certificates' validity and the messages' `Timestamp` are judged by it (a test's clock,
+    /// or one your service already keeps).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new), judged at `clock`'s time.
+    pub fn with_clock(
+        topic_arn: impl Into<String>,
+        certificate_pem: &str,
+        clock: impl Fn() -> SystemTime + Send + Sync + 'static,
+    ) -> Result<Self, CertificateError> {
+        let clock: Clock = Arc::new(clock);
+        let certificate = Certificate::from_pem(certificate_pem, clock())?;
         Ok(Self {
             topic_arn: topic_arn.into(),
-            keys: vec![rsa_public_key(certificate_pem)?],
+            certificates: vec![certificate],
             tolerance: SNS_TOLERANCE,
+            clock,
             subscribe_url: Arc::default(),
         })
     }
@@ -113,9 +145,11 @@ impl SesEvents {
     /// rotates).
     ///
     /// # Errors
-    /// When the PEM holds no X.509 certificate with an RSA key.
-    pub fn certificate(mut self, certificate_pem: &str) -> Result<Self, BoxError> {
-        self.keys.push(rsa_public_key(certificate_pem)?);
+    /// [`CertificateError`] when the PEM holds no X.509 certificate with an RSA key, or one
+    /// outside its validity period now.
+    pub fn certificate(mut self, certificate_pem: &str) -> Result<Self, CertificateError> {
+        let certificate = Certificate::from_pem(certificate_pem, (self.clock)())?;
+        self.certificates.push(certificate);
         Ok(self)
     }
 
@@ -140,7 +174,7 @@ impl fmt::Debug for SesEvents {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SesEvents")
             .field("topic_arn", &self.topic_arn)
-            .field("certificates", &self.keys.len())
+            .field("certificates", &self.certificates.len())
             .field("tolerance", &self.tolerance)
             .finish_non_exhaustive()
     }
@@ -240,19 +274,39 @@ impl Provider for SesEvents {
             "2" => &RSA_PKCS1_2048_8192_SHA256,
             _ => return Err(Refused::BadSignature),
         };
-        let verified = self.keys.iter().any(|key| {
-            UnparsedPublicKey::new(algorithm, key)
+        let now = (self.clock)();
+        let mut verified = false;
+        let mut outdated = None;
+        for certificate in &self.certificates {
+            let verifies = UnparsedPublicKey::new(algorithm, &certificate.key)
                 .verify(signed.as_bytes(), &signature)
-                .is_ok()
-        });
+                .is_ok();
+            if verifies && certificate.valid_at(now) {
+                verified = true;
+                break;
+            }
+            if verifies {
+                outdated.get_or_insert(certificate);
+            }
+        }
         if !verified {
+            if let Some(certificate) = outdated {
+                tracing::warn!(
+                    target: "tower_idempotency::webhook",
+                    topic = %self.topic_arn,
+                    not_after = %date(certificate.not_after),
+                    "an SNS message signed with the key of an expired certificate was refused: \
+                     configure SNS's current certificate"
+                );
+                return Err(Refused::ExpiredCertificate);
+            }
             return Err(Refused::BadSignature);
         }
         if !constant_time_eq(message.topic_arn.as_bytes(), self.topic_arn.as_bytes()) {
             return Err(Refused::WrongTopic);
         }
         let published = iso8601(&message.timestamp).ok_or(Refused::StaleTimestamp)?;
-        let skew = match SystemTime::now().duration_since(published) {
+        let skew = match now.duration_since(published) {
             Ok(behind) => behind,
             Err(ahead) => ahead.duration(),
         };
@@ -305,49 +359,195 @@ impl Provider for SesEvents {
     }
 }
 
-/// The RSA public key (PKCS#1 `RSAPublicKey`, as ring takes it) of the first certificate in
-/// `pem`.
-fn rsa_public_key(pem: &str) -> Result<Vec<u8>, BoxError> {
-    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
-    const END: &str = "-----END CERTIFICATE-----";
-    let start = pem.find(BEGIN).ok_or("no PEM certificate")? + BEGIN.len();
-    let end = pem[start..]
-        .find(END)
-        .ok_or("an unterminated PEM certificate")?
-        + start;
-    let text: String = pem[start..end].split_whitespace().collect();
-    let der = crate::base64::decode(&text).ok_or("a PEM certificate that is not base64")?;
-    spki_rsa_key(&der)
-        .map(<[u8]>::to_vec)
-        .ok_or_else(|| "not an X.509 certificate with an RSA key".into())
+/// Why a certificate could not be configured.
+///
+/// Its `Debug` form says what to do as its `Display` form does, so a `main` that returns the
+/// error prints the advice.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CertificateError {
+    /// The text holds no PEM `CERTIFICATE` block, or one that is not base64.
+    NotPem,
+    /// The PEM block is not an X.509 certificate with an RSA key and a validity period.
+    Malformed,
+    /// The certificate's validity ended (`not_after`) before `now`.
+    Expired {
+        /// The certificate's `notAfter`.
+        not_after: SystemTime,
+        /// The time it was configured at.
+        now: SystemTime,
+    },
+    /// The certificate's validity starts (`not_before`) after `now`.
+    NotYetValid {
+        /// The certificate's `notBefore`.
+        not_before: SystemTime,
+        /// The time it was configured at.
+        now: SystemTime,
+    },
 }
 
-/// The `RSAPublicKey` inside an X.509 certificate's `subjectPublicKeyInfo` (RFC 5280 4.1).
-fn spki_rsa_key(der: &[u8]) -> Option<&[u8]> {
-    /// `rsaEncryption`, 1.2.840.113549.1.1.1, as DER.
-    const RSA_ENCRYPTION: &[u8] = &[
-        0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01,
-    ];
-    let (certificate, _) = element(der, 0x30)?;
-    let (mut tbs, _) = element(certificate, 0x30)?;
-    if tbs.first() == Some(&0xa0) {
-        tbs = element(tbs, 0xa0)?.1;
+impl CertificateError {
+    /// A stable name of the error, for logs and metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NotPem => "sns_certificate.not_pem",
+            Self::Malformed => "sns_certificate.malformed",
+            Self::Expired { .. } => "sns_certificate.expired",
+            Self::NotYetValid { .. } => "sns_certificate.not_yet_valid",
+        }
     }
-    // serialNumber, signature, issuer, validity, subject.
-    for tag in [0x02, 0x30, 0x30, 0x30, 0x30] {
-        tbs = element(tbs, tag)?.1;
+}
+
+impl fmt::Display for CertificateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotPem => f.write_str(
+                "no PEM certificate: give the text SNS's SigningCertURL serves, \
+                 -----BEGIN CERTIFICATE----- included",
+            ),
+            Self::Malformed => f.write_str(
+                "not an X.509 certificate with an RSA key: give the one SNS's SigningCertURL serves",
+            ),
+            Self::Expired { not_after, now } => write!(
+                f,
+                "the SNS certificate expired at {} (now {}): download the current one from \
+                 SNS's SigningCertURL and configure it",
+                date(*not_after),
+                date(*now)
+            ),
+            Self::NotYetValid { not_before, now } => write!(
+                f,
+                "the SNS certificate is not valid before {} (now {}): check the clock, or \
+                 configure it once it is valid and keep the current one meanwhile",
+                date(*not_before),
+                date(*now)
+            ),
+        }
     }
-    let (spki, _) = element(tbs, 0x30)?;
-    let (algorithm, rest) = element(spki, 0x30)?;
-    if !algorithm.starts_with(RSA_ENCRYPTION) {
+}
+
+// `main() -> Result<(), BoxError>` prints its error with `Debug`: the advice belongs there too.
+impl fmt::Debug for CertificateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CertificateError({}): {self}", self.code())
+    }
+}
+
+impl Error for CertificateError {}
+
+/// `at` as RFC 3339, or as `SystemTime` writes itself where RFC 3339 cannot.
+fn date(at: SystemTime) -> String {
+    rfc3339(at).unwrap_or_else(|| format!("{at:?}"))
+}
+
+/// A configured certificate: its key, and when it vouches for one.
+#[derive(Clone)]
+struct Certificate {
+    /// The RSA public key (PKCS#1 `RSAPublicKey`, as ring takes it).
+    key: Vec<u8>,
+    not_before: SystemTime,
+    not_after: SystemTime,
+}
+
+impl Certificate {
+    /// The first certificate in `pem`, valid at `now`.
+    fn from_pem(pem: &str, now: SystemTime) -> Result<Self, CertificateError> {
+        const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+        const END: &str = "-----END CERTIFICATE-----";
+        let start = pem.find(BEGIN).ok_or(CertificateError::NotPem)? + BEGIN.len();
+        let end = pem[start..].find(END).ok_or(CertificateError::NotPem)? + start;
+        let text: String = pem[start..end].split_whitespace().collect();
+        let der = crate::base64::decode(&text).ok_or(CertificateError::NotPem)?;
+        let certificate = Self::from_der(&der).ok_or(CertificateError::Malformed)?;
+        if now < certificate.not_before {
+            return Err(CertificateError::NotYetValid {
+                not_before: certificate.not_before,
+                now,
+            });
+        }
+        if now > certificate.not_after {
+            return Err(CertificateError::Expired {
+                not_after: certificate.not_after,
+                now,
+            });
+        }
+        Ok(certificate)
+    }
+
+    /// The validity and the `RSAPublicKey` inside `subjectPublicKeyInfo` of an X.509
+    /// certificate (RFC 5280 4.1).
+    fn from_der(der: &[u8]) -> Option<Self> {
+        /// `rsaEncryption`, 1.2.840.113549.1.1.1, as DER.
+        const RSA_ENCRYPTION: &[u8] = &[
+            0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01,
+        ];
+        let (certificate, _) = element(der, 0x30)?;
+        let (mut tbs, _) = element(certificate, 0x30)?;
+        if tbs.first() == Some(&0xa0) {
+            tbs = element(tbs, 0xa0)?.1;
+        }
+        // serialNumber, signature, issuer.
+        for tag in [0x02, 0x30, 0x30] {
+            tbs = element(tbs, tag)?.1;
+        }
+        let (validity, rest) = element(tbs, 0x30)?;
+        let (not_before, validity) = time(validity)?;
+        let (not_after, _) = time(validity)?;
+        let (_subject, rest) = element(rest, 0x30)?;
+        let (spki, _) = element(rest, 0x30)?;
+        let (algorithm, rest) = element(spki, 0x30)?;
+        if !algorithm.starts_with(RSA_ENCRYPTION) {
+            return None;
+        }
+        let (bits, _) = element(rest, 0x03)?;
+        // A BIT STRING's first byte counts the unused bits of its last: none in a key.
+        let key = match bits.split_first()? {
+            (0, key) => key.to_vec(),
+            _ => return None,
+        };
+        Some(Self {
+            key,
+            not_before,
+            not_after,
+        })
+    }
+
+    /// Whether `now` is within the certificate's validity period, both ends included (RFC
+    /// 5280 4.1.2.5).
+    fn valid_at(&self, now: SystemTime) -> bool {
+        self.not_before <= now && now <= self.not_after
+    }
+}
+
+/// A validity time (RFC 5280 4.1.2.5) at the start of `input`, and what follows it: a
+/// `UTCTime` `YYMMDDHHMMSSZ` (years 1950 to 2049) or a `GeneralizedTime` `YYYYMMDDHHMMSSZ`,
+/// in UTC with whole seconds, as the RFC requires. `None` for another form, and for a time
+/// before 1970, which no SNS certificate holds.
+fn time(input: &[u8]) -> Option<(SystemTime, &[u8])> {
+    let (&tag, _) = input.split_first()?;
+    let (digits, rest) = element(input, tag)?;
+    let century = match tag {
+        0x17 if digits.first()? < &b'5' => "20",
+        0x17 => "19",
+        0x18 => "",
+        _ => return None,
+    };
+    let digits = std::str::from_utf8(digits.strip_suffix(b"Z")?).ok()?;
+    let full = format!("{century}{digits}");
+    if full.len() != 14 || !full.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let (bits, _) = element(rest, 0x03)?;
-    // A BIT STRING's first byte counts the unused bits of its last: none in a key.
-    match bits.split_first()? {
-        (0, key) => Some(key),
-        _ => None,
-    }
+    // Read by the receiver's ISO 8601 reader, which checks the fields' ranges.
+    let iso = format!(
+        "{}-{}-{}T{}:{}:{}Z",
+        &full[0..4],
+        &full[4..6],
+        &full[6..8],
+        &full[8..10],
+        &full[10..12],
+        &full[12..14]
+    );
+    Some((iso8601(&iso)?, rest))
 }
 
 /// The content of the DER element tagged `tag` at the start of `input`, and what follows it.
@@ -375,19 +575,73 @@ fn element(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::UNIX_EPOCH;
+
     use super::*;
 
-    // A real certificate's key is read in tests/webhooks_ses.rs, which verifies with it.
+    // A real certificate's key and validity are read in tests/webhooks_ses.rs, which verifies
+    // with it.
     #[test]
     fn what_is_not_a_certificate_is_refused_without_panicking() {
-        assert!(rsa_public_key("no certificate").is_err());
-        assert!(
-            rsa_public_key("-----BEGIN CERTIFICATE-----\n!!\n-----END CERTIFICATE-----").is_err()
+        let now = SystemTime::now();
+        assert_eq!(
+            Certificate::from_pem("no certificate", now).err(),
+            Some(CertificateError::NotPem)
         );
-        assert!(spki_rsa_key(&[0x30, 0x82, 0xff]).is_none());
-        assert!(spki_rsa_key(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]).is_none());
-        assert!(spki_rsa_key(&[0x30, 0x80]).is_none());
-        assert!(spki_rsa_key(&[]).is_none());
+        assert_eq!(
+            Certificate::from_pem(
+                "-----BEGIN CERTIFICATE-----\n!!\n-----END CERTIFICATE-----",
+                now
+            )
+            .err(),
+            Some(CertificateError::NotPem)
+        );
+        assert!(Certificate::from_der(&[0x30, 0x82, 0xff]).is_none());
+        assert!(Certificate::from_der(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]).is_none());
+        assert!(Certificate::from_der(&[0x30, 0x80]).is_none());
+        assert!(Certificate::from_der(&[]).is_none());
+    }
+
+    #[test]
+    fn validity_times_are_read_in_both_encodings_and_nothing_else() {
+        let at = |secs| UNIX_EPOCH + Duration::from_secs(secs);
+        let utc = b"\x17\x0d200101000000Zrest";
+        assert_eq!(time(utc), Some((at(1_577_836_800), &b"rest"[..])));
+        // UTCTime's two-digit years from 50 are the 1900s: before 1970, not read.
+        assert_eq!(time(b"\x17\x0d500101000000Z"), None);
+        assert_eq!(
+            time(b"\x18\x0f21000101000000Z").map(|(t, _)| t),
+            Some(at(4_102_444_800))
+        );
+        for malformed in [
+            &b"\x17\x0d2001010000000"[..],  // no Z
+            b"\x17\x0b2001010000Z",         // no seconds
+            b"\x18\x0d200101000000Z",       // GeneralizedTime with a two-digit year
+            b"\x18\x1321000101000000.123Z", // a fraction
+            b"\x18\x0f21001301000000Z",     // month 13
+            b"\x17\x0d20010100000+Z",       // not digits
+            b"\x17\x0d200101",              // shorter than its length
+            b"\x04\x0d200101000000Z",       // another type
+            b"",
+        ] {
+            assert_eq!(time(malformed), None, "{malformed:?}");
+        }
+    }
+
+    #[test]
+    fn a_certificate_vouches_from_its_first_to_its_last_second() {
+        let (start, end) = (
+            UNIX_EPOCH + Duration::from_secs(10),
+            UNIX_EPOCH + Duration::from_secs(20),
+        );
+        let certificate = Certificate {
+            key: Vec::new(),
+            not_before: start,
+            not_after: end,
+        };
+        assert!(certificate.valid_at(start) && certificate.valid_at(end));
+        assert!(!certificate.valid_at(start - Duration::from_secs(1)));
+        assert!(!certificate.valid_at(end + Duration::from_secs(1)));
     }
 
     #[test]
