@@ -9,7 +9,7 @@
 //! | Twilio | [`TwilioWebhook`](twilio::TwilioWebhook) | `X-Twilio-Signature`: base64 HMAC-SHA1 over the URL and the sorted form parameters, keyed by the auth token | `MessageStatus` `accepted`, `scheduled`, `queued`, `sending`, `sent`, `delivered`, `undelivered`, `read`, `partially_delivered` | `failed`, `canceled` |
 //! | Postmark | [`PostmarkWebhook`](postmark::PostmarkWebhook) | HTTP Basic credentials you put in the webhook's URL (Postmark signs nothing) | `Delivery`, `Bounce`, `SpamComplaint`, `Open`, `Click` | none: Postmark refuses at send time |
 //!
-//! | Amazon SES through SNS (feature `ses`) | `ses::SesWebhook` | SNS's RSA signature (`SignatureVersion` 1, SHA-1, or 2, SHA-256) checked against the certificate you configure (never fetched), the configured `TopicArn`, a `Timestamp` within `ses::SNS_TOLERANCE` (1 h), a redelivered `MessageId` acted on once | `Send`, `Delivery`, `Bounce`, `Complaint`, `DeliveryDelay`, `Open`, `Click` | `Reject`, `Rendering Failure` |
+//! | Amazon SES through SNS (feature `ses`) | `ses::SesWebhook` | SNS's RSA signature (`SignatureVersion` 1, SHA-1, or 2, SHA-256) checked against the certificate you configure (never fetched) while it is valid (`notBefore`/`notAfter`), the configured `TopicArn`, a `Timestamp` within `ses::SNS_TOLERANCE` (1 h), a redelivered `MessageId` acted on once | `Send`, `Delivery`, `Bounce`, `Complaint`, `DeliveryDelay`, `Open`, `Click` | `Reject`, `Rendering Failure` |
 //!
 //! A bounce or a complaint still proves the provider took the message: its key is settled as
 //! delivered, so the message is never sent again under it.
