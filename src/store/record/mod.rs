@@ -57,7 +57,8 @@
 //!
 //! ```text
 //! \x02P6f1c2a4e-8b3d-4f5a-9c7e-1d2b3c4d5e6f0909…0909120000,60000\n
-//! \x02D6f1c2a4e-8b3d-4f5a-9c7e-1d2b3c4d5e6f0909…090986400000,\n{"sent":{…}}
+//! \x02D6f1c2a4e-8b3d-4f5a-9c7e-1d2b3c4d5e6f0909…090986400000,\n{"failed":{…"category":"unknown"…}}
+//! \x02D6f1c2a4e-8b3d-4f5a-9c7e-1d2b3c4d5e6f0909…0909,\n{"sent":{…}}
 //! ```
 //!
 //! The token and state sit at fixed places so that a store's server compares the front of
@@ -69,9 +70,10 @@
 //!   under the key began (kept through retakes and takeovers of the same message): its age
 //!   is this minus the time the value has left; a store reports it as
 //!   [`Record::first_attempt_age`](super::Record::first_attempt_age). Every pending record
-//!   carries it. A done record carries it when the holder of such a pending record
-//!   completed it, and not otherwise (completed after its own pending record was gone, or
-//!   resolved by an operator): its first attempt is unknown, and it is never re-sent.
+//!   carries it. A done record of unknown delivery carries it when the holder of such a
+//!   pending record completed it, and not otherwise (completed after its own pending record
+//!   was gone, or resolved by an operator): its first attempt is unknown, and it is never
+//!   re-sent. A done record of known delivery is never re-sent, and carries none.
 //! - `kept_after_lease_ms`: how long a pending record outlives its lease: the lease ends
 //!   this long before the value expires. On every pending record and on no done one. A
 //!   pending record outlives its lease so that a reserve after it can tell it took the key

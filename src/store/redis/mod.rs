@@ -11,7 +11,7 @@
 //! | operation | command |
 //! |---|---|
 //! | [`reserve`](Store::reserve) | `SET key <pending record> NX GET PX <lease + kept>`, one command: no old value, the key is reserved; a done record is answered as held, decided by the client. Only when another send's pending record holds the key does a Lua script (`EVALSHA`, a second round trip) tell by its `PTTL` whether its lease passed, and take it over if so; a done record of unknown delivery takes the same script, for its first attempt's age (see [Expiry](#expiry)) |
-//! | [`complete`](Store::complete) | a Lua script (`EVALSHA`): compares the token at the value's front and writes the done record with `PX ttl` when the token holds the key or nothing does |
+//! | [`complete`](Store::complete) | a Lua script (`EVALSHA`): compares the token at the value's front and writes the done record with `PX ttl` when the token holds the key or nothing does; only an outcome of unknown delivery also reads the `PTTL`, to keep the first attempt's time |
 //! | [`release`](Store::release) | a Lua script (`EVALSHA`): deletes the key when its front is the token's pending record |
 //! | [`extend`](Store::extend) | a Lua script (`EVALSHA`): when its front is the token's pending record within its lease, writes it again with the new `PX` |
 //! | [`retake`](Store::retake) | a Lua script (`EVALSHA`): holds a done record of unknown delivery pending again when its first attempt is younger than the window (the one script that decodes JSON, run only inside the provider's window) |
@@ -74,12 +74,13 @@
 //! long before the key expires its first attempt began (the lease plus the kept time, when
 //! the reserve wrote it) and how long it is kept after its lease; its lease has passed when
 //! the key's `PTTL` is no more than the kept time. A first attempt's age is the time before
-//! expiry less the `PTTL`. `complete`, `extend`, a takeover and `retake` carry the first
-//! attempt's time over to the new expiry, so a done record keeps its first attempt's time
-//! too. A `reserve` reports the age where a decision needs it: on a pending record, and on a
-//! done one of unknown delivery (a re-send inside the provider's window); a done record of
-//! known delivery is answered from `SET NX GET` alone, without it
-//! ([`Record::first_attempt_age`](super::Record::first_attempt_age) is `None` there).
+//! expiry less the `PTTL`. `extend`, a takeover and `retake` carry the first attempt's time
+//! over to the new expiry, and so does a `complete` with an outcome of unknown delivery,
+//! the one outcome a re-send inside the provider's window is decided on. A `reserve`
+//! reports the age where that decision needs it: on a pending record, and on a done one of
+//! unknown delivery. A done record of known delivery keeps no time and is answered from
+//! `SET NX GET` alone ([`Record::first_attempt_age`](super::Record::first_attempt_age) is
+//! `None` there).
 //! See [`store::record`](super::record).
 //!
 //! # Key layout and values
@@ -90,14 +91,14 @@
 //!
 //! ```text
 //! \x02P6f1c…<64 hex digits of fingerprint>86520000,86400000\n
-//! \x02D6f1c…<64 hex digits of fingerprint>86403000,\n{"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false}}
+//! \x02D6f1c…<64 hex digits of fingerprint>,\n{"sent":{"id":"msg_1","transport":"resend","accepted":[],"replayed":false}}
 //! ```
 //!
 //! The version byte, the state (`P` pending, `D` done) and the token sit at fixed places, so
 //! a script fences a write by comparing the value's front, without decoding it; then the
 //! fingerprint in hex, the two times (`first_attempt_before_expiry_ms`, on every pending
-//! record and on a done one whose holder completed it; `kept_after_lease_ms`, on pending
-//! records), and a done record's outcome in JSON. No message content is stored. A value that
+//! record and on a done one of unknown delivery whose holder completed it;
+//! `kept_after_lease_ms`, on pending records), and a done record's outcome in JSON. No message content is stored. A value that
 //! is not such a record, a record that breaks the [record
 //! rules](super::record#the-record-rules) (a pending record with an outcome, a done one
 //! without, a failure of category `delivered`: the same damage every store reports), or a

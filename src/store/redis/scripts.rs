@@ -83,11 +83,13 @@ return 1
 /// The Lua script behind [`complete`](crate::store::Store::complete): a fenced write.
 ///
 /// `KEYS[1]` the key, `ARGV[1]` the token, `ARGV[2]` the done record without times,
-/// `ARGV[3]` the ttl in ms. Writes when the token holds the key (compared on the value's
-/// front), when nothing does, or when another token's pending record has passed its lease
-/// (by `PTTL`); the record keeps the first attempt's time of the token's own record.
-/// Answers 1 when it wrote, 0 when another token holds the key, -1 when the value under the
-/// key cannot be read (it is then left as it is).
+/// `ARGV[3]` the ttl in ms, `ARGV[4]` `1` when the outcome is of unknown delivery. Writes
+/// when the token holds the key (compared on the value's front), when nothing does, or when
+/// another token's pending record has passed its lease (by `PTTL`). A record of unknown
+/// delivery keeps the first attempt's time of the token's own record, which a re-send inside
+/// the provider's window is decided on; no other outcome is ever re-sent, so its record is
+/// written as it came, with no clock read. Answers 1 when it wrote, 0 when another token
+/// holds the key, -1 when the value under the key cannot be read (it is then left as it is).
 pub(super) const COMPLETE_SCRIPT: &str = r"
 local current = redis.pcall('GET', KEYS[1])
 local value = ARGV[2]
@@ -98,7 +100,7 @@ if current then
     local kept = string.match(current, '^%d*,(%d+)\n', 103)
     if not kept then return -1 end
     if redis.call('PTTL', KEYS[1]) > tonumber(kept) then return 0 end
-  else
+  elseif ARGV[4] == '1' then
     local first = string.match(current, '^(%d+),', 103)
     if first then
       local age = math.max(tonumber(first) - redis.call('PTTL', KEYS[1]), 0)
@@ -242,13 +244,18 @@ impl RedisStore {
         ttl: Duration,
     ) -> Result<Cmd, StoreError> {
         let done = record::done_value(c.token, c.fingerprint, c.outcome)?;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.complete.get_hash())
+        let unknown = c.outcome.category() == crate::Category::Unknown;
+        let redis_key = self.redis_key(c.key);
+        // Sized up front, as a reserve's `SET`: every fresh send builds one.
+        let mut cmd = Cmd::with_capacity(8, redis_key.len() + done.len() + 128);
+        cmd.arg("EVALSHA")
+            .arg(self.complete.get_hash())
             .arg(1)
-            .arg(self.redis_key(c.key))
+            .arg(redis_key)
             .arg(c.token.to_string())
             .arg(done)
-            .arg(millis(ttl));
+            .arg(millis(ttl))
+            .arg(if unknown { "1" } else { "0" });
         Ok(cmd)
     }
 
