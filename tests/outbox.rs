@@ -98,15 +98,9 @@ async fn notify_wakes_an_idle_worker_that_polls_once_an_hour() {
             .poll_interval(Duration::from_secs(3600)),
     );
     table.enqueue(["first".to_owned()]).await;
-    eventually(Duration::from_secs(5), || async {
-        outbox.counts().await.unwrap().done == 1
-    })
-    .await;
+    table.until_done(1).await;
     table.enqueue(["second".to_owned()]).await;
-    eventually(Duration::from_secs(5), || async {
-        outbox.counts().await.unwrap().done == 2
-    })
-    .await;
+    table.until_done(2).await;
     worker.stop().await;
 
     // Without a LISTEN connection, the same worker waits for its poll.

@@ -87,16 +87,14 @@ pub async fn a_worker_sends_each_message_once_as_it_was_enqueued_and_a_second_wo
         record.lock().unwrap().insert(key, m.clone());
         inner.clone().oneshot(m)
     });
-    let first = start(
-        t.outbox
-            .worker(stack)
-            .poll_interval(Duration::from_millis(20)),
-    );
-    eventually(Duration::from_secs(10), || async {
-        t.outbox.counts().await.unwrap().done == 5
-    })
-    .await;
-    let stats = first.stop().await;
+    let stats = t
+        .drain(
+            t.outbox
+                .worker(stack)
+                .poll_interval(Duration::from_millis(20)),
+            5,
+        )
+        .await;
     assert_eq!((stats.claimed, stats.sent), (5, 5));
     assert_eq!(seen.lock().unwrap()["unicode"], original);
     for row in t.rows().await {
@@ -131,16 +129,13 @@ pub async fn done_rows_are_purged_after_their_retention_and_lag_reads_the_oldest
     t.enqueue((0..5).map(|i| format!("purge-{i}"))).await;
     assert!(t.outbox.lag().await.unwrap().is_some(), "rows wait");
     let provider = Provider::ok();
-    let worker = start(
+    t.drain(
         t.outbox
             .worker(provider.service())
             .poll_interval(Duration::from_millis(20)),
-    );
-    eventually(Duration::from_secs(5), || async {
-        t.outbox.counts().await.unwrap().done == 5
-    })
+        5,
+    )
     .await;
-    worker.stop().await;
     assert_eq!(t.outbox.lag().await.unwrap(), None, "every row went");
     t.enqueue(["still-waiting".to_owned()]).await;
     assert!(t.outbox.lag().await.unwrap().is_some(), "a row waits");
@@ -180,10 +175,8 @@ pub async fn four_workers_on_one_table_send_a_thousand_messages_exactly_once<D: 
         })
         .collect();
     let total = keys.len() as u64;
-    eventually(Duration::from_secs(60), || async {
-        t.outbox.counts().await.unwrap().done == total
-    })
-    .await;
+    t.until(Duration::from_secs(60), |counts| counts.done == total)
+        .await;
     let mut sent = 0;
     for worker in workers {
         sent += worker.stop().await.sent;
@@ -212,8 +205,7 @@ pub async fn a_poison_message_ends_dead_after_its_attempts_and_blocks_nothing<D:
             .backoff(Duration::from_millis(1), Duration::from_millis(5))
             .poll_interval(Duration::from_millis(10)),
     );
-    eventually(Duration::from_secs(10), || async {
-        let counts = t.outbox.counts().await.unwrap();
+    t.until(Duration::from_secs(10), |counts| {
         counts.done == 2 && counts.dead == 3
     })
     .await;
@@ -286,8 +278,7 @@ pub async fn retries_retry_after_and_dead_letters_then_a_requeue_sends_again<D: 
             .backoff(Duration::from_millis(1), Duration::from_millis(5))
             .poll_interval(Duration::from_millis(10)),
     );
-    eventually(Duration::from_secs(10), || async {
-        let counts = t.outbox.counts().await.unwrap();
+    t.until(Duration::from_secs(10), |counts| {
         counts.done == 2 && counts.dead == 2
     })
     .await;
@@ -323,16 +314,13 @@ pub async fn retries_retry_after_and_dead_letters_then_a_requeue_sends_again<D: 
         "a done row is not requeued"
     );
     let fixed = Provider::ok();
-    let worker = start(
+    t.drain(
         t.outbox
             .worker(fixed.service())
             .poll_interval(Duration::from_millis(10)),
-    );
-    eventually(Duration::from_secs(10), || async {
-        t.outbox.counts().await.unwrap().done == 3
-    })
+        3,
+    )
     .await;
-    worker.stop().await;
     assert_eq!(fixed.calls("refused"), 1);
     assert_eq!(fixed.total(), 1, "only the requeued row went");
 }
@@ -365,8 +353,7 @@ pub async fn retries_retry_after_and_dead_letters_hold_with_many_sends_in_flight
         .await
         .expect("sixty sends in flight at once");
     gated.gate.add_permits(1000);
-    eventually(Duration::from_secs(20), || async {
-        let counts = t.outbox.counts().await.unwrap();
+    t.until(Duration::from_secs(20), |counts| {
         counts.done == 15 && counts.dead == 30
     })
     .await;
@@ -407,10 +394,7 @@ pub async fn a_worker_has_as_many_sends_in_flight_as_its_concurrency_and_no_more
         .await
         .expect("eight sends in flight at once");
     gated.gate.add_permits(30);
-    eventually(Duration::from_secs(10), || async {
-        t.outbox.counts().await.unwrap().done == 30
-    })
-    .await;
+    t.until_done(30).await;
     let stats = worker.stop().await;
     assert_eq!(
         gated.peak.load(Ordering::SeqCst),
@@ -462,16 +446,13 @@ pub async fn a_worker_told_to_stop_lets_its_sends_answer_and_puts_back_the_rows_
     assert_eq!((counts.done, counts.waiting), (2, 8));
 
     // The four put back go at once, without waiting for the hour-long claim.
-    let next = start(
+    t.drain(
         t.outbox
             .worker(provider.service())
             .poll_interval(Duration::from_millis(20)),
-    );
-    eventually(Duration::from_secs(5), || async {
-        t.outbox.counts().await.unwrap().done == 10
-    })
+        10,
+    )
     .await;
-    next.stop().await;
     assert!(
         keys.iter().all(|key| provider.calls(key) == 1),
         "nothing went twice"
@@ -519,16 +500,13 @@ pub async fn a_worker_killed_before_sending_leaves_its_rows_to_the_next_once_the
         .unwrap();
     assert_eq!(early.claimed, 0, "the claim still holds the row");
 
-    let next = start(
+    t.drain(
         t.outbox
             .worker(provider.service())
             .poll_interval(Duration::from_millis(20)),
-    );
-    eventually(Duration::from_secs(5), || async {
-        t.outbox.counts().await.unwrap().done == 1
-    })
+        1,
+    )
     .await;
-    next.stop().await;
     assert_eq!(provider.calls("k"), 1);
     assert_eq!(t.row("k").await.attempts, 2, "the killed attempt counts");
 }
@@ -576,16 +554,13 @@ pub async fn a_worker_killed_after_the_provider_took_the_message_does_not_send_i
         .expect("the provider was called");
     doomed.abort();
 
-    let next = start(
+    t.drain(
         t.outbox
             .worker(stack(store))
             .poll_interval(Duration::from_millis(20)),
-    );
-    eventually(Duration::from_secs(5), || async {
-        t.outbox.counts().await.unwrap().done == 1
-    })
+        1,
+    )
     .await;
-    next.stop().await;
     assert_eq!(
         provider.calls("k"),
         1,
@@ -643,10 +618,7 @@ pub async fn the_late_answer_of_a_claim_that_passed_is_not_recorded_over_the_nex
     );
 
     gated_second.gate.add_permits(1);
-    eventually(Duration::from_secs(5), || async {
-        t.outbox.counts().await.unwrap().done == 1
-    })
-    .await;
+    t.until_done(1).await;
     assert_eq!(second.stop().await.sent, 1);
     let row = t.row("k").await;
     assert_eq!(
@@ -694,8 +666,7 @@ pub async fn a_schedule_with_sub_millisecond_digits_is_sent_once_through_the_out
             .worker(stack())
             .poll_interval(Duration::from_millis(20)),
     );
-    eventually(Duration::from_secs(10), || async {
-        let counts = t.outbox.counts().await.unwrap();
+    t.until(Duration::from_secs(10), |counts| {
         counts.done + counts.dead == 2
     })
     .await;

@@ -16,7 +16,7 @@ use tokio::sync::{Notify, Semaphore, oneshot};
 use tower::ServiceExt;
 
 use super::stores::{backend_url, unique};
-use tower_idempotency::outbox::{Enqueued, Outbox, Worker, WorkerStats};
+use tower_idempotency::outbox::{Enqueued, Outbox, OutboxCounts, Worker, WorkerStats};
 use tower_idempotency::store::StoreError;
 use tower_idempotency::{BoxError, Message, Receipt, SendError};
 
@@ -263,6 +263,32 @@ impl<D: Database> Table<D> {
         }
     }
 
+    /// Waits until the outbox's counts satisfy `holds`; fails after `limit`.
+    pub async fn until(&self, limit: Duration, holds: impl Fn(OutboxCounts) -> bool) {
+        eventually(limit, || async {
+            holds(self.outbox.counts().await.expect("counts"))
+        })
+        .await;
+    }
+
+    /// Waits until `done` rows are sent and marked done.
+    pub async fn until_done(&self, done: u64) {
+        self.until(Duration::from_secs(10), |counts| counts.done == done)
+            .await;
+    }
+
+    /// Runs `worker` until `done` rows are done, then stops it; its stats.
+    pub async fn drain<S>(&self, worker: Worker<S>, done: u64) -> WorkerStats
+    where
+        S: tower::Service<Message, Response = Receipt> + Send + 'static,
+        S::Error: Into<BoxError>,
+        S::Future: Send,
+    {
+        let running = start(worker);
+        self.until_done(done).await;
+        running.stop().await
+    }
+
     pub async fn rows(&self) -> Vec<Row> {
         D::rows(&self.url, &self.outbox).await
     }
@@ -282,6 +308,8 @@ impl<D: Database> Table<D> {
 
 /// Runs every case of [`cases`] as a test of its own on a fresh table of the database `$db`
 /// (a [`Database`]); `#[$ignore]` marks them ignored where its server is missing.
+// Only the outbox's test binaries run the suite; the rest compile this module too.
+#[allow(unused_macros)]
 macro_rules! outbox_suite {
     (#[$ignore:meta] $db:ty) => {
         $crate::support::outbox::outbox_suite!(@cases #[$ignore] $db;
@@ -313,4 +341,5 @@ macro_rules! outbox_suite {
         }
     )*};
 }
+#[allow(unused_imports)]
 pub(crate) use outbox_suite;
