@@ -12,7 +12,7 @@ use tower::{Layer, ServiceExt};
 use super::{Database, Gated, Provider, Running, Table, eventually, message, start};
 use crate::support::stores::unique;
 use tower_idempotency::message::Attachment;
-use tower_idempotency::outbox::{Enqueued, Outbox};
+use tower_idempotency::outbox::{Enqueued, Outbox, Worker};
 use tower_idempotency::store::StoreErrorKind;
 use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
 
@@ -187,68 +187,39 @@ pub async fn four_workers_on_one_table_send_a_thousand_messages_exactly_once<D: 
     assert!(calls.values().all(|&n| n == 1), "a message went twice");
 }
 
-pub async fn a_poison_message_ends_dead_after_its_attempts_and_blocks_nothing<D: Database>(
-    t: &Table<D>,
-) {
-    t.enqueue(["poison", "refused", "unknown", "good-1", "good-2"].map(String::from))
-        .await;
-    let provider = Provider::answering(|key| match key {
+/// How the provider answers a key, by the kind its name starts with: `poison` fails
+/// retryably every time, `refused` is refused, `unknown` times out with its delivery unknown,
+/// `limited` is rate limited for an hour; any other is sent.
+fn answer_by_kind(key: &str) -> Result<Receipt, SendError> {
+    let kind = key.split('-').next().unwrap_or_default();
+    match kind {
         "poison" => Err(SendError::retryable("provider.unavailable", "503")),
         "refused" => Err(SendError::permanent("provider.rejected", "422")),
         "unknown" => Err(SendError::unknown_delivery("provider.timeout", "timed out")),
-        _ => Ok(Receipt::new(format!("id-{key}"), "fake")),
-    });
-    let worker = start(
-        t.outbox
-            .worker(provider.service())
-            .max_attempts(3)
-            .backoff(Duration::from_millis(1), Duration::from_millis(5))
-            .poll_interval(Duration::from_millis(10)),
-    );
-    t.until(Duration::from_secs(10), |counts| {
-        counts.done == 2 && counts.dead == 3
-    })
-    .await;
-    let stats = worker.stop().await;
-    assert_eq!((stats.sent, stats.dead_lettered, stats.retried), (2, 3, 2));
-    assert_eq!(provider.calls("poison"), 3, "retried up to its attempts");
-    assert_eq!(provider.calls("refused"), 1, "a refusal is not retried");
-    assert_eq!(
-        provider.calls("unknown"),
-        1,
-        "an unknown delivery is not retried: the layer would only replay it"
-    );
-
-    let dead = t.outbox.dead_letters(10).await.unwrap();
-    let why: HashMap<_, _> = dead
-        .iter()
-        .map(|d| (d.key.as_str(), d.last_error.as_deref().unwrap_or_default()))
-        .collect();
-    assert!(
-        why["poison"].starts_with("provider.unavailable (out of attempts)"),
-        "{why:?}"
-    );
-    assert!(why["refused"].starts_with("provider.rejected"), "{why:?}");
-    assert!(
-        why["unknown"].starts_with("provider.timeout (delivery unknown"),
-        "{why:?}"
-    );
-    let poison = dead.iter().find(|d| d.key == "poison");
-    assert_eq!(poison.map(|d| d.attempts), Some(3));
-}
-
-pub async fn retries_retry_after_and_dead_letters_then_a_requeue_sends_again<D: Database>(
-    t: &Table<D>,
-) {
-    t.enqueue(["flaky", "poison", "refused", "limited", "good"].map(String::from))
-        .await;
-    let provider = Provider::answering(|key| match key {
-        "poison" => Err(SendError::retryable("provider.unavailable", "503")),
-        "refused" => Err(SendError::permanent("provider.rejected", "422")),
         "limited" => Err(SendError::retryable("provider.rate_limited", "429")
             .with_retry_after(Duration::from_secs(3600))),
         _ => Ok(Receipt::new(format!("id-{key}"), "fake")),
-    });
+    }
+}
+
+/// A worker that gives up after three attempts, a few milliseconds apart.
+fn retrying<S>(outbox: &Outbox, stack: S) -> Worker<S> {
+    outbox
+        .worker(stack)
+        .max_attempts(3)
+        .backoff(Duration::from_millis(1), Duration::from_millis(5))
+        .poll_interval(Duration::from_millis(10))
+}
+
+/// A failure put back is tried again, a `Retry-After` holds its row, a poison message ends
+/// dead after its attempts without blocking the rest, a refusal and an unknown delivery end
+/// dead at once, and a dead letter requeued by an operator goes again.
+pub async fn retries_retry_after_and_dead_letters_then_a_requeue_sends_again<D: Database>(
+    t: &Table<D>,
+) {
+    let keys = ["flaky", "poison", "refused", "unknown", "limited", "good"];
+    t.enqueue(keys.map(String::from)).await;
+    let provider = Provider::answering(answer_by_kind);
     // "flaky" fails its first send, then goes.
     let flaky_calls = Arc::new(Mutex::new(0));
     let counted = Arc::clone(&flaky_calls);
@@ -271,23 +242,22 @@ pub async fn retries_retry_after_and_dead_letters_then_a_requeue_sends_again<D: 
             inner.oneshot(m).await
         }
     });
-    let worker = start(
-        t.outbox
-            .worker(stack)
-            .max_attempts(3)
-            .backoff(Duration::from_millis(1), Duration::from_millis(5))
-            .poll_interval(Duration::from_millis(10)),
-    );
+    let worker = start(retrying(&t.outbox, stack));
     t.until(Duration::from_secs(10), |counts| {
-        counts.done == 2 && counts.dead == 2
+        counts.done == 2 && counts.dead == 3
     })
     .await;
     let stats = worker.stop().await;
     // flaky once, poison twice before it died, limited once.
-    assert_eq!((stats.sent, stats.dead_lettered, stats.retried), (2, 2, 4));
+    assert_eq!((stats.sent, stats.dead_lettered, stats.retried), (2, 3, 4));
     assert_eq!(*flaky_calls.lock().unwrap(), 2, "failed, then sent");
     assert_eq!(provider.calls("poison"), 3, "retried up to its attempts");
     assert_eq!(provider.calls("refused"), 1, "a refusal is not retried");
+    assert_eq!(
+        provider.calls("unknown"),
+        1,
+        "an unknown delivery is not retried: the layer would only replay it"
+    );
     assert_eq!(provider.calls("limited"), 1, "held for its Retry-After");
     let limited = t.row("limited").await;
     assert_eq!(
@@ -298,10 +268,24 @@ pub async fn retries_retry_after_and_dead_letters_then_a_requeue_sends_again<D: 
         ),
         ("waiting", 1, true)
     );
+
     let dead = t.outbox.dead_letters(10).await.unwrap();
-    let mut keys: Vec<&str> = dead.iter().map(|d| d.key.as_str()).collect();
-    keys.sort_unstable();
-    assert_eq!(keys, ["poison", "refused"]);
+    let why: HashMap<_, _> = dead
+        .iter()
+        .map(|d| (d.key.as_str(), d.last_error.as_deref().unwrap_or_default()))
+        .collect();
+    assert_eq!(why.len(), 3, "{why:?}");
+    assert!(
+        why["poison"].starts_with("provider.unavailable (out of attempts)"),
+        "{why:?}"
+    );
+    assert!(why["refused"].starts_with("provider.rejected"), "{why:?}");
+    assert!(
+        why["unknown"].starts_with("provider.timeout (delivery unknown"),
+        "{why:?}"
+    );
+    let poison = dead.iter().find(|d| d.key == "poison");
+    assert_eq!(poison.map(|d| d.attempts), Some(3));
 
     // Requeued by an operator once its cause is fixed, it goes again.
     assert!(t.outbox.requeue("refused").await.unwrap());
@@ -328,26 +312,14 @@ pub async fn retries_retry_after_and_dead_letters_then_a_requeue_sends_again<D: 
 pub async fn retries_retry_after_and_dead_letters_hold_with_many_sends_in_flight<D: Database>(
     t: &Table<D>,
 ) {
-    t.enqueue((0..60).map(|i| format!("cr-{i}"))).await;
     // Of every four keys: one sent, one refused, one failing until out of attempts, one
     // rate limited for an hour.
-    let nth = |key: &str| -> usize { key.trim_start_matches("cr-").parse().unwrap() };
-    let provider = Provider::answering(move |key| match nth(key) % 4 {
-        0 => Ok(Receipt::new(format!("id-{key}"), "fake")),
-        1 => Err(SendError::permanent("provider.rejected", "422")),
-        2 => Err(SendError::retryable("provider.unavailable", "503")),
-        _ => Err(SendError::retryable("provider.rate_limited", "429")
-            .with_retry_after(Duration::from_secs(3600))),
-    });
+    let kinds = ["good", "refused", "poison", "limited"];
+    t.enqueue((0..60).map(|i| format!("{}-{i}", kinds[i % 4])))
+        .await;
+    let provider = Provider::answering(answer_by_kind);
     let gated = Gated::new();
-    let worker = start(
-        t.outbox
-            .worker(gated.service(&provider, 60))
-            .concurrency(64)
-            .max_attempts(3)
-            .backoff(Duration::from_millis(1), Duration::from_millis(5))
-            .poll_interval(Duration::from_millis(10)),
-    );
+    let worker = start(retrying(&t.outbox, gated.service(&provider, 60)).concurrency(64));
     // The first answers come only once every row's first send is in flight.
     tokio::time::timeout(Duration::from_secs(10), gated.reached.notified())
         .await
@@ -362,10 +334,10 @@ pub async fn retries_retry_after_and_dead_letters_hold_with_many_sends_in_flight
     // 15 retries before the out-of-attempts ones died, and one for each rate limited key.
     assert_eq!(stats.retried, 15 * 2 + 15);
     for row in t.rows().await {
-        let expected = match nth(&row.key) % 4 {
-            0 => ("done", 1, false),
-            1 => ("dead", 1, false),
-            2 => ("dead", 3, false),
+        let expected = match row.key.split('-').next() {
+            Some("good") => ("done", 1, false),
+            Some("refused") => ("dead", 1, false),
+            Some("poison") => ("dead", 3, false),
             _ => ("waiting", 1, true),
         };
         assert_eq!(

@@ -317,7 +317,6 @@ macro_rules! outbox_suite {
             [#[tokio::test]] a_worker_sends_each_message_once_as_it_was_enqueued_and_a_second_worker_finds_nothing_to_send,
             [#[tokio::test]] done_rows_are_purged_after_their_retention_and_lag_reads_the_oldest_waiting_row,
             [#[tokio::test(flavor = "multi_thread", worker_threads = 2)]] four_workers_on_one_table_send_a_thousand_messages_exactly_once,
-            [#[tokio::test]] a_poison_message_ends_dead_after_its_attempts_and_blocks_nothing,
             [#[tokio::test]] retries_retry_after_and_dead_letters_then_a_requeue_sends_again,
             [#[tokio::test(flavor = "multi_thread", worker_threads = 2)]] retries_retry_after_and_dead_letters_hold_with_many_sends_in_flight,
             [#[tokio::test]] a_worker_has_as_many_sends_in_flight_as_its_concurrency_and_no_more,
