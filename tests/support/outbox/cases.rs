@@ -87,14 +87,7 @@ pub async fn a_worker_sends_each_message_once_as_it_was_enqueued_and_a_second_wo
         record.lock().unwrap().insert(key, m.clone());
         inner.clone().oneshot(m)
     });
-    let stats = t
-        .drain(
-            t.outbox
-                .worker(stack)
-                .poll_interval(Duration::from_millis(20)),
-            5,
-        )
-        .await;
+    let stats = t.drain(t.worker(stack), 5).await;
     assert_eq!((stats.claimed, stats.sent), (5, 5));
     assert_eq!(seen.lock().unwrap()["unicode"], original);
     for row in t.rows().await {
@@ -109,12 +102,8 @@ pub async fn a_worker_sends_each_message_once_as_it_was_enqueued_and_a_second_wo
 
     // A second run polls busily for a bounded time and finds nothing to send.
     let stats = t
-        .outbox
-        .worker(provider.service())
-        .poll_interval(Duration::from_millis(5))
-        .run(tokio::time::sleep(Duration::from_millis(300)))
-        .await
-        .unwrap();
+        .busy_for(provider.service(), Duration::from_millis(300))
+        .await;
     assert_eq!(stats.claimed, 0);
     assert!(stats.polls > 1, "it polled");
     assert_eq!(provider.total(), 5);
@@ -129,13 +118,7 @@ pub async fn done_rows_are_purged_after_their_retention_and_lag_reads_the_oldest
     t.enqueue((0..5).map(|i| format!("purge-{i}"))).await;
     assert!(t.outbox.lag().await.unwrap().is_some(), "rows wait");
     let provider = Provider::ok();
-    t.drain(
-        t.outbox
-            .worker(provider.service())
-            .poll_interval(Duration::from_millis(20)),
-        5,
-    )
-    .await;
+    t.drain(t.worker(provider.service()), 5).await;
     assert_eq!(t.outbox.lag().await.unwrap(), None, "every row went");
     t.enqueue(["still-waiting".to_owned()]).await;
     assert!(t.outbox.lag().await.unwrap().is_some(), "a row waits");
@@ -165,14 +148,7 @@ pub async fn four_workers_on_one_table_send_a_thousand_messages_exactly_once<D: 
     t.enqueue(keys.clone()).await;
     let provider = Provider::ok();
     let workers: Vec<Running> = (0..4)
-        .map(|_| {
-            start(
-                t.outbox
-                    .worker(provider.service())
-                    .batch(25)
-                    .poll_interval(Duration::from_millis(20)),
-            )
-        })
+        .map(|_| start(t.worker(provider.service()).batch(25)))
         .collect();
     let total = keys.len() as u64;
     t.until(Duration::from_secs(60), |counts| counts.done == total)
@@ -298,13 +274,7 @@ pub async fn retries_retry_after_and_dead_letters_then_a_requeue_sends_again<D: 
         "a done row is not requeued"
     );
     let fixed = Provider::ok();
-    t.drain(
-        t.outbox
-            .worker(fixed.service())
-            .poll_interval(Duration::from_millis(10)),
-        3,
-    )
-    .await;
+    t.drain(t.worker(fixed.service()), 3).await;
     assert_eq!(fixed.calls("refused"), 1);
     assert_eq!(fixed.total(), 1, "only the requeued row went");
 }
@@ -355,12 +325,7 @@ pub async fn a_worker_has_as_many_sends_in_flight_as_its_concurrency_and_no_more
     t.enqueue((0..30).map(|i| format!("conc-{i}"))).await;
     let provider = Provider::ok();
     let gated = Gated::new();
-    let worker = start(
-        t.outbox
-            .worker(gated.service(&provider, 8))
-            .concurrency(8)
-            .poll_interval(Duration::from_millis(20)),
-    );
+    let worker = start(t.worker(gated.service(&provider, 8)).concurrency(8));
     // Every send waits for a permit: eight are in flight together, or this never fires.
     tokio::time::timeout(Duration::from_secs(10), gated.reached.notified())
         .await
@@ -418,13 +383,7 @@ pub async fn a_worker_told_to_stop_lets_its_sends_answer_and_puts_back_the_rows_
     assert_eq!((counts.done, counts.waiting), (2, 8));
 
     // The four put back go at once, without waiting for the hour-long claim.
-    t.drain(
-        t.outbox
-            .worker(provider.service())
-            .poll_interval(Duration::from_millis(20)),
-        10,
-    )
-    .await;
+    t.drain(t.worker(provider.service()), 10).await;
     assert!(
         keys.iter().all(|key| provider.calls(key) == 1),
         "nothing went twice"
@@ -464,21 +423,11 @@ pub async fn a_worker_killed_before_sending_leaves_its_rows_to_the_next_once_the
 
     // Within the lease, nobody takes the row.
     let early = t
-        .outbox
-        .worker(provider.service())
-        .poll_interval(Duration::from_millis(5))
-        .run(tokio::time::sleep(Duration::from_millis(50)))
-        .await
-        .unwrap();
+        .busy_for(provider.service(), Duration::from_millis(50))
+        .await;
     assert_eq!(early.claimed, 0, "the claim still holds the row");
 
-    t.drain(
-        t.outbox
-            .worker(provider.service())
-            .poll_interval(Duration::from_millis(20)),
-        1,
-    )
-    .await;
+    t.drain(t.worker(provider.service()), 1).await;
     assert_eq!(provider.calls("k"), 1);
     assert_eq!(t.row("k").await.attempts, 2, "the killed attempt counts");
 }
@@ -526,13 +475,7 @@ pub async fn a_worker_killed_after_the_provider_took_the_message_does_not_send_i
         .expect("the provider was called");
     doomed.abort();
 
-    t.drain(
-        t.outbox
-            .worker(stack(store))
-            .poll_interval(Duration::from_millis(20)),
-        1,
-    )
-    .await;
+    t.drain(t.worker(stack(store)), 1).await;
     assert_eq!(
         provider.calls("k"),
         1,
@@ -566,11 +509,7 @@ pub async fn the_late_answer_of_a_claim_that_passed_is_not_recorded_over_the_nex
     // hangs too.
     let provider = Provider::ok();
     let gated_second = Gated::new();
-    let second = start(
-        t.outbox
-            .worker(gated_second.service(&provider, 1))
-            .poll_interval(Duration::from_millis(20)),
-    );
+    let second = start(t.worker(gated_second.service(&provider, 1)));
     tokio::time::timeout(Duration::from_secs(5), gated_second.reached.notified())
         .await
         .expect("the second claim's send is in flight");
@@ -633,11 +572,7 @@ pub async fn a_schedule_with_sub_millisecond_digits_is_sent_once_through_the_out
     t.enqueue_messages(&[scheduled("sub-ms-outbox"), inline])
         .await;
 
-    let worker = start(
-        t.outbox
-            .worker(stack())
-            .poll_interval(Duration::from_millis(20)),
-    );
+    let worker = start(t.worker(stack()));
     t.until(Duration::from_secs(10), |counts| {
         counts.done + counts.dead == 2
     })

@@ -263,6 +263,29 @@ impl<D: Database> Table<D> {
         }
     }
 
+    /// A worker on this table that polls every few milliseconds, so a case never waits
+    /// long for rows that no notification announces.
+    pub fn worker<S>(&self, stack: S) -> Worker<S> {
+        self.outbox
+            .worker(stack)
+            .poll_interval(Duration::from_millis(20))
+    }
+
+    /// Runs a worker that polls busily for `time`, then stops; its stats.
+    pub async fn busy_for<S>(&self, stack: S, time: Duration) -> WorkerStats
+    where
+        S: tower::Service<Message, Response = Receipt> + Send,
+        S::Error: Into<BoxError>,
+        S::Future: Send,
+    {
+        self.outbox
+            .worker(stack)
+            .poll_interval(Duration::from_millis(5))
+            .run(tokio::time::sleep(time))
+            .await
+            .expect("the worker runs")
+    }
+
     /// Waits until the outbox's counts satisfy `holds`; fails after `limit`.
     pub async fn until(&self, limit: Duration, holds: impl Fn(OutboxCounts) -> bool) {
         eventually(limit, || async {
