@@ -18,6 +18,9 @@ use tower_idempotency::Message;
 use tower_idempotency::outbox::{Enqueued, Outbox};
 use tower_idempotency::store::StoreError;
 
+/// A row as mysql_async reads it: the key is binary.
+type RawRow = (Vec<u8>, String, i32, Option<String>, bool);
+
 /// The caller's transactions are mysql_async ones, through `Outbox::enqueue_mysql`.
 struct MySql;
 
@@ -51,7 +54,7 @@ impl Database for MySql {
     async fn rows(url: &str, outbox: &Outbox) -> Vec<Row> {
         let pool = admin(url);
         let mut conn = pool.get_conn().await.expect("admin connection");
-        let rows: Vec<(Vec<u8>, String, i32, Option<String>, bool)> = conn
+        let rows: Vec<RawRow> = conn
             .query(format!(
                 "SELECT `key`, state, attempts, provider_id,
                         available_at > UTC_TIMESTAMP(6) + INTERVAL 59 MINUTE
