@@ -29,7 +29,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::rows::{Claimed, Mark, Row, Verdict};
-use super::worker::Settings;
+use super::settings::Settings;
 use crate::classify::{Classifier, into_send_error};
 use crate::message::Message;
 use crate::outcome::{BoxError, Receipt};

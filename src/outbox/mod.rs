@@ -218,6 +218,7 @@ mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rows;
+mod settings;
 mod stored;
 mod worker;
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use super::settings::{Counters, Settings};
 use super::stored;
-use super::worker::{Counters, Settings};
 use crate::message::Message;
 use crate::outcome::{Receipt, SendError};
 use crate::retry::unit_random;

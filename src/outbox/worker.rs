@@ -8,12 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tower_service::Service;
 
 use super::Outbox;
 use super::drain::Drain;
+use super::settings::{Counters, Settings};
 use crate::message::Message;
 use crate::outcome::{BoxError, Receipt};
 use crate::store::StoreError;
@@ -82,20 +81,6 @@ pub struct Worker<S> {
     service: S,
 }
 
-/// What a worker does, apart from the service it sends through: nothing here is generic, so
-/// the drain shares it (in an `Arc`) with the statements it runs beside its sends.
-pub(super) struct Settings {
-    pub(super) outbox: Outbox,
-    pub(super) concurrency: u32,
-    pub(super) batch: u32,
-    pub(super) claim_lease: Duration,
-    pub(super) poll_interval: Duration,
-    pub(super) max_attempts: u32,
-    pub(super) backoff_base: Duration,
-    pub(super) backoff_max: Duration,
-    pub(super) counters: Arc<Counters>,
-}
-
 impl<S> fmt::Debug for Worker<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.settings;
@@ -133,33 +118,17 @@ pub struct WorkerStats {
     pub last_lag_ms: u64,
 }
 
-#[derive(Default)]
-pub(super) struct Counters {
-    pub(super) claimed: AtomicU64,
-    pub(super) polls: AtomicU64,
-    pub(super) sent: AtomicU64,
-    pub(super) retried: AtomicU64,
-    pub(super) dead_lettered: AtomicU64,
-    pub(super) released: AtomicU64,
-    pub(super) last_lag_ms: AtomicU64,
-}
-
-impl Counters {
-    pub(super) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    fn snapshot(&self) -> WorkerStats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        WorkerStats {
-            claimed: get(&self.claimed),
-            polls: get(&self.polls),
-            sent: get(&self.sent),
-            retried: get(&self.retried),
-            dead_lettered: get(&self.dead_lettered),
-            released: get(&self.released),
-            last_lag_ms: get(&self.last_lag_ms),
-        }
+/// The stats the counters hold now.
+fn snapshot(counters: &Counters) -> WorkerStats {
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    WorkerStats {
+        claimed: get(&counters.claimed),
+        polls: get(&counters.polls),
+        sent: get(&counters.sent),
+        retried: get(&counters.retried),
+        dead_lettered: get(&counters.dead_lettered),
+        released: get(&counters.released),
+        last_lag_ms: get(&counters.last_lag_ms),
     }
 }
 
@@ -170,7 +139,7 @@ pub struct WorkerStatsHandle(Arc<Counters>);
 impl WorkerStatsHandle {
     /// The stats now.
     pub fn get(&self) -> WorkerStats {
-        self.0.snapshot()
+        snapshot(&self.0)
     }
 }
 
@@ -278,15 +247,6 @@ where
         let mut drain = Drain::new(self.settings, self.service);
         poll_fn(|cx| drain.poll_drain(cx, shutdown.as_mut())).await;
         drop(drain);
-        Ok(counters.snapshot())
-    }
-}
-
-impl Settings {
-    /// Starts the task that wakes the worker when rows are enqueued, where the database has
-    /// one (PostgreSQL's `LISTEN`, when the outbox has a connection to open); `None`:
-    /// polling only.
-    pub(super) fn listen(&self, wake: &Arc<Notify>) -> Option<JoinHandle<()>> {
-        on_backend!(&self.outbox.backend, db => db.listen(self.outbox.timeout, wake))
+        Ok(snapshot(&counters))
     }
 }
