@@ -1,7 +1,8 @@
 //! The PostgreSQL outbox against a real server: the outbox suite of `support::outbox` (the
 //! message commits or rolls back with the caller's transaction, workers send each message
 //! once, retries, `Retry-After` and dead letters, workers killed or told to stop), and what
-//! only PostgreSQL has: `NOTIFY` wakes an idle worker.
+//! only PostgreSQL has: `NOTIFY` wakes an idle worker; a trigger makes the server refuse a
+//! mark once, which the worker asks again.
 //!
 //! Runs against `DATABASE_URL` or the default local server; reported as ignored when none
 //! answered as the suite was built (see `support::stores`).
@@ -140,4 +141,68 @@ fn outbox_pool(url: &str) -> deadpool_postgres::Pool {
         },
     );
     Pool::builder(manager).build().expect("pool")
+}
+
+/// A statement that records the sends' answers and fails is asked again: the row is marked
+/// done and its message goes once, instead of staying claimed to be sent again when its
+/// claim passes. The failure is the server's own: a trigger refuses the first mark of a row
+/// as done (a sequence counts, as a raised exception rolls back every write of its
+/// statement).
+#[tokio::test]
+#[cfg_attr(
+    not(backend_postgres),
+    ignore = "no PostgreSQL at DATABASE_URL or postgres://postgres@127.0.0.1:5432/test"
+)]
+async fn a_failed_mark_is_asked_again_and_its_message_goes_once() {
+    let Some(table) = Table::<Postgres>::fresh().await else {
+        return;
+    };
+    let name = table.outbox.table_name().to_owned();
+    let admin = admin(&table.url).await;
+    admin
+        .batch_execute(&format!(
+            r#"CREATE SEQUENCE "{name}_marks";
+               CREATE FUNCTION "{name}_refuse_once"() RETURNS trigger AS $$
+               BEGIN
+                 IF NEW.state = 'done' AND nextval('"{name}_marks"') = 1 THEN
+                   RAISE EXCEPTION 'the first mark is refused';
+                 END IF;
+                 RETURN NEW;
+               END $$ LANGUAGE plpgsql;
+               CREATE TRIGGER "{name}_refuse_once" BEFORE UPDATE ON "{name}"
+                 FOR EACH ROW EXECUTE FUNCTION "{name}_refuse_once"();"#
+        ))
+        .await
+        .expect("the trigger");
+
+    let provider = Provider::ok();
+    // The claim outlives the test: without the mark asked again, the row would stay
+    // claimed and the wait for it to be done would fail.
+    let worker = table
+        .worker(provider.service())
+        .claim_lease(Duration::from_secs(3600));
+    table.enqueue(["refused-once".to_owned()]).await;
+    let stats = table.drain(worker, 1).await;
+    assert_eq!(provider.calls("refused-once"), 1);
+    assert_eq!(stats.sent, 1);
+    let row = table.row("refused-once").await;
+    assert_eq!(row.state, "done");
+    let refused: i64 = admin
+        .query_one(&format!(r#"SELECT last_value FROM "{name}_marks""#), &[])
+        .await
+        .expect("the sequence")
+        .get(0);
+    assert_eq!(
+        refused, 2,
+        "the first mark was refused, the second recorded"
+    );
+
+    table.drop_table().await;
+    admin
+        .batch_execute(&format!(
+            r#"DROP FUNCTION IF EXISTS "{name}_refuse_once"() CASCADE;
+               DROP SEQUENCE IF EXISTS "{name}_marks";"#
+        ))
+        .await
+        .expect("drop the trigger's function");
 }

@@ -13,7 +13,9 @@
 //! - it sends the rows it claimed concurrently, up to its
 //!   [`concurrency`](Worker::concurrency) ([`DEFAULT_CONCURRENCY`] by default), so one
 //!   worker keeps pace with a provider that takes a while to answer, and records their
-//!   answers in batches, each row fenced by the token of the claim that took it;
+//!   answers in batches, each row fenced by the token of the claim that took it (a batch
+//!   whose statement fails is recorded again, a few times over seconds, before its rows are
+//!   left to their claims' end);
 //! - a receipt marks the row `done` with the provider's id;
 //! - a retryable failure puts the row back with a jittered exponential backoff, or the
 //!   provider's `Retry-After` when longer; after [`max_attempts`](Worker::max_attempts) it is

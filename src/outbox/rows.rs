@@ -16,6 +16,15 @@ use crate::retry::unit_random;
 use crate::store::StoreError;
 use crate::store::millis::millis;
 
+/// The waits before a failed statement that records answers is asked again: a database
+/// often answers again within seconds (a dropped connection, a failover), and every answer
+/// it loses sends its message again. Bounded, as a graceful stop waits for the marks.
+pub(super) const MARK_RETRIES: [Duration; 3] = [
+    Duration::from_millis(100),
+    Duration::from_millis(500),
+    Duration::from_secs(2),
+];
+
 /// A row a claim took: what the worker needs to record its answer. Each claim statement has
 /// a token of its own, so a row claimed again after its lease passed, even by the same
 /// worker, is fenced from the first claim's late answer.
@@ -166,21 +175,37 @@ impl Settings {
     }
 
     /// Records the verdicts of `marks` in one statement, then counts and logs each row.
+    ///
+    /// A statement that fails is asked again after each of [`MARK_RETRIES`]: an answer not
+    /// recorded leaves its row claimed, and its message is sent again once the claim passes.
+    /// Asking again is safe, as each mark is fenced by its claim's token: a statement that
+    /// ran though its answer was lost makes the next one match nothing.
     pub(super) async fn mark(self: Arc<Self>, marks: Vec<Mark>) {
         let outbox = &self.outbox;
-        let answer = outbox
-            .bounded(async { on_backend!(&outbox.backend, db => db.mark(&marks).await) })
-            .await;
-        let mut marked = match answer {
-            Ok(marked) => marked,
-            Err(error) => {
+        let mut waits = MARK_RETRIES.iter();
+        let mut marked = loop {
+            let answer = outbox
+                .bounded(async { on_backend!(&outbox.backend, db => db.mark(&marks).await) })
+                .await;
+            let error = match answer {
+                Ok(marked) => break marked,
+                Err(error) => error,
+            };
+            let Some(wait) = waits.next() else {
                 tracing::warn!(
                     rows = marks.len(),
                     error = %error,
                     "outbox could not record the answers of its sends; the rows are sent again when their claims pass, and the idempotency layer answers those repeats"
                 );
                 return;
-            }
+            };
+            tracing::info!(
+                rows = marks.len(),
+                error = %error,
+                retry_in_ms = millis(*wait),
+                "outbox could not record the answers of its sends; asking again"
+            );
+            tokio::time::sleep(*wait).await;
         };
         marked.sort_unstable();
         for Mark { row, verdict } in &marks {
