@@ -17,23 +17,19 @@
 mod mysql;
 mod support;
 
-use std::future::Future;
-
 use diesel::connection::SimpleConnection;
 use diesel::sql_types::{BigInt, Binary, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{Connection as _, RunQueryDsl};
 use sqlx::PgConnection;
 use tokio_postgres::types::{ToSql, Type};
-use tower::{Layer, ServiceExt};
 
-use support::Provider;
-use support::claims::{alert, layer};
-use support::sqlx_transactions::{Database, sqlx_transactions_suite};
+use support::claims::{alert, layer, the_send_takes_the_claim_once};
+use support::sqlx_transactions::{Database, same_on_every_database, sqlx_transactions_suite};
 use support::stores::postgres_admin::{admin, drop_table};
 use support::stores::{SqliteDir, backend_url, unique};
 use tower_idempotency::outbox::{Enqueued, Outbox};
-use tower_idempotency::store::{Claim, ClaimParam, ClaimStatement, StoreError, WaitingClaim};
+use tower_idempotency::store::{ClaimParam, ClaimStatement, StoreError, WaitingClaim};
 use tower_idempotency::{Message, PostgresStore, SqliteStore};
 
 /// The application writes through sqlx's PostgreSQL driver; the outbox's own is
@@ -43,35 +39,8 @@ struct Postgres;
 impl Database for Postgres {
     const URL_VAR: &'static str = "DATABASE_URL";
     type Sqlx = sqlx::Postgres;
-    type Store = PostgresStore;
 
-    async fn store(url: &str, table: &str) -> PostgresStore {
-        PostgresStore::connect(url)
-            .await
-            .expect("connect")
-            .table(table)
-            .expect("valid table name")
-    }
-
-    async fn migrate(store: &PostgresStore) {
-        store.migrate().await.expect("migrate");
-    }
-
-    async fn claims(store: &PostgresStore) -> Vec<WaitingClaim> {
-        store.claims(10).await.expect("claims")
-    }
-
-    fn table_name(store: &PostgresStore) -> &str {
-        store.table_name()
-    }
-
-    fn claim_in_sqlx<'a>(
-        store: &'a PostgresStore,
-        conn: &'a mut PgConnection,
-        claim: &'a Claim,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a {
-        store.claim_in_sqlx(conn, claim)
-    }
+    same_on_every_database!(PostgresStore, PgConnection);
 
     async fn enqueue_sqlx(
         outbox: &Outbox,
@@ -95,25 +64,6 @@ impl Database for Postgres {
 
     fn create_orders(orders: &str) -> String {
         format!("CREATE TABLE {orders} (id text PRIMARY KEY, state text NOT NULL)")
-    }
-
-    fn execute<'a>(
-        conn: &'a mut PgConnection,
-        sql: &'a str,
-    ) -> impl Future<Output = ()> + Send + 'a {
-        async move {
-            sqlx::query(sql)
-                .execute(conn)
-                .await
-                .expect("the application's statement runs");
-        }
-    }
-
-    async fn count(conn: &mut PgConnection, sql: &str) -> i64 {
-        sqlx::query_scalar(sql)
-            .fetch_one(conn)
-            .await
-            .expect("count")
     }
 
     async fn drop_table(url: &str, table: &str) {
@@ -183,8 +133,7 @@ async fn the_postgres_claim_statement_with_typed_binds_commits_a_claim_the_send_
         return;
     };
     let layer = layer(store.clone());
-    let message = alert("sold");
-    let claim = layer.claim(&message).unwrap().unwrap();
+    let claim = layer.claim(&alert("sold")).unwrap().unwrap();
     let mut client = admin(&url).await;
 
     // Rolled back: nothing.
@@ -214,17 +163,7 @@ async fn the_postgres_claim_statement_with_typed_binds_commits_a_claim_the_send_
     );
     tx.commit().await.unwrap();
 
-    let provider = Provider::ok();
-    let service = layer.layer(provider.clone());
-    let error = service
-        .clone()
-        .oneshot(alert("a different text"))
-        .await
-        .unwrap_err();
-    assert_eq!(error.code(), "idempotency.key_reused");
-    let receipt = service.oneshot(message).await.unwrap();
-    assert!(!receipt.replayed);
-    assert_eq!(provider.calls(), 1);
+    the_send_takes_the_claim_once(&layer).await;
     assert!(store.claims(10).await.unwrap().is_empty());
     drop_table(&url, store.table_name()).await;
 }
@@ -252,8 +191,7 @@ async fn the_sqlite_claim_statement_run_by_diesel_commits_a_claim_the_send_takes
     let dir = SqliteDir::new("claim-statement-diesel");
     let store = SqliteStore::open(dir.file()).await.unwrap();
     let layer = layer(store.clone());
-    let message = alert("sold");
-    let claim = layer.claim(&message).unwrap().unwrap();
+    let claim = layer.claim(&alert("sold")).unwrap().unwrap();
     let path = dir.file();
     let mut connection = SqliteConnection::establish(path.to_str().unwrap()).unwrap();
     connection
@@ -292,17 +230,6 @@ async fn the_sqlite_claim_statement_run_by_diesel_commits_a_claim_the_send_takes
     assert_eq!(again, Ok(0), "a live claim holds the key");
 
     // Another message under the key is refused; the claimed one goes once.
-    let provider = Provider::ok();
-    let service = layer.layer(provider.clone());
-    let error = service
-        .clone()
-        .oneshot(alert("a different text"))
-        .await
-        .unwrap_err();
-    assert_eq!(error.code(), "idempotency.key_reused");
-    let first = service.clone().oneshot(message.clone()).await.unwrap();
-    let repeat = service.oneshot(message).await.unwrap();
-    assert!(!first.replayed && repeat.replayed);
-    assert_eq!(provider.calls(), 1);
+    the_send_takes_the_claim_once(&layer).await;
     assert!(store.claims(10).await.unwrap().is_empty());
 }

@@ -7,17 +7,17 @@
 //! Runs against `MYSQL_URL` or the default local server; reported as ignored when none
 //! answered as the suite was built (see `support::stores`).
 
-use std::future::Future;
-
 use mysql_async::TxOpts;
 use sqlx::{MySqlConnection, MySqlPool};
 
 use crate::support::claims::alert;
-use crate::support::sqlx_transactions::{Database, sqlx_transactions_suite};
+use crate::support::sqlx_transactions::{
+    Database, same_on_every_database, sqlx_transactions_suite,
+};
 use crate::support::stores::backend_url;
 use crate::support::stores::mysql_admin::{admin, drop_table};
 use tower_idempotency::outbox::{Enqueued, Outbox};
-use tower_idempotency::store::{Claim, StoreError, StoreErrorKind, WaitingClaim};
+use tower_idempotency::store::{StoreError, StoreErrorKind};
 use tower_idempotency::{Message, MySqlStore};
 
 /// The application writes through sqlx's MySQL driver; the outbox's own is mysql_async.
@@ -26,35 +26,8 @@ struct MySql;
 impl Database for MySql {
     const URL_VAR: &'static str = "MYSQL_URL";
     type Sqlx = sqlx::MySql;
-    type Store = MySqlStore;
 
-    async fn store(url: &str, table: &str) -> MySqlStore {
-        MySqlStore::connect(url)
-            .await
-            .expect("connect")
-            .table(table)
-            .expect("valid table name")
-    }
-
-    async fn migrate(store: &MySqlStore) {
-        store.migrate().await.expect("migrate");
-    }
-
-    async fn claims(store: &MySqlStore) -> Vec<WaitingClaim> {
-        store.claims(10).await.expect("claims")
-    }
-
-    fn table_name(store: &MySqlStore) -> &str {
-        store.table_name()
-    }
-
-    fn claim_in_sqlx<'a>(
-        store: &'a MySqlStore,
-        conn: &'a mut MySqlConnection,
-        claim: &'a Claim,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a {
-        store.claim_in_sqlx(conn, claim)
-    }
+    same_on_every_database!(MySqlStore, MySqlConnection);
 
     async fn enqueue_sqlx(
         outbox: &Outbox,
@@ -86,25 +59,6 @@ impl Database for MySql {
             "CREATE TABLE {orders} (id VARCHAR(16) PRIMARY KEY, state TEXT NOT NULL) \
              ENGINE = InnoDB"
         )
-    }
-
-    fn execute<'a>(
-        conn: &'a mut MySqlConnection,
-        sql: &'a str,
-    ) -> impl Future<Output = ()> + Send + 'a {
-        async move {
-            sqlx::query(sql)
-                .execute(conn)
-                .await
-                .expect("the application's statement runs");
-        }
-    }
-
-    async fn count(conn: &mut MySqlConnection, sql: &str) -> i64 {
-        sqlx::query_scalar(sql)
-            .fetch_one(conn)
-            .await
-            .expect("count")
     }
 
     async fn drop_table(url: &str, table: &str) {

@@ -84,6 +84,69 @@ pub trait Database: 'static {
     async fn drop_table(url: &str, table: &str);
 }
 
+/// The methods of a [`Database`] that read the same on every database, written once: inside
+/// `impl Database for ..`, for the claim store `$store` (whose inherent API every SQL store
+/// shares) and the sqlx connection `$conn`.
+// Only the sqlx transactions' test binary implements a database; the rest compile this too.
+#[allow(unused_macros)]
+macro_rules! same_on_every_database {
+    ($store:ty, $conn:ty) => {
+        type Store = $store;
+
+        async fn store(url: &str, table: &str) -> $store {
+            <$store>::connect(url)
+                .await
+                .expect("connect")
+                .table(table)
+                .expect("valid table name")
+        }
+
+        async fn migrate(store: &$store) {
+            store.migrate().await.expect("migrate");
+        }
+
+        async fn claims(store: &$store) -> Vec<::tower_idempotency::store::WaitingClaim> {
+            store.claims(10).await.expect("claims")
+        }
+
+        fn table_name(store: &$store) -> &str {
+            store.table_name()
+        }
+
+        fn claim_in_sqlx<'a>(
+            store: &'a $store,
+            conn: &'a mut $conn,
+            claim: &'a ::tower_idempotency::store::Claim,
+        ) -> impl ::std::future::Future<
+            Output = Result<bool, ::tower_idempotency::store::StoreError>,
+        > + Send
+        + 'a {
+            store.claim_in_sqlx(conn, claim)
+        }
+
+        fn execute<'a>(
+            conn: &'a mut $conn,
+            sql: &'a str,
+        ) -> impl ::std::future::Future<Output = ()> + Send + 'a {
+            async move {
+                ::sqlx::query(sql)
+                    .execute(conn)
+                    .await
+                    .expect("the application's statement runs");
+            }
+        }
+
+        async fn count(conn: &mut $conn, sql: &str) -> i64 {
+            ::sqlx::query_scalar(sql)
+                .fetch_one(conn)
+                .await
+                .expect("count")
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use same_on_every_database;
+
 /// The application a case runs on database `D`: its orders table and the sqlx pool it writes
 /// with, and a claim store and an outbox on fresh tables, migrated.
 pub struct Shop<D: Database> {
