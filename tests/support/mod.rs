@@ -7,6 +7,8 @@
 //! SES (moto) and SMTP (aiosmtpd).
 //!
 //! [`claims`]: claim-then-send's message, layer and send, for every store.
+//! [`sqlx_transactions`]: claims and outbox messages in the caller's sqlx transaction, one
+//! suite for every database.
 //!
 //! Every test binary declares `mod support;` and uses the part it needs.
 // Each binary uses a part of this module; the rest would be dead code in that binary.
@@ -21,6 +23,8 @@ pub mod probe;
 #[cfg(any(feature = "ses", feature = "smtp"))]
 pub mod python;
 pub mod servers;
+#[cfg(feature = "sqlx")]
+pub mod sqlx_transactions;
 pub mod stores;
 
 use std::collections::HashMap;
