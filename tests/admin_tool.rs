@@ -6,7 +6,8 @@
 //!
 //! The SQLite cases and the cases without a store run everywhere; the Redis, PostgreSQL and
 //! MySQL ones are reported as ignored when their server did not answer as the suite was built
-//! (see `support::stores`).
+//! (see `support::stores`), the Sentinel one, on a group of its own, when `redis-server` is
+//! missing.
 #![cfg(feature = "cli")]
 
 mod support;
@@ -439,7 +440,10 @@ async fn an_unreachable_store_is_a_store_error() {
     let line = format!("--redis-sentinel redis://127.0.0.1:{port} --primary-name m list");
     let ran = tool(&[], &line).await;
     assert_eq!(ran.code, STORE_FAILED, "{ran:?}");
-    assert!(ran.err.contains("could not open the Redis primary \"m\""), "{ran:?}");
+    assert!(
+        ran.err.contains("could not open the Redis primary \"m\""),
+        "{ran:?}"
+    );
 }
 
 /// Whatever the URL, the option picks the database: a mistyped scheme, or another database's

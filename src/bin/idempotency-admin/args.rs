@@ -532,9 +532,11 @@ mod tests {
             StoreArg::RedisCluster(vec!["redis://a".into(), "redis://b".into()])
         );
         assert_eq!(
-            args("--primary-name mymaster --redis-sentinel redis://s1:26379,redis://s2:26379 show k")
-                .unwrap()
-                .store,
+            args(
+                "--primary-name mymaster --redis-sentinel redis://s1:26379,redis://s2:26379 show k"
+            )
+            .unwrap()
+            .store,
             StoreArg::RedisSentinel {
                 sentinels: vec!["redis://s1:26379".into(), "redis://s2:26379".into()],
                 primary_name: "mymaster".into()
@@ -587,7 +589,13 @@ mod tests {
             Ok(Request::Help)
         );
         assert_eq!(parse(["-V".to_owned()]), Ok(Request::Version));
-        let blank_name = ["--redis-sentinel", "redis://s1", "--primary-name", " ", "list"];
+        let blank_name = [
+            "--redis-sentinel",
+            "redis://s1",
+            "--primary-name",
+            " ",
+            "list",
+        ];
         let parsed = parse(blank_name.map(str::to_owned));
         assert!(parsed.is_err(), "a blank primary name: {parsed:?}");
     }
