@@ -6,7 +6,8 @@
 //!
 //! The SQLite cases and the cases without a store run everywhere; the Redis, PostgreSQL and
 //! MySQL ones are reported as ignored when their server did not answer as the suite was built
-//! (see `support::stores`).
+//! (see `support::stores`), the Sentinel one, on a group of its own, when `redis-server` is
+//! missing.
 #![cfg(feature = "cli")]
 
 mod support;
@@ -376,6 +377,8 @@ async fn usage_errors_and_help_have_their_exit_codes() {
         "--sqlite f list --colour",
         "--mysql mysql://127.0.0.1 --prefix p list",
         "--mysql mysql://127.0.0.1 --namespace ns dead-letters list",
+        "--redis-sentinel redis://127.0.0.1:26379 list",
+        "--redis redis://127.0.0.1:6379 --primary-name mymaster list",
     ] {
         let ran = tool(&[], line).await;
         assert_eq!(ran.code, USAGE, "{line}: {ran:?}");
@@ -427,6 +430,20 @@ async fn an_unreachable_store_is_a_store_error() {
         let ran = tool(&[], &format!("{options} dead-letters list")).await;
         assert_eq!(ran.code, STORE_FAILED, "{options}: {ran:?}");
     }
+    // A sentinel address that is no URL is named by its place, not its text (it may hold a
+    // password); one that is closed is a store error too.
+    let line = format!("--redis-sentinel redis://127.0.0.1:{port},s3cret@x --primary-name m list");
+    let ran = tool(&[], &line).await;
+    assert_eq!(ran.code, STORE_FAILED, "{ran:?}");
+    assert!(ran.err.contains("address 2 of 2"), "{ran:?}");
+    assert!(!ran.err.contains("s3cret"), "{ran:?}");
+    let line = format!("--redis-sentinel redis://127.0.0.1:{port} --primary-name m list");
+    let ran = tool(&[], &line).await;
+    assert_eq!(ran.code, STORE_FAILED, "{ran:?}");
+    assert!(
+        ran.err.contains("could not open the Redis primary \"m\""),
+        "{ran:?}"
+    );
 }
 
 /// Whatever the URL, the option picks the database: a mistyped scheme, or another database's
@@ -511,6 +528,40 @@ mod redis {
             prefix,
         ];
         settles_keys_by_hand(&store, &options).await;
+    }
+
+    /// Through the sentinels of a group of the test's own: the story on the primary they
+    /// name, and a name they do not know is a store error that names it.
+    #[cfg(feature = "redis-sentinel")]
+    #[tokio::test]
+    #[cfg_attr(
+        not(backend_redis_binaries),
+        ignore = "no redis-server and redis-cli on PATH"
+    )]
+    async fn the_tool_settles_keys_through_redis_sentinel() {
+        use support::servers::sentinel::{PRIMARY_NAME, SentinelGroup};
+
+        let Some(group) = SentinelGroup::start(0).await else {
+            return;
+        };
+        let prefix = unique_prefix("admin_tool_sentinel");
+        let store = group.store(prefix.clone(), Duration::from_secs(2)).await;
+        let sentinels = group.sentinel_urls().join(",");
+        let options = [
+            "--redis-sentinel",
+            &sentinels,
+            "--primary-name",
+            PRIMARY_NAME,
+            "--prefix",
+            &prefix,
+        ]
+        .map(str::to_owned);
+        settles_keys_by_hand(&store, &options).await;
+
+        let line = format!("--redis-sentinel {sentinels} --primary-name no-such-primary list");
+        let ran = tool(&[], &line).await;
+        assert_eq!(ran.code, STORE_FAILED, "{ran:?}");
+        assert!(ran.err.contains("\"no-such-primary\""), "{ran:?}");
     }
 }
 

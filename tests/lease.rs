@@ -1,16 +1,23 @@
 //! Leases that hold: while a send runs its key's lease is renewed, so a send slower than its
 //! lease keeps its key; renewal stops with the send (also when the caller drops it); a send
-//! that outlives the maximum hold is given up and its key kept.
+//! that outlives the maximum hold is given up and its key kept. A reserve given up while the
+//! store answers it frees a fresh key at once, but keeps a taken-over one for its lease.
 
 mod support;
 
-use std::future::pending;
+use std::future::{Future, pending};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use support::{Provider, TestStore, capture, message, send};
-use tower::{ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::outcome::{Category, codes};
-use tower_idempotency::{IdempotencyLayer, IdempotencyLayerBuilder, Receipt};
+use tower_idempotency::store::{RecordState, Reservation, Store};
+use tower_idempotency::verify::{Verified, Verify};
+use tower_idempotency::{
+    BoxError, Fingerprint, IdempotencyLayer, IdempotencyLayerBuilder, Message, Receipt,
+};
 
 const LEASE: Duration = Duration::from_secs(3);
 
@@ -296,4 +303,132 @@ async fn a_send_that_finds_its_key_taken_when_it_settles_counts_the_lease_lost()
     }
     run(tower_idempotency::MemoryStore::new(), "memory").await;
     run(TestStore::default(), "a store that waits").await;
+}
+
+/// How a send gives up its reserve while the store is still answering it.
+#[derive(Clone, Copy, Debug)]
+enum GivenUp {
+    /// The caller drops the send.
+    Dropped,
+    /// The reserve timeout fires.
+    TimedOut,
+}
+
+const RESERVE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// A layer whose takeovers ask a verification service first, which answers that the provider
+/// took the message; the count of its answers.
+fn verifying_layer(store: &TestStore) -> (IdempotencyLayer, Arc<AtomicUsize>) {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&asked);
+    let verifier = tower::service_fn(move |_: Verify| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, BoxError>(Verified::Delivered(Receipt::new("msg-0", "fake"))) }
+    });
+    let l = layer(store, |b| {
+        b.reserve_timeout(RESERVE_TIMEOUT)
+            .verify_takeovers(verifier)
+    });
+    (l, asked)
+}
+
+/// Sends `m` through `l` with the store's reserves held at a gate, gives the reserve up as
+/// `how` says, then lets the store answer it in the layer's background task. Returns once
+/// that task has had the answer.
+async fn give_up_a_reserve(store: &TestStore, l: &IdempotencyLayer, m: Message, how: GivenUp) {
+    let gate = store.close_gate();
+    let provider = Provider::ok();
+    let mut svc = ServiceBuilder::new()
+        .layer(l.clone())
+        .service(provider.clone());
+    let future = svc.ready().await.unwrap().call(m);
+    match how {
+        GivenUp::Dropped => {
+            // Polled once, so the reserve is at the gate, then dropped.
+            let mut future = Box::pin(future);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            assert!(future.as_mut().poll(&mut cx).is_pending());
+            drop(future);
+        }
+        GivenUp::TimedOut => {
+            let err = future.await.unwrap_err();
+            assert_eq!(err.code(), codes::STORE_FAILED, "{how:?}");
+        }
+    }
+    assert_eq!(store.reserves.load(Ordering::SeqCst), 1, "{how:?}");
+    gate.add_permits(1);
+    // The background task starts any release in the poll that has the store's answer.
+    support::wait_until(|| store.reserves_answered.load(Ordering::SeqCst) == 1).await;
+    *store.gate.lock().unwrap() = None;
+    assert_eq!(provider.calls(), 0, "{how:?}");
+}
+
+/// A takeover's earlier holder may have sent: a reserve that took the key over and was given
+/// up does not free it. The key stays pending for its lease, and the repeat after it takes it
+/// over again, asking the verification service, rather than sending as a fresh key would.
+#[tokio::test(start_paused = true)]
+async fn a_given_up_reserve_that_took_a_key_over_keeps_it_until_its_lease_passes() {
+    for how in [GivenUp::Dropped, GivenUp::TimedOut] {
+        let store = TestStore::default();
+        let m = message(Some("k"), "hi");
+        let fingerprint = Fingerprint::of(&m);
+        // A holder that crashed mid-send: its lease passes, its record stays.
+        let crashed = store.inner.reserve("lease:k", fingerprint, LEASE).await;
+        assert!(
+            matches!(crashed, Ok(Reservation::Reserved { .. })),
+            "{how:?}"
+        );
+        tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+
+        let (l, asked) = verifying_layer(&store);
+        give_up_a_reserve(&store, &l, m.clone(), how).await;
+        assert_eq!(store.releases.load(Ordering::SeqCst), 0, "{how:?}");
+        let held = store.inner.reserve("lease:k", fingerprint, LEASE).await;
+        match held {
+            Ok(Reservation::Held { record }) => {
+                assert_eq!(record.state, RecordState::Pending, "{how:?}");
+                assert_eq!(record.fingerprint, fingerprint, "{how:?}");
+            }
+            other => panic!("{how:?}: the taken-over key is still held, got {other:?}"),
+        }
+
+        let provider = Provider::ok();
+        let mut svc = ServiceBuilder::new()
+            .layer(l.clone())
+            .service(provider.clone());
+        let repeat = send(&mut svc, m.clone()).await.unwrap_err();
+        assert_eq!(repeat.code(), codes::IN_FLIGHT, "{how:?}");
+
+        tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+        let receipt = send(&mut svc, m).await.unwrap();
+        assert_eq!((receipt.id.as_str(), receipt.replayed), ("msg-0", true));
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "{how:?}: checked first");
+        let stats = l.stats();
+        assert_eq!(stats.taken_over, 1, "{how:?}");
+        assert_eq!(stats.verified_delivered, 1, "{how:?}");
+        assert_eq!(provider.calls(), 0, "{how:?}: never sent again");
+    }
+}
+
+/// The contrast: a reserve that took a free key and was given up sent nothing, so the key is
+/// freed at once and the next send goes without waiting for a lease or a check.
+#[tokio::test(start_paused = true)]
+async fn a_given_up_reserve_of_a_free_key_frees_it_at_once() {
+    for how in [GivenUp::Dropped, GivenUp::TimedOut] {
+        let store = TestStore::default();
+        let m = message(Some("k"), "hi");
+        let (l, asked) = verifying_layer(&store);
+        give_up_a_reserve(&store, &l, m.clone(), how).await;
+        assert_eq!(store.releases.load(Ordering::SeqCst), 1, "{how:?}");
+
+        let provider = Provider::ok();
+        let mut svc = ServiceBuilder::new()
+            .layer(l.clone())
+            .service(provider.clone());
+        let receipt = send(&mut svc, m).await.unwrap();
+        assert_eq!((receipt.id.as_str(), receipt.replayed), ("msg-1", false));
+        assert_eq!(provider.calls(), 1, "{how:?}");
+        assert_eq!(asked.load(Ordering::SeqCst), 0, "{how:?}");
+        assert_eq!(l.stats().taken_over, 0, "{how:?}");
+    }
 }

@@ -123,6 +123,8 @@ pub fn breaker_error(e: CircuitBreakerError<BoxError>) -> BoxError {
 pub struct TestStore {
     pub inner: MemoryStore,
     pub reserves: Arc<AtomicUsize>,
+    /// Reserves the store has answered (past the gate, if one is closed).
+    pub reserves_answered: Arc<AtomicUsize>,
     pub completes: Arc<AtomicUsize>,
     pub releases: Arc<AtomicUsize>,
     /// Calls of the batch operations.
@@ -200,13 +202,15 @@ impl Store for TestStore {
             if let Some(gate) = gate {
                 gate.acquire().await.expect("gate open").forget();
             }
-            if self.fail_reserve.load(Ordering::SeqCst) {
-                return Err(failure());
-            }
-            if let Some(forced) = self.forced.lock().unwrap().clone() {
-                return Ok(forced);
-            }
-            self.inner.reserve(key, fingerprint, lease).await
+            let answer = if self.fail_reserve.load(Ordering::SeqCst) {
+                Err(failure())
+            } else if let Some(forced) = self.forced.lock().unwrap().clone() {
+                Ok(forced)
+            } else {
+                self.inner.reserve(key, fingerprint, lease).await
+            };
+            self.reserves_answered.fetch_add(1, Ordering::SeqCst);
+            answer
         }
         .boxed()
     }

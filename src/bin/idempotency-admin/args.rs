@@ -16,6 +16,12 @@ usage: idempotency-admin STORE [OPTIONS] COMMAND
 STORE, exactly one:
   --redis URL           a RedisStore (redis://[user:password@]host:port[/db])
   --redis-cluster URLS  a RedisStore on Redis Cluster: node URLs separated by commas
+  --redis-sentinel URLS --primary-name NAME
+                        a RedisStore on the primary that Redis Sentinel names NAME (the
+                        name in the sentinels' `sentinel monitor` lines): the sentinels'
+                        URLs, redis://[user:password@]host:port, separated by commas.
+                        The primary is reached without credentials; for one that needs
+                        them, give its own URL to --redis
   --postgres URL        a PostgresStore, and its outbox (postgres://user@host:port/db)
   --mysql URL           a MySqlStore on MySQL or MariaDB, and its outbox
                         (mysql://user:password@host:port/db)
@@ -85,6 +91,11 @@ pub(crate) const OUTBOX_STORES: &str =
 pub(crate) enum StoreArg {
     Redis(String),
     RedisCluster(Vec<String>),
+    /// The sentinels' URLs, and the name they know the primary by.
+    RedisSentinel {
+        sentinels: Vec<String>,
+        primary_name: String,
+    },
     Postgres(String),
     MySql(String),
     Sqlite(PathBuf),
@@ -155,6 +166,7 @@ pub(crate) enum Request {
 #[derive(Default)]
 struct Options {
     stores: Vec<StoreArg>,
+    primary_name: Option<String>,
     prefix: Option<String>,
     table: Option<String>,
     outbox_table: Option<String>,
@@ -199,17 +211,18 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Request, S
                 .stores
                 .push(StoreArg::Redis(location("--redis", value("--redis")?)?)),
             "--redis-cluster" => {
-                let urls: Vec<String> = location("--redis-cluster", value("--redis-cluster")?)?
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|url| !url.is_empty())
-                    .map(str::to_owned)
-                    .collect();
-                if urls.is_empty() {
-                    return Err("--redis-cluster needs at least one node URL".to_owned());
-                }
+                let urls = url_list("--redis-cluster", value("--redis-cluster")?, "node")?;
                 options.stores.push(StoreArg::RedisCluster(urls));
             }
+            "--redis-sentinel" => {
+                let urls = url_list("--redis-sentinel", value("--redis-sentinel")?, "sentinel")?;
+                // The name comes from --primary-name, wherever it stands: set once all is read.
+                options.stores.push(StoreArg::RedisSentinel {
+                    sentinels: urls,
+                    primary_name: String::new(),
+                });
+            }
+            "--primary-name" => options.primary_name = Some(value("--primary-name")?),
             "--postgres" => options.stores.push(StoreArg::Postgres(location(
                 "--postgres",
                 value("--postgres")?,
@@ -243,13 +256,15 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Request, S
     let store = match options.stores.len() {
         0 => {
             return Err(
-                "no store: give one of --redis, --redis-cluster, --postgres, --mysql, --sqlite"
+                "no store: give one of --redis, --redis-cluster, --redis-sentinel, --postgres, \
+                 --mysql, --sqlite"
                     .to_owned(),
             );
         }
         1 => options.stores.remove(0),
         _ => return Err("more than one store: give exactly one".to_owned()),
     };
+    let store = with_primary_name(store, options.primary_name.take())?;
     check_store_options(&store, &options, &command)?;
     Ok(Request::Run(Box::new(Args {
         store,
@@ -271,6 +286,43 @@ fn location(option: &str, value: String) -> Result<String, String> {
     match std::env::var(name) {
         Ok(found) if !found.is_empty() => Ok(found),
         _ => Err(format!("{option} {value}: the variable {name} is not set")),
+    }
+}
+
+/// The URLs of a store option that takes several, separated by commas (`what` URLs: node,
+/// sentinel).
+fn url_list(option: &str, value: String, what: &str) -> Result<Vec<String>, String> {
+    let urls: Vec<String> = location(option, value)?
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if urls.is_empty() {
+        return Err(format!("{option} needs at least one {what} URL"));
+    }
+    Ok(urls)
+}
+
+/// `store` with the primary's name from `--primary-name`, which Sentinel alone needs and
+/// takes.
+fn with_primary_name(store: StoreArg, name: Option<String>) -> Result<StoreArg, String> {
+    match (store, name) {
+        (StoreArg::RedisSentinel { sentinels, .. }, Some(name)) if !name.trim().is_empty() => {
+            Ok(StoreArg::RedisSentinel {
+                sentinels,
+                primary_name: name,
+            })
+        }
+        (StoreArg::RedisSentinel { .. }, _) => Err(
+            "--redis-sentinel needs --primary-name NAME: the name the sentinels know the \
+             primary by (their `sentinel monitor` lines)"
+                .to_owned(),
+        ),
+        (_, Some(_)) => Err("--primary-name names a Sentinel's primary: it needs \
+                             --redis-sentinel"
+            .to_owned()),
+        (store, None) => Ok(store),
     }
 }
 
@@ -364,10 +416,16 @@ fn check_store_options(
     options: &Options,
     command: &Command,
 ) -> Result<(), String> {
-    let redis = matches!(store, StoreArg::Redis(_) | StoreArg::RedisCluster(_));
+    let redis = matches!(
+        store,
+        StoreArg::Redis(_) | StoreArg::RedisCluster(_) | StoreArg::RedisSentinel { .. }
+    );
     let sql = matches!(store, StoreArg::Postgres(_) | StoreArg::MySql(_));
     if options.prefix.is_some() && !redis {
-        return Err("--prefix is the RedisStore's: it needs --redis or --redis-cluster".into());
+        return Err(
+            "--prefix is the RedisStore's: it needs --redis, --redis-cluster or --redis-sentinel"
+                .into(),
+        );
     }
     if options.table.is_some() && !sql {
         return Err(
@@ -474,6 +532,24 @@ mod tests {
             StoreArg::RedisCluster(vec!["redis://a".into(), "redis://b".into()])
         );
         assert_eq!(
+            args(
+                "--primary-name mymaster --redis-sentinel redis://s1:26379,redis://s2:26379 show k"
+            )
+            .unwrap()
+            .store,
+            StoreArg::RedisSentinel {
+                sentinels: vec!["redis://s1:26379".into(), "redis://s2:26379".into()],
+                primary_name: "mymaster".into()
+            }
+        );
+        assert_eq!(
+            args("--redis-sentinel redis://s1 --primary-name m --prefix p list")
+                .unwrap()
+                .prefix
+                .as_deref(),
+            Some("p")
+        );
+        assert_eq!(
             args("--postgres p --outbox-table jobs dead-letters list --limit 7")
                 .unwrap()
                 .command,
@@ -513,6 +589,15 @@ mod tests {
             Ok(Request::Help)
         );
         assert_eq!(parse(["-V".to_owned()]), Ok(Request::Version));
+        let blank_name = [
+            "--redis-sentinel",
+            "redis://s1",
+            "--primary-name",
+            " ",
+            "list",
+        ];
+        let parsed = parse(blank_name.map(str::to_owned));
+        assert!(parsed.is_err(), "a blank primary name: {parsed:?}");
     }
 
     #[test]
@@ -549,6 +634,12 @@ mod tests {
             "--postgres p dead-letters requeue",
             "--postgres p dead-letters drop k",
             "--redis-cluster , list",
+            "--redis-sentinel redis://s1 list",
+            "--redis-sentinel , --primary-name m list",
+            "--redis r --primary-name m list",
+            "--redis-sentinel redis://s1 --primary-name m --redis r list",
+            "--redis-sentinel redis://s1 --primary-name m --table t list",
+            "--redis-sentinel redis://s1 --primary-name m dead-letters list",
             "--postgres env:TOWER_IDEMPOTENCY_ADMIN_SURELY_UNSET list",
         ] {
             assert!(args(line).is_err(), "{line:?} was accepted");
@@ -568,6 +659,8 @@ mod tests {
             "requeue",
             "--redis",
             "--redis-cluster",
+            "--redis-sentinel",
+            "--primary-name",
             "--postgres",
             "--mysql",
             "--sqlite",

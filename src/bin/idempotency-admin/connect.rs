@@ -66,6 +66,27 @@ pub(crate) async fn store(args: &Args) -> Result<Box<dyn StoreAdmin>, NotOpened>
                 None => Box::new(store),
             }
         }
+        StoreArg::RedisSentinel {
+            sentinels,
+            primary_name,
+        } => {
+            sentinel_urls(sentinels)?;
+            let shown: Vec<String> = sentinels.iter().map(|u| without_password(u)).collect();
+            let store =
+                RedisStore::connect_sentinel(sentinels.iter().map(String::as_str), primary_name)
+                    .await
+                    .map_err(|e| {
+                        let what = format!(
+                            "the Redis primary {primary_name:?} through the sentinels at {}",
+                            shown.join(",")
+                        );
+                        NotOpened::connect(&what, &e)
+                    })?;
+            match &args.prefix {
+                Some(prefix) => Box::new(store.key_prefix(prefix.clone())),
+                None => Box::new(store),
+            }
+        }
         StoreArg::Postgres(url) => {
             of_database(url, &POSTGRES)?;
             let store = PostgresStore::connect(url)
@@ -185,6 +206,22 @@ fn of_database(url: &str, database: &Database) -> Result<(), NotOpened> {
     )))
 }
 
+/// Refuses a sentinel address that is not a Redis URL, naming it by its place in the list:
+/// the text itself may hold a password.
+fn sentinel_urls(sentinels: &[String]) -> Result<(), NotOpened> {
+    for (place, url) in sentinels.iter().enumerate() {
+        if redis::IntoConnectionInfo::into_connection_info(url.as_str()).is_err() {
+            return Err(NotOpened::store(format!(
+                "could not open Redis Sentinel: address {} of {} given to --redis-sentinel is \
+                 not a Redis URL such as redis://host:26379",
+                place + 1,
+                sentinels.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// `url` with its user information, which may hold a password, replaced by `***`: errors
 /// end up in terminals and logs.
 fn without_password(url: &str) -> String {
@@ -251,6 +288,16 @@ mod tests {
         assert_eq!(without_password("redis://:p@ss@cache"), "redis://***@cache");
         assert_eq!(without_password("redis://cache:6379"), "redis://cache:6379");
         assert_eq!(without_password("not a url"), "not a url");
+    }
+
+    #[test]
+    fn a_sentinel_address_that_is_no_url_is_named_by_its_place() {
+        let sentinels = ["redis://s1:26379".to_owned(), "s3cret@s2".to_owned()];
+        let not = sentinel_urls(&sentinels).unwrap_err();
+        assert_eq!(not.exit, Exit::StoreFailed);
+        assert!(not.reason.contains("address 2 of 2"), "{}", not.reason);
+        assert!(!not.reason.contains("s3cret"), "{}", not.reason);
+        assert!(sentinel_urls(&sentinels[..1]).is_ok());
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! `idempotency-admin`: settle the keys of a tower-idempotency store by hand (list the keys of
 //! unknown delivery and the stale ones, show, forget, resolve as delivered or not sent), and
-//! list and requeue the outbox's dead letters, on Redis, Redis Cluster, PostgreSQL, MySQL
-//! (or MariaDB) and SQLite stores; the outbox on PostgreSQL or MySQL.
+//! list and requeue the outbox's dead letters, on Redis (a server, Cluster or Sentinel),
+//! PostgreSQL, MySQL (or MariaDB) and SQLite stores; the outbox on PostgreSQL or MySQL.
 //!
 //! ```sh
 //! cargo install tower-idempotency --features cli
 //! idempotency-admin --redis redis://127.0.0.1:6379 list
 //! idempotency-admin --postgres postgres://app@db/app --namespace billing show invoice:42
+//! idempotency-admin --redis-sentinel redis://s1:26379,redis://s2:26379 --primary-name mymaster list
 //! idempotency-admin --sqlite /var/lib/app/keys.sqlite3 resolve billing:invoice:42 delivered msg_81
 //! idempotency-admin --postgres postgres://app@db/app dead-letters requeue order.created:ord_1
 //! idempotency-admin --mysql mysql://app@db/app --table keys forget billing:invoice:42
