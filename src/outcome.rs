@@ -280,37 +280,6 @@ impl SendError {
         )
     }
 
-    /// The layer's answer when the store could not reserve the key; the message was not sent.
-    ///
-    /// `error` is the store's error (a [`StoreError`](crate::store::StoreError) from a
-    /// [`Store`](crate::store::Store)), kept as the [source](Error::source). Code
-    /// `idempotency.store_failed`, retryable; but a store error of kind
-    /// [`Misconfigured`](crate::store::StoreErrorKind::Misconfigured) gives code
-    /// `idempotency.store_misconfigured`, category [`Permanent`](Category::Permanent), not
-    /// retryable: no retry mends a configuration.
-    pub fn store_failed(error: impl Into<BoxError>) -> Self {
-        let error = error.into();
-        let misconfigured = error
-            .downcast_ref::<crate::store::StoreError>()
-            .is_some_and(|e| e.kind() == crate::store::StoreErrorKind::Misconfigured);
-        if misconfigured {
-            return Self::new(
-                codes::STORE_MISCONFIGURED,
-                Category::Permanent,
-                false,
-                "the idempotency store is misconfigured; the message was not sent",
-            )
-            .with_source(error);
-        }
-        Self::new(
-            codes::STORE_FAILED,
-            Category::Unknown,
-            true,
-            "the idempotency store could not reserve the key; the message was not sent",
-        )
-        .with_source(error)
-    }
-
     /// The layer's answer when a key from the key function breaks the key rules.
     pub fn invalid_key(error: KeyError) -> Self {
         Self::new(
@@ -553,35 +522,6 @@ impl Outcome {
         }
     }
 
-    /// Whether [`into_replay_for`](Self::into_replay_for) reads its recipients: only a kept
-    /// receipt that names accepted recipients (by position in the request's list) does.
-    pub(crate) fn names_recipients(&self) -> bool {
-        matches!(&self.0, Kept::Sent { accepted_at, .. } if !accepted_at.is_empty())
-    }
-
-    /// The kept outcome as the caller sees it when a repeat of the message is answered from
-    /// the store: marked replayed, its accepted recipients restored from the repeat's
-    /// `recipients` (the same as the original's, as their fingerprints match).
-    /// A position outside `recipients` is a damaged record: `idempotency.store_failed`,
-    /// never a receipt that accepted nobody.
-    pub(crate) fn into_replay_for(self, recipients: &[&str]) -> Result<Receipt, SendError> {
-        match self.0 {
-            Kept::Sent {
-                mut receipt,
-                accepted_at,
-            } => {
-                if !accepted_at.is_empty() {
-                    receipt.accepted =
-                        crate::store::record::accepted_recipients(&accepted_at, recipients)
-                            .map_err(SendError::store_failed)?;
-                }
-                receipt.replayed = true;
-                Ok(receipt)
-            }
-            Kept::Failed(error) => Err(error.replayed()),
-        }
-    }
-
     /// [`replay`](Self::replay), consuming the outcome instead of cloning it.
     pub fn into_replay(self) -> Result<Receipt, SendError> {
         match self.0 {
@@ -639,20 +579,6 @@ mod tests {
 
         let given = Outcome::sent(Receipt::new("m2", "fake").with_accepted(["c@x"]));
         assert_eq!(given.into_replay_for(&["a@x"]).unwrap().accepted, ["c@x"]);
-    }
-
-    #[test]
-    fn a_misconfigured_store_is_a_permanent_answer_never_retried() {
-        use crate::store::StoreError;
-        let error = SendError::store_failed(StoreError::misconfigured("not a database"));
-        assert_eq!(error.code(), codes::STORE_MISCONFIGURED);
-        assert_eq!(error.category(), Category::Permanent);
-        assert!(!error.is_retryable());
-        assert!(error.is_idempotency_answer());
-        assert!(!error.counts_against_provider());
-        let passing = SendError::store_failed(StoreError::timeout());
-        assert_eq!(passing.code(), codes::STORE_FAILED);
-        assert!(passing.is_retryable());
     }
 
     #[test]

@@ -56,16 +56,16 @@
 //!
 //! [`MemoryStore`]: memory::MemoryStore
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
 use crate::fingerprint::Fingerprint;
-use crate::outcome::{BoxError, Outcome};
+use crate::outcome::Outcome;
 
 pub mod admin;
+mod error;
 pub mod memory;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(crate) mod millis;
@@ -87,6 +87,7 @@ mod unanswered;
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 
+pub use error::{StoreError, StoreErrorKind};
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use statement::{ClaimParam, ClaimStatement};
 pub use token::Token;
@@ -249,109 +250,6 @@ impl Reservation {
             Self::Reserved { token } | Self::TakenOver { token, .. } => Some(*token),
             Self::Held { .. } => None,
         }
-    }
-}
-
-/// The kinds of [`StoreError`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum StoreErrorKind {
-    /// The backend could not be reached or answered with an error.
-    Unavailable,
-    /// The operation did not finish in time.
-    Timeout,
-    /// A record could not be decoded, or breaks the record rules.
-    Corrupt,
-    /// The store is full of records it may not drop.
-    Capacity,
-    /// The call itself was invalid, such as a batch that names one key twice.
-    InvalidInput,
-    /// The store does not offer this operation (a trait method the store keeps the default of).
-    Unsupported,
-    /// The store is set up wrong and stays so until someone changes its configuration: an
-    /// invalid URL, a SQLite path that is a directory or a file that is not a database.
-    /// Never retried: the layer answers a reserve that fails with it
-    /// `idempotency.store_misconfigured` (not sent, category
-    /// [`Permanent`](crate::Category::Permanent), not retryable), and a settlement gives up
-    /// at once.
-    Misconfigured,
-}
-
-/// Why a store operation failed. The source error is kept.
-#[derive(Debug)]
-pub struct StoreError {
-    kind: StoreErrorKind,
-    detail: String,
-    source: Option<BoxError>,
-}
-
-impl StoreError {
-    /// An error of `kind` with a description.
-    pub fn new(kind: StoreErrorKind, detail: impl Into<String>) -> Self {
-        Self {
-            kind,
-            detail: detail.into(),
-            source: None,
-        }
-    }
-
-    /// The backend failed; `source` is its error.
-    pub fn unavailable(source: impl Into<BoxError>) -> Self {
-        Self::new(StoreErrorKind::Unavailable, "the store backend failed").with_source(source)
-    }
-
-    /// The store is set up wrong (see [`StoreErrorKind::Misconfigured`]); `detail` says what
-    /// to change.
-    pub fn misconfigured(detail: impl Into<String>) -> Self {
-        Self::new(StoreErrorKind::Misconfigured, detail)
-    }
-
-    /// The operation timed out.
-    pub fn timeout() -> Self {
-        Self::new(StoreErrorKind::Timeout, "the store operation timed out")
-    }
-
-    /// A record could not be decoded.
-    pub fn corrupt(detail: impl Into<String>) -> Self {
-        Self::new(StoreErrorKind::Corrupt, detail)
-    }
-
-    /// The store is full of pending records.
-    pub fn capacity(max_entries: usize) -> Self {
-        Self::new(
-            StoreErrorKind::Capacity,
-            format!("the store holds {max_entries} records, all pending within their lease"),
-        )
-    }
-
-    /// Keeps `source` as the cause.
-    #[must_use]
-    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
-        self.source = Some(source.into());
-        self
-    }
-
-    /// The kind.
-    pub fn kind(&self) -> StoreErrorKind {
-        self.kind
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.detail)?;
-        if let Some(source) = &self.source {
-            write!(f, ": {source}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for StoreError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 

@@ -214,10 +214,7 @@ fn read_record(bytes: &[u8]) -> Result<(Token, Record, Times), StoreError> {
 /// A position outside `recipients` is [`Corrupt`](super::StoreErrorKind::Corrupt): the
 /// record was damaged or written for another message, and replaying it as "accepted nobody"
 /// would tell the caller something the provider never said.
-pub(crate) fn accepted_recipients(
-    positions: &[u32],
-    recipients: &[&str],
-) -> Result<Vec<String>, StoreError> {
+fn accepted_recipients(positions: &[u32], recipients: &[&str]) -> Result<Vec<String>, StoreError> {
     positions
         .iter()
         .map(|&i| {
@@ -233,6 +230,37 @@ pub(crate) fn accepted_recipients(
                 })
         })
         .collect()
+}
+
+// Here, beside the rule on kept positions it applies, so `outcome` names no store type.
+impl Outcome {
+    /// Whether [`into_replay_for`](Self::into_replay_for) reads its recipients: only a kept
+    /// receipt that names accepted recipients (by position in the request's list) does.
+    pub(crate) fn names_recipients(&self) -> bool {
+        matches!(&self.0, Kept::Sent { accepted_at, .. } if !accepted_at.is_empty())
+    }
+
+    /// The kept outcome as the caller sees it when a repeat of the message is answered from
+    /// the store: marked replayed, its accepted recipients restored from the repeat's
+    /// `recipients` (the same as the original's, as their fingerprints match).
+    /// A position outside `recipients` is a damaged record: `idempotency.store_failed`,
+    /// never a receipt that accepted nobody.
+    pub(crate) fn into_replay_for(self, recipients: &[&str]) -> Result<Receipt, SendError> {
+        match self.0 {
+            Kept::Sent {
+                mut receipt,
+                accepted_at,
+            } => {
+                if !accepted_at.is_empty() {
+                    receipt.accepted = accepted_recipients(&accepted_at, recipients)
+                        .map_err(SendError::store_failed)?;
+                }
+                receipt.replayed = true;
+                Ok(receipt)
+            }
+            Kept::Failed(error) => Err(error.replayed()),
+        }
+    }
 }
 
 /// The record a store read, once it passes [the record rules](self#the-record-rules) on its

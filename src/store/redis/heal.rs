@@ -1,5 +1,4 @@
-//! A Redis Cluster connection that replaces itself when it stops answering, and the
-//! constructors of a store on one.
+//! A Redis Cluster connection that replaces itself when it stops answering.
 //!
 //! The `redis` crate's `ClusterConnection` reconnects to nodes by itself, but under a storm of
 //! killed connections it can get stuck for good: every later call times out, its last log line
@@ -19,10 +18,6 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::time::Instant;
-
-use super::connection::Connection;
-use super::{DEFAULT_TIMEOUT, RedisStore, unavailable};
-use crate::store::StoreError;
 
 /// The least time between two attempts at a new connection when the last one failed.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
@@ -236,61 +231,5 @@ impl ConnectionLike for HealingCluster {
 
     fn get_db(&self) -> i64 {
         0
-    }
-}
-
-impl RedisStore {
-    /// A store on a Redis Cluster connection (the `redis` crate's, version 1, with its
-    /// `cluster-async` feature), with the default prefix and timeout.
-    ///
-    /// Without the client that made it, the store cannot replace a connection that stops
-    /// answering (see [Cluster connections heal](super#cluster-connections-heal)): prefer
-    /// [`connect_cluster`](Self::connect_cluster).
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub fn from_cluster(connection: redis::cluster_async::ClusterConnection) -> Self {
-        Self::with_connection(Connection::Cluster(HealingCluster::fixed(connection)))
-    }
-
-    /// A store on a Redis Cluster connection and the client that opened it (the `redis`
-    /// crate's, version 1, with its `cluster-async` feature), with the default prefix and
-    /// timeout: for a client built with settings of your own (TLS, credentials, timeouts).
-    /// The store replaces the connection with a new one from `client` when it stops
-    /// answering (see [Cluster connections heal](super#cluster-connections-heal)); a new
-    /// connection, and its check, are bounded by [`DEFAULT_TIMEOUT`].
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub fn from_cluster_client(
-        client: redis::cluster::ClusterClient,
-        connection: redis::cluster_async::ClusterConnection,
-    ) -> Self {
-        Self::with_connection(Connection::Cluster(HealingCluster::new(
-            client,
-            connection,
-            DEFAULT_TIMEOUT,
-        )))
-    }
-
-    /// Connects to the Redis Cluster that `urls` (some of its nodes) belong to.
-    ///
-    /// The connection discovers the other nodes, routes each key to its slot's primary and
-    /// reconnects to nodes it lost by itself. The store keeps the client, to replace a
-    /// connection that stops answering (see
-    /// [Cluster connections heal](super#cluster-connections-heal) and
-    /// [`heal_after`](Self::heal_after)). Fails like [`connect`](Self::connect).
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub async fn connect_cluster<I, T>(urls: I) -> Result<Self, StoreError>
-    where
-        I: IntoIterator<Item = T>,
-        T: redis::IntoConnectionInfo,
-    {
-        let client = redis::cluster::ClusterClientBuilder::new(urls)
-            .connection_timeout(DEFAULT_TIMEOUT)
-            .response_timeout(DEFAULT_TIMEOUT)
-            .build()
-            .map_err(unavailable)?;
-        let connection = tokio::time::timeout(DEFAULT_TIMEOUT, client.get_async_connection())
-            .await
-            .map_err(|_| StoreError::timeout())?
-            .map_err(unavailable)?;
-        Ok(Self::from_cluster_client(client, connection))
     }
 }

@@ -283,6 +283,7 @@ mod connection;
 mod durable;
 #[cfg(feature = "redis-cluster")]
 mod heal;
+mod inspect;
 mod pipeline;
 mod scripts;
 #[cfg(feature = "redis-sentinel")]

@@ -26,10 +26,6 @@ use redis::{AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFu
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::connection::Connection;
-use super::{DEFAULT_TIMEOUT, RedisStore};
-use crate::store::{StoreError, StoreErrorKind};
-
 /// The least time between two searches when the last one found no primary: during a
 /// failover the sentinels name the old primary, or none, until it is over.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
@@ -290,102 +286,5 @@ impl ConnectionLike for SentinelPrimary {
 
     fn get_db(&self) -> i64 {
         0
-    }
-}
-
-impl RedisStore {
-    /// Connects to the primary that the Redis Sentinels at `sentinels` (the sentinels'
-    /// addresses, `redis://host:26379`, not the servers') name `primary_name` (the name in
-    /// their `sentinel monitor` lines), and follows it through failovers.
-    ///
-    /// The store asks the sentinels again when its connection drops, when the server answers
-    /// `READONLY` (it is a replica now), or when calls go unanswered for
-    /// [`heal_after`](Self::heal_after); calls made meanwhile wait for the answer within the
-    /// store's [`timeout`](Self::timeout), and the call that failed fails as a store failure,
-    /// on which nothing is sent. See [Redis Sentinel](super#redis-sentinel).
-    ///
-    /// The sentinels are asked once before this returns, so a wrong name or no sentinel fails
-    /// here: with a [`Misconfigured`](StoreErrorKind::Misconfigured) error for an address that
-    /// is not a Redis URL; with an [`Unavailable`](StoreErrorKind::Unavailable) error, naming
-    /// `primary_name`, when no sentinel names a primary that answers (the name is wrong, or a
-    /// failover is under way); with a [`Timeout`](StoreErrorKind::Timeout) error when the
-    /// search takes longer than [`DEFAULT_TIMEOUT`]. Credentials of the sentinels go in their
-    /// URLs; for credentials, a database or TLS on the primary, build the `redis` crate's
-    /// `SentinelClient` and hand it to [`from_sentinel_client`](Self::from_sentinel_client).
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use tower_idempotency::RedisStore;
-    ///
-    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let sentinels = [
-    ///     "redis://10.0.0.1:26379",
-    ///     "redis://10.0.0.2:26379",
-    ///     "redis://10.0.0.3:26379",
-    /// ];
-    /// let store = RedisStore::connect_sentinel(sentinels, "idempotency")
-    ///     .await?
-    ///     // A reservation is kept by a replica before its message goes: a failover loses none.
-    ///     .require_replicas(1, Duration::from_millis(100));
-    /// # Ok(()) }
-    /// ```
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
-    pub async fn connect_sentinel<I, T>(
-        sentinels: I,
-        primary_name: &str,
-    ) -> Result<Self, StoreError>
-    where
-        I: IntoIterator<Item = T>,
-        T: redis::IntoConnectionInfo,
-    {
-        let client = redis::sentinel::SentinelClient::build(
-            sentinels.into_iter().collect(),
-            // A `String`: the `redis` crate takes one unless its TLS features are on.
-            String::from(primary_name),
-            None,
-            redis::sentinel::SentinelServerType::Master,
-        )
-        .map_err(|e| {
-            StoreError::misconfigured(
-                "a Redis Sentinel address is invalid (redis://[user:password@]host:port)",
-            )
-            .with_source(e)
-        })?;
-        let store = Self::from_sentinel_client(client);
-        if let Connection::Sentinel(primary) = &store.connection {
-            tokio::time::timeout(DEFAULT_TIMEOUT, primary.found())
-                .await
-                .map_err(|_| {
-                    StoreError::new(
-                        StoreErrorKind::Timeout,
-                        format!(
-                            "the sentinels did not name the primary {primary_name:?} within \
-                             {DEFAULT_TIMEOUT:?}"
-                        ),
-                    )
-                })?
-                .map_err(|e| {
-                    StoreError::new(
-                        StoreErrorKind::Unavailable,
-                        format!("no sentinel named a primary {primary_name:?} that answers"),
-                    )
-                    .with_source(e)
-                })?;
-        }
-        Ok(store)
-    }
-
-    /// A store on the primary that `client` finds (the `redis` crate's, version 1, with its
-    /// `sentinel` feature), built with `SentinelServerType::Master`: for sentinels or a
-    /// primary with settings of your own (credentials, a database, TLS). Follows the primary
-    /// as [`connect_sentinel`](Self::connect_sentinel) does; the first call asks the
-    /// sentinels. Each search (the sentinels' answer, the primary's check and its
-    /// connection) is bounded by [`DEFAULT_TIMEOUT`].
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
-    pub fn from_sentinel_client(client: redis::sentinel::SentinelClient) -> Self {
-        Self::with_connection(Connection::Sentinel(SentinelPrimary::new(
-            client,
-            DEFAULT_TIMEOUT,
-        )))
     }
 }

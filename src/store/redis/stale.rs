@@ -8,7 +8,7 @@
 
 use redis::{Cmd, Script};
 
-use super::admin::{inspected, raw_value};
+use super::inspect::{inspected, raw_value};
 use super::{Connection, RedisStore, server_error};
 use crate::store::admin::{Cursor, Inspected, Page};
 use crate::store::{StoreError, StoreErrorKind};
