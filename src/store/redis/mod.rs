@@ -76,12 +76,9 @@
 //! the key's `PTTL` is no more than the kept time. A first attempt's age is the time before
 //! expiry less the `PTTL`. `extend`, a takeover and `retake` carry the first attempt's time
 //! over to the new expiry, and so does a `complete` with an outcome of unknown delivery,
-//! the one outcome a re-send inside the provider's window is decided on. A `reserve`
-//! reports the age where that decision needs it: on a pending record, and on a done one of
-//! unknown delivery. A done record of known delivery keeps no time and is answered from
-//! `SET NX GET` alone ([`Record::first_attempt_age`](super::Record::first_attempt_age) is
-//! `None` there).
-//! See [`store::record`](super::record).
+//! the one outcome a re-send inside the provider's window is decided on; a `reserve`
+//! reports the age there and on pending records. A done record of known delivery keeps no
+//! time, answered from `SET NX GET` alone ([`store::record`](super::record)).
 //!
 //! # Key layout and values
 //!
