@@ -356,10 +356,13 @@ async fn a_primary_with_no_live_replica_refuses_sends_holds_no_key_and_sends_onc
     let Some(mut group) = SentinelGroup::start(1).await else {
         return;
     };
+    // Longer bounds than the failover tests': a replica back from the dead may take a while
+    // to acknowledge its first write on a loaded machine, and only one send here waits out
+    // the whole bound (the refused one).
     let store = group
-        .store(unique_prefix("sentinel-alone"), STORE_TIMEOUT)
+        .store(unique_prefix("sentinel-alone"), Duration::from_secs(4))
         .await
-        .require_replicas(1, WAIT);
+        .require_replicas(1, Duration::from_secs(2));
     let layer = layer(store.clone());
     let provider = Provider::ok();
     send(&layer, &provider, "with-replica")
