@@ -13,6 +13,7 @@ use crate::store::admin::{
     AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, StoreAdmin,
     parse_cursor,
 };
+use crate::store::sql::SqlOperations;
 use crate::store::{RecordState, StoreError, Token, record};
 
 impl MySqlStore {

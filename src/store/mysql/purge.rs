@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::MySqlStore;
+use crate::store::sql::SqlOperations;
 use crate::store::{StoreError, StoreErrorKind};
 
 impl MySqlStore {

@@ -13,6 +13,7 @@ use crate::store::admin::{
     AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, StoreAdmin,
     parse_cursor,
 };
+use crate::store::sql::SqlOperations;
 use crate::store::{StoreError, StoreErrorKind, Token, record};
 
 /// The cursor of the first page: before any row (the year 1).

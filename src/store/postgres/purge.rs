@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::PostgresStore;
+use crate::store::sql::SqlOperations;
 use crate::store::{StoreError, StoreErrorKind};
 
 impl PostgresStore {
