@@ -11,11 +11,13 @@ use super::row::positions;
 use super::{MySqlStore, check_key, micros, token_bytes};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
-use crate::store::sql::SqlOperations;
+use crate::store::sql::{SqlOperations, impl_store};
 use crate::store::{Completion, Reservation, StoreError, StoreErrorKind, Token, record};
 
 /// How often a reserve asks again when the row changed between its statements.
 const RESERVE_ATTEMPTS: usize = 3;
+
+impl_store!(MySqlStore);
 
 impl SqlOperations for MySqlStore {
     fn timeout(&self) -> Duration {

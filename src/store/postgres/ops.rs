@@ -12,12 +12,14 @@ use super::row::positions;
 use super::{PostgresStore, millis};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
-use crate::store::sql::SqlOperations;
+use crate::store::sql::{SqlOperations, impl_store};
 use crate::store::{Completion, Reservation, StoreError, StoreErrorKind, Token, record};
 
 /// How often a reserve asks again when the key changed under its statement (each time
 /// another session wrote it between the snapshot and the upsert).
 const RESERVE_ATTEMPTS: usize = 3;
+
+impl_store!(PostgresStore);
 
 impl SqlOperations for PostgresStore {
     fn timeout(&self) -> Duration {
