@@ -2,7 +2,8 @@
 //! ([`SqlOperations`]) and the functions here wrap them in what every SQL store owes its
 //! caller, the same way: the store's timeout around each operation, the [`Unanswered`] guard
 //! around each reserve, and nothing asked of the server for an empty batch. [`impl_store!`]
-//! writes a backend's `impl Store` over them.
+//! writes a backend's `impl Store` over them; [`purge`] and [`admin`] do the same for the
+//! purge loop and the operator operations.
 
 use std::future::Future;
 use std::time::Duration;
@@ -11,9 +12,14 @@ use futures_util::future::BoxFuture;
 
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
-use crate::store::admin::{AdminOutcome, Cursor, Force, Inspected, Page, Resolution};
 use crate::store::unanswered::Unanswered;
-use crate::store::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token};
+use crate::store::{Completion, Reservation, Store, StoreError, Token};
+
+mod admin;
+mod purge;
+
+pub(crate) use admin::{SqlAdmin, impl_store_admin};
+pub(crate) use purge::{SqlPurge, purge_expired, spawn_purge};
 
 /// One SQL backend's operations, each one attempt on the server, neither bounded nor guarded:
 /// the functions below add both.
@@ -218,101 +224,6 @@ pub(crate) fn release_many<'a, S: SqlOperations>(
     })
 }
 
-/// One SQL backend's purge statement; [`purge_expired`] and [`spawn_purge`] run it.
-pub(crate) trait SqlPurge: SqlOperations {
-    /// The most rows one purge statement deletes.
-    fn purge_rows(&self) -> u32;
-
-    /// The table's name, for the background purge's logs.
-    fn table_name(&self) -> &str;
-
-    /// Deletes at most [`purge_rows`](Self::purge_rows) expired rows, answering how many went.
-    fn purge_once(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
-}
-
-/// A SQL store's `purge_expired`: purge statements, each bounded by the operation timeout,
-/// until one finds fewer rows than it may delete.
-pub(crate) async fn purge_expired<S: SqlPurge>(store: &S) -> Result<u64, StoreError> {
-    let batch = u64::from(store.purge_rows());
-    let mut purged = 0;
-    loop {
-        let deleted = store.bounded(|| store.purge_once()).await?;
-        purged += deleted;
-        if deleted < batch {
-            return Ok(purged);
-        }
-    }
-}
-
-/// A SQL store's `spawn_purge`: [`purge_expired`] now and then every `every` (at least 1 ms)
-/// on the current Tokio runtime, a failure logged and tried again next time.
-pub(crate) fn spawn_purge<S: SqlPurge>(
-    store: &S,
-    every: Duration,
-) -> Result<tokio::task::JoinHandle<()>, StoreError> {
-    let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
-        StoreError::new(
-            StoreErrorKind::Unavailable,
-            "spawn_purge must be called within a Tokio runtime",
-        )
-        .with_source(e)
-    })?;
-    let store = store.clone();
-    let every = every.max(Duration::from_millis(1));
-    Ok(runtime.spawn(async move {
-        let mut ticks = tokio::time::interval(every);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            match purge_expired(&store).await {
-                Ok(0) => {}
-                Ok(purged) => tracing::debug!(
-                    table = %store.table_name(),
-                    purged,
-                    "purged expired idempotency keys"
-                ),
-                Err(error) => tracing::warn!(
-                    table = %store.table_name(),
-                    error = %error,
-                    "purging expired idempotency keys failed"
-                ),
-            }
-        }
-    }))
-}
-
-/// One SQL backend's operator operations, each one attempt on the server, unbounded:
-/// [`impl_store_admin!`] bounds each by the store's timeout.
-pub(crate) trait SqlAdmin: SqlOperations {
-    /// Reads the record that holds `key`.
-    fn inspect_once(
-        &self,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<Inspected>, StoreError>> + Send;
-
-    /// Deletes the record of `key` unless a live send holds it (or `force`).
-    fn forget_once(
-        &self,
-        key: &str,
-        force: Force,
-    ) -> impl Future<Output = Result<AdminOutcome, StoreError>> + Send;
-
-    /// Settles `key` as `resolution` says unless a live send holds it (or `force`).
-    fn resolve_once(
-        &self,
-        key: &str,
-        resolution: &Resolution,
-        force: Force,
-    ) -> impl Future<Output = Result<AdminOutcome, StoreError>> + Send;
-
-    /// Reads the page of records after `after`, at most `limit` of them.
-    fn list_once(
-        &self,
-        after: Option<&Cursor>,
-        limit: usize,
-    ) -> impl Future<Output = Result<Page, StoreError>> + Send;
-}
-
 /// Writes `impl Store` for a [`SqlOperations`] backend, each method one of the functions
 /// above. A macro rather than a blanket impl, so that the docs list each store among the
 /// implementors of `Store`.
@@ -405,56 +316,3 @@ macro_rules! impl_store {
 }
 
 pub(crate) use impl_store;
-
-/// Writes `impl StoreAdmin` for a [`SqlAdmin`] backend, each operation bounded by the store's
-/// timeout; the attributes given (the impl's doc comment) go on the impl.
-macro_rules! impl_store_admin {
-    ($(#[$attr:meta])* $store:ty) => {
-        const _: () = {
-            use futures_util::future::BoxFuture;
-
-            use $crate::store::StoreError;
-            use $crate::store::admin::{
-                AdminOutcome, Cursor, Force, Inspected, Page, Resolution, StoreAdmin,
-            };
-            use $crate::store::sql::{SqlAdmin, SqlOperations};
-
-            $(#[$attr])*
-            impl StoreAdmin for $store {
-                fn inspect<'a>(
-                    &'a self,
-                    key: &'a str,
-                ) -> BoxFuture<'a, Result<Option<Inspected>, StoreError>> {
-                    Box::pin(self.bounded(move || self.inspect_once(key)))
-                }
-
-                fn forget<'a>(
-                    &'a self,
-                    key: &'a str,
-                    force: Force,
-                ) -> BoxFuture<'a, Result<AdminOutcome, StoreError>> {
-                    Box::pin(self.bounded(move || self.forget_once(key, force)))
-                }
-
-                fn resolve<'a>(
-                    &'a self,
-                    key: &'a str,
-                    resolution: &'a Resolution,
-                    force: Force,
-                ) -> BoxFuture<'a, Result<AdminOutcome, StoreError>> {
-                    Box::pin(self.bounded(move || self.resolve_once(key, resolution, force)))
-                }
-
-                fn list<'a>(
-                    &'a self,
-                    after: Option<&'a Cursor>,
-                    limit: usize,
-                ) -> BoxFuture<'a, Result<Page, StoreError>> {
-                    Box::pin(self.bounded(move || self.list_once(after, limit)))
-                }
-            }
-        };
-    };
-}
-
-pub(crate) use impl_store_admin;
