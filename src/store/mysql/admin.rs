@@ -13,7 +13,7 @@ use crate::outcome::Outcome;
 use crate::store::admin::{
     AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, parse_cursor,
 };
-use crate::store::sql::{SqlAdmin, impl_store_admin};
+use crate::store::sql::{self, SqlAdmin, impl_store_admin};
 use crate::store::{RecordState, StoreError, Token, record};
 
 impl MySqlStore {
@@ -132,15 +132,7 @@ impl SqlAdmin for MySqlStore {
         params.push(limit_value.into());
         let mut conn = self.conn().await?;
         let rows = self.read(&mut conn, &self.table.sql.list, params).await?;
-        let full = rows.len() == limit;
-        let mut entries = Vec::with_capacity(rows.len());
-        let mut last = None;
-        for row in &rows {
-            let (record, position) = self.inspected(row)?;
-            last = Some(format!("{position}:{}", record.key));
-            entries.push(record);
-        }
-        Ok(Page::new(entries, last.filter(|_| full).map(Cursor::new)))
+        sql::page(&rows, limit, |row| self.inspected(row))
     }
 }
 

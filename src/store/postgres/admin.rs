@@ -13,7 +13,7 @@ use crate::outcome::Outcome;
 use crate::store::admin::{
     AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, parse_cursor,
 };
-use crate::store::sql::{SqlAdmin, impl_store_admin};
+use crate::store::sql::{self, SqlAdmin, impl_store_admin};
 use crate::store::{StoreError, StoreErrorKind, Token, record};
 
 /// The cursor of the first page: before any row (the year 1).
@@ -169,15 +169,7 @@ impl SqlAdmin for PostgresStore {
             )
             .await
             .map_err(|e| self.db_error(e))?;
-        let full = rows.len() == limit;
-        let mut entries = Vec::with_capacity(rows.len());
-        let mut last = None;
-        for row in &rows {
-            let (record, position) = self.inspected(row)?;
-            last = Some(format!("{position}:{}", record.key));
-            entries.push(record);
-        }
-        Ok(Page::new(entries, last.filter(|_| full).map(Cursor::new)))
+        sql::page(&rows, limit, |row| self.inspected(row))
     }
 }
 
