@@ -76,6 +76,8 @@ pub mod postgres;
 pub mod record;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]

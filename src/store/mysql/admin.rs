@@ -1,18 +1,19 @@
 //! [`StoreAdmin`] for [`MySqlStore`]: `forget` and `resolve` lock the row in a transaction
 //! and decide on the locked version; the listing reads the index on unknown outcomes and the
 //! index on `expires_at`.
+//!
+//! [`StoreAdmin`]: crate::store::admin::StoreAdmin
 
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use mysql_async::Row;
 
 use super::{MySqlStore, check_key, micros, token_bytes};
 use crate::outcome::Outcome;
 use crate::store::admin::{
-    AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, StoreAdmin,
-    parse_cursor,
+    AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, parse_cursor,
 };
+use crate::store::sql::{self, SqlAdmin, impl_store_admin};
 use crate::store::{RecordState, StoreError, Token, record};
 
 impl MySqlStore {
@@ -48,17 +49,6 @@ impl MySqlStore {
         ))
     }
 
-    async fn try_inspect(&self, key: &str) -> Result<Option<Inspected>, StoreError> {
-        check_key(key)?;
-        let mut conn = self.conn().await?;
-        let rows = self
-            .read(&mut conn, &self.table.sql.inspect, vec![key.into()])
-            .await?;
-        rows.first()
-            .map(|row| self.inspected(row).map(|(record, _)| record))
-            .transpose()
-    }
-
     /// Locks the row of `key`, and when no live send holds it (or `force`), applies the
     /// change `sql` with `params`; all in one transaction.
     async fn settle(
@@ -84,13 +74,26 @@ impl MySqlStore {
         tx.commit().await.map_err(|e| self.db_error(e))?;
         Ok(AdminOutcome::Done)
     }
+}
 
-    async fn try_forget(&self, key: &str, force: Force) -> Result<AdminOutcome, StoreError> {
+impl SqlAdmin for MySqlStore {
+    async fn inspect_once(&self, key: &str) -> Result<Option<Inspected>, StoreError> {
+        check_key(key)?;
+        let mut conn = self.conn().await?;
+        let rows = self
+            .read(&mut conn, &self.table.sql.inspect, vec![key.into()])
+            .await?;
+        rows.first()
+            .map(|row| self.inspected(row).map(|(record, _)| record))
+            .transpose()
+    }
+
+    async fn forget_once(&self, key: &str, force: Force) -> Result<AdminOutcome, StoreError> {
         self.settle(key, force, &self.table.sql.delete_one, vec![key.into()])
             .await
     }
 
-    async fn try_resolve(
+    async fn resolve_once(
         &self,
         key: &str,
         resolution: &Resolution,
@@ -98,7 +101,7 @@ impl MySqlStore {
     ) -> Result<AdminOutcome, StoreError> {
         let (receipt, ttl) = match resolution {
             Resolution::Delivered { receipt, ttl } => (receipt, *ttl),
-            Resolution::NotSent => return self.try_forget(key, force).await,
+            Resolution::NotSent => return self.forget_once(key, force).await,
         };
         let outcome = record::outcome_json(&Outcome::sent(receipt.clone()))?;
         // A new token fences out a forced-out holder's late settlement.
@@ -112,7 +115,7 @@ impl MySqlStore {
             .await
     }
 
-    async fn try_list(&self, after: Option<&Cursor>, limit: usize) -> Result<Page, StoreError> {
+    async fn list_once(&self, after: Option<&Cursor>, limit: usize) -> Result<Page, StoreError> {
         // The first page starts before any row: every `expires_at` is after the epoch.
         let (at, after_key) = match after {
             None => (0, ""),
@@ -129,47 +132,12 @@ impl MySqlStore {
         params.push(limit_value.into());
         let mut conn = self.conn().await?;
         let rows = self.read(&mut conn, &self.table.sql.list, params).await?;
-        let full = rows.len() == limit;
-        let mut entries = Vec::with_capacity(rows.len());
-        let mut last = None;
-        for row in &rows {
-            let (record, position) = self.inspected(row)?;
-            last = Some(format!("{position}:{}", record.key));
-            entries.push(record);
-        }
-        Ok(Page::new(entries, last.filter(|_| full).map(Cursor::new)))
+        sql::page(&rows, limit, |row| self.inspected(row))
     }
 }
 
-/// `forget` and `resolve` lock the row, decide on the locked version whether a live send
-/// holds it, and change it in the same transaction.
-impl StoreAdmin for MySqlStore {
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Inspected>, StoreError>> {
-        Box::pin(self.bounded(move || self.try_inspect(key)))
-    }
-
-    fn forget<'a>(
-        &'a self,
-        key: &'a str,
-        force: Force,
-    ) -> BoxFuture<'a, Result<AdminOutcome, StoreError>> {
-        Box::pin(self.bounded(move || self.try_forget(key, force)))
-    }
-
-    fn resolve<'a>(
-        &'a self,
-        key: &'a str,
-        resolution: &'a Resolution,
-        force: Force,
-    ) -> BoxFuture<'a, Result<AdminOutcome, StoreError>> {
-        Box::pin(self.bounded(move || self.try_resolve(key, resolution, force)))
-    }
-
-    fn list<'a>(
-        &'a self,
-        after: Option<&'a Cursor>,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
-        Box::pin(self.bounded(move || self.try_list(after, limit)))
-    }
-}
+impl_store_admin!(
+    /// `forget` and `resolve` lock the row, decide on the locked version whether a live send
+    /// holds it, and change it in the same transaction.
+    MySqlStore
+);

@@ -9,6 +9,7 @@ use uuid::Uuid;
 use super::{MySqlStore, check_key, micros};
 use crate::fingerprint::Fingerprint;
 use crate::store::millis::millis;
+use crate::store::sql::SqlOperations;
 use crate::store::{
     Claim, ClaimParam, ClaimStatement, StoreError, StoreErrorKind, Token, WaitingClaim,
 };

@@ -134,6 +134,7 @@ use mysql_async::{
 use uuid::Uuid;
 
 use super::millis::millis;
+use super::sql::SqlOperations;
 use super::{StoreError, StoreErrorKind, Token};
 
 mod admin;
@@ -334,20 +335,6 @@ impl MySqlStore {
         tokio::time::timeout(timeout, work)
             .await
             .unwrap_or_else(|_| Err(StoreError::timeout()))
-    }
-
-    /// Runs the call `work` makes within the operation timeout, failing it as timed out past
-    /// it: the store bounds its own calls, with the layer or without it.
-    fn bounded<T, F>(&self, work: impl FnOnce() -> F) -> impl Future<Output = Result<T, StoreError>>
-    where
-        F: Future<Output = Result<T, StoreError>>,
-    {
-        let timeout = self.timeout;
-        async move {
-            tokio::time::timeout(timeout, work())
-                .await
-                .unwrap_or_else(|_elapsed| Err(StoreError::timeout()))
-        }
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {

@@ -1,9 +1,9 @@
-//! The [`Store`] operations of [`MySqlStore`], single and batch, each bounded by the store's
-//! timeout (see the [module docs](super)).
+//! The [`Store`](crate::store::Store) operations of [`MySqlStore`], single and batch (see the
+//! [module docs](super)); the SQL stores' shared [`Store`](crate::store::Store) implementation
+//! bounds each by the store's timeout ([`SqlOperations`]).
 
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use mysql_async::{Conn, Value};
 use uuid::Uuid;
 
@@ -11,14 +11,20 @@ use super::row::positions;
 use super::{MySqlStore, check_key, micros, token_bytes};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
-use crate::store::unanswered::Unanswered;
-use crate::store::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, record};
+use crate::store::sql::{SqlOperations, impl_store};
+use crate::store::{Completion, Reservation, StoreError, StoreErrorKind, Token, record};
 
 /// How often a reserve asks again when the row changed between its statements.
 const RESERVE_ATTEMPTS: usize = 3;
 
-impl MySqlStore {
-    async fn try_reserve(
+impl_store!(MySqlStore);
+
+impl SqlOperations for MySqlStore {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    async fn reserve_once(
         &self,
         key: &str,
         fingerprint: Fingerprint,
@@ -31,73 +37,7 @@ impl MySqlStore {
             .await
     }
 
-    /// The single reserve's statements on `conn`; see the [module docs](self).
-    async fn reserve_on(
-        &self,
-        conn: &mut Conn,
-        key: &str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-        token: Token,
-    ) -> Result<Reservation, StoreError> {
-        let fp = fingerprint.as_bytes().to_vec();
-        for _ in 0..RESERVE_ATTEMPTS {
-            let inserted = self
-                .write(
-                    conn,
-                    &self.table.sql.insert,
-                    vec![
-                        key.into(),
-                        token_bytes(token),
-                        fp.clone().into(),
-                        micros(lease).into(),
-                    ],
-                )
-                .await?;
-            if inserted == 1 {
-                return Ok(Reservation::Reserved { token });
-            }
-            // A row is there, most often a live one: a repeat, answered from the row as read.
-            let rows = self
-                .read(conn, &self.table.sql.peek, vec![key.into()])
-                .await?;
-            let Some(row) = rows.first() else {
-                // Deleted since the insert (released, purged): insert again.
-                continue;
-            };
-            let peeked = self.peeked(row, 0)?;
-            if !peeked.takeable_by(&fp) {
-                return self
-                    .record(row, 0)
-                    .map(|record| Reservation::Held { record });
-            }
-            let taken = self
-                .write(
-                    conn,
-                    &self.table.sql.take,
-                    vec![
-                        fp.clone().into(),
-                        fp.clone().into(),
-                        token_bytes(token),
-                        micros(lease).into(),
-                        key.into(),
-                        peeked.token.clone().into(),
-                        fp.clone().into(),
-                    ],
-                )
-                .await?;
-            if taken == 1 {
-                return self.taken(row, &peeked, token);
-            }
-            // Another session changed the row after the peek: read it again.
-        }
-        Err(StoreError::new(
-            StoreErrorKind::Unavailable,
-            "reserve found the key changing under it on every attempt",
-        ))
-    }
-
-    async fn try_retake(
+    async fn retake_once(
         &self,
         key: &str,
         fingerprint: Fingerprint,
@@ -123,7 +63,7 @@ impl MySqlStore {
         Ok((taken == 1).then_some(token))
     }
 
-    async fn try_reserve_many(
+    async fn reserve_many_once(
         &self,
         requests: &[(&str, Fingerprint)],
         lease: Duration,
@@ -196,7 +136,7 @@ impl MySqlStore {
             .collect())
     }
 
-    async fn try_complete(
+    async fn complete_once(
         &self,
         key: &str,
         token: Token,
@@ -244,7 +184,7 @@ impl MySqlStore {
         Ok(inserted == 1)
     }
 
-    async fn try_complete_many(
+    async fn complete_many_once(
         &self,
         completions: &[Completion<'_>],
         ttl: Duration,
@@ -339,7 +279,7 @@ impl MySqlStore {
         Ok(written)
     }
 
-    async fn try_release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
+    async fn release_once(&self, key: &str, token: Token) -> Result<bool, StoreError> {
         check_key(key)?;
         let mut conn = self.conn().await?;
         let deleted = self
@@ -352,7 +292,7 @@ impl MySqlStore {
         Ok(deleted > 0)
     }
 
-    async fn try_release_many(&self, releases: &[(&str, Token)]) -> Result<Vec<bool>, StoreError> {
+    async fn release_many_once(&self, releases: &[(&str, Token)]) -> Result<Vec<bool>, StoreError> {
         let positions = positions("release_many", releases.iter().map(|(key, _)| *key))?;
         for (key, _) in releases {
             check_key(key)?;
@@ -389,7 +329,7 @@ impl MySqlStore {
         Ok(deleted)
     }
 
-    async fn try_extend(
+    async fn extend_once(
         &self,
         key: &str,
         token: Token,
@@ -408,108 +348,70 @@ impl MySqlStore {
     }
 }
 
-impl Store for MySqlStore {
-    fn reserve<'a>(
-        &'a self,
-        key: &'a str,
+impl MySqlStore {
+    /// The single reserve's statements on `conn`; see the [module docs](self).
+    async fn reserve_on(
+        &self,
+        conn: &mut Conn,
+        key: &str,
         fingerprint: Fingerprint,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        Box::pin(async move {
-            let token = Token::new();
-            let unanswered = Unanswered::arm(self, vec![(key, token)]);
-            let reservation = self
-                .bounded(move || self.try_reserve(key, fingerprint, lease, token))
+        token: Token,
+    ) -> Result<Reservation, StoreError> {
+        let fp = fingerprint.as_bytes().to_vec();
+        for _ in 0..RESERVE_ATTEMPTS {
+            let inserted = self
+                .write(
+                    conn,
+                    &self.table.sql.insert,
+                    vec![
+                        key.into(),
+                        token_bytes(token),
+                        fp.clone().into(),
+                        micros(lease).into(),
+                    ],
+                )
                 .await?;
-            unanswered.answered();
-            Ok(reservation)
-        })
-    }
-
-    fn complete<'a>(
-        &'a self,
-        key: &'a str,
-        token: Token,
-        fingerprint: Fingerprint,
-        outcome: &'a Outcome,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.bounded(move || self.try_complete(key, token, fingerprint, outcome, ttl)))
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        token: Token,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.bounded(move || self.try_release(key, token)))
-    }
-
-    fn extend<'a>(
-        &'a self,
-        key: &'a str,
-        token: Token,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.bounded(move || self.try_extend(key, token, lease)))
-    }
-
-    fn retake<'a>(
-        &'a self,
-        key: &'a str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-        within: Duration,
-    ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
-        Box::pin(self.bounded(move || self.try_retake(key, fingerprint, lease, within)))
-    }
-
-    fn reserve_many<'a>(
-        &'a self,
-        requests: &'a [(&'a str, Fingerprint)],
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
-        Box::pin(async move {
-            if requests.is_empty() {
-                return Ok(Vec::new());
+            if inserted == 1 {
+                return Ok(Reservation::Reserved { token });
             }
-            let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
-            let reserved = requests
-                .iter()
-                .map(|(key, _)| *key)
-                .zip(tokens.iter().copied());
-            let unanswered = Unanswered::arm(self, reserved.collect());
-            let answers = self
-                .bounded(|| self.try_reserve_many(requests, lease, &tokens))
+            // A row is there, most often a live one: a repeat, answered from the row as read.
+            let rows = self
+                .read(conn, &self.table.sql.peek, vec![key.into()])
                 .await?;
-            unanswered.answered();
-            Ok(answers)
-        })
-    }
-
-    fn complete_many<'a>(
-        &'a self,
-        completions: &'a [Completion<'a>],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        Box::pin(async move {
-            if completions.is_empty() {
-                return Ok(Vec::new());
+            let Some(row) = rows.first() else {
+                // Deleted since the insert (released, purged): insert again.
+                continue;
+            };
+            let peeked = self.peeked(row, 0)?;
+            if !peeked.takeable_by(&fp) {
+                return self
+                    .record(row, 0)
+                    .map(|record| Reservation::Held { record });
             }
-            self.bounded(move || self.try_complete_many(completions, ttl))
-                .await
-        })
-    }
-
-    fn release_many<'a>(
-        &'a self,
-        releases: &'a [(&'a str, Token)],
-    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        Box::pin(async move {
-            if releases.is_empty() {
-                return Ok(Vec::new());
+            let taken = self
+                .write(
+                    conn,
+                    &self.table.sql.take,
+                    vec![
+                        fp.clone().into(),
+                        fp.clone().into(),
+                        token_bytes(token),
+                        micros(lease).into(),
+                        key.into(),
+                        peeked.token.clone().into(),
+                        fp.clone().into(),
+                    ],
+                )
+                .await?;
+            if taken == 1 {
+                return self.taken(row, &peeked, token);
             }
-            self.bounded(move || self.try_release_many(releases)).await
-        })
+            // Another session changed the row after the peek: read it again.
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "reserve found the key changing under it on every attempt",
+        ))
     }
 }

@@ -1,18 +1,19 @@
 //! [`StoreAdmin`] for [`PostgresStore`]: each operation one statement on the table; the
 //! listing reads the partial index on unknown outcomes and the index on `expires_at`.
+//!
+//! [`StoreAdmin`]: crate::store::admin::StoreAdmin
 
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::{PostgresStore, millis};
 use crate::outcome::Outcome;
 use crate::store::admin::{
-    AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, StoreAdmin,
-    parse_cursor,
+    AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, parse_cursor,
 };
+use crate::store::sql::{self, SqlAdmin, impl_store_admin};
 use crate::store::{StoreError, StoreErrorKind, Token, record};
 
 /// The cursor of the first page: before any row (the year 1).
@@ -58,20 +59,6 @@ impl PostgresStore {
         ))
     }
 
-    async fn try_inspect(&self, key: &str) -> Result<Option<Inspected>, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&self.table.sql.inspect)
-            .await
-            .map_err(|e| self.db_error(e))?;
-        let row = client
-            .query_opt(&statement, &[&key])
-            .await
-            .map_err(|e| self.db_error(e))?;
-        row.map(|row| self.inspected(&row).map(|(record, _)| record))
-            .transpose()
-    }
-
     /// Reads the answer of the forget and resolve statements: no row, or (live, changed).
     fn admin_outcome(&self, row: Option<Row>) -> Result<AdminOutcome, StoreError> {
         let Some(row) = row else {
@@ -98,8 +85,24 @@ impl PostgresStore {
             }
         })
     }
+}
 
-    async fn try_forget(&self, key: &str, force: Force) -> Result<AdminOutcome, StoreError> {
+impl SqlAdmin for PostgresStore {
+    async fn inspect_once(&self, key: &str) -> Result<Option<Inspected>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.inspect)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        let row = client
+            .query_opt(&statement, &[&key])
+            .await
+            .map_err(|e| self.db_error(e))?;
+        row.map(|row| self.inspected(&row).map(|(record, _)| record))
+            .transpose()
+    }
+
+    async fn forget_once(&self, key: &str, force: Force) -> Result<AdminOutcome, StoreError> {
         let client = self.client().await?;
         let statement = client
             .prepare_cached(&self.table.sql.forget)
@@ -112,7 +115,7 @@ impl PostgresStore {
         self.admin_outcome(row)
     }
 
-    async fn try_resolve(
+    async fn resolve_once(
         &self,
         key: &str,
         resolution: &Resolution,
@@ -120,7 +123,7 @@ impl PostgresStore {
     ) -> Result<AdminOutcome, StoreError> {
         let (receipt, ttl) = match resolution {
             Resolution::Delivered { receipt, ttl } => (receipt, *ttl),
-            Resolution::NotSent => return self.try_forget(key, force).await,
+            Resolution::NotSent => return self.forget_once(key, force).await,
         };
         let outcome = record::outcome_json(&Outcome::sent(receipt.clone()))?;
         let client = self.client().await?;
@@ -146,7 +149,7 @@ impl PostgresStore {
         self.admin_outcome(row)
     }
 
-    async fn try_list(&self, after: Option<&Cursor>, limit: usize) -> Result<Page, StoreError> {
+    async fn list_once(&self, after: Option<&Cursor>, limit: usize) -> Result<Page, StoreError> {
         let (at, after_key) = match after {
             None => (START.0, START.1),
             Some(cursor) => parse_cursor::<i64>(cursor)?,
@@ -166,47 +169,12 @@ impl PostgresStore {
             )
             .await
             .map_err(|e| self.db_error(e))?;
-        let full = rows.len() == limit;
-        let mut entries = Vec::with_capacity(rows.len());
-        let mut last = None;
-        for row in &rows {
-            let (record, position) = self.inspected(row)?;
-            last = Some(format!("{position}:{}", record.key));
-            entries.push(record);
-        }
-        Ok(Page::new(entries, last.filter(|_| full).map(Cursor::new)))
+        sql::page(&rows, limit, |row| self.inspected(row))
     }
 }
 
-/// Each operation is one statement: `forget` and `resolve` lock the row, decide on the
-/// locked version whether a live send holds it, and change it in the same statement.
-impl StoreAdmin for PostgresStore {
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Inspected>, StoreError>> {
-        Box::pin(self.bounded(move || self.try_inspect(key)))
-    }
-
-    fn forget<'a>(
-        &'a self,
-        key: &'a str,
-        force: Force,
-    ) -> BoxFuture<'a, Result<AdminOutcome, StoreError>> {
-        Box::pin(self.bounded(move || self.try_forget(key, force)))
-    }
-
-    fn resolve<'a>(
-        &'a self,
-        key: &'a str,
-        resolution: &'a Resolution,
-        force: Force,
-    ) -> BoxFuture<'a, Result<AdminOutcome, StoreError>> {
-        Box::pin(self.bounded(move || self.try_resolve(key, resolution, force)))
-    }
-
-    fn list<'a>(
-        &'a self,
-        after: Option<&'a Cursor>,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
-        Box::pin(self.bounded(move || self.try_list(after, limit)))
-    }
-}
+impl_store_admin!(
+    /// Each operation is one statement: `forget` and `resolve` lock the row, decide on the
+    /// locked version whether a live send holds it, and change it in the same statement.
+    PostgresStore
+);

@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use super::{PostgresStore, millis};
 use crate::fingerprint::Fingerprint;
+use crate::store::sql::SqlOperations;
 use crate::store::{Claim, ClaimParam, ClaimStatement, StoreError, WaitingClaim};
 
 impl PostgresStore {

@@ -169,6 +169,7 @@ use tokio_postgres::error::SqlState;
 
 // `millis` is imported here so the submodules name it `super::millis`.
 use super::millis::millis;
+use super::sql::SqlOperations;
 use super::{StoreError, StoreErrorKind};
 
 mod admin;
@@ -374,23 +375,6 @@ impl PostgresStore {
         tokio::time::timeout(timeout, work)
             .await
             .unwrap_or_else(|_| Err(StoreError::timeout()))
-    }
-
-    /// Runs the call `work` makes within the operation timeout, failing it as timed out past
-    /// it: the store bounds its own calls, with the layer or without it.
-    pub(crate) fn bounded<T, F>(
-        &self,
-        work: impl FnOnce() -> F,
-    ) -> impl Future<Output = Result<T, StoreError>>
-    where
-        F: Future<Output = Result<T, StoreError>>,
-    {
-        let timeout = self.timeout;
-        async move {
-            tokio::time::timeout(timeout, work())
-                .await
-                .unwrap_or_else(|_elapsed| Err(StoreError::timeout()))
-        }
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {

@@ -1,9 +1,10 @@
-//! The [`Store`] operations of [`PostgresStore`], each one statement (see the
-//! [module docs](super#how-each-operation-runs)), single and batch, bounded by the store's timeout.
+//! The [`Store`](crate::store::Store) operations of [`PostgresStore`], each one statement (see
+//! the [module docs](super#how-each-operation-runs)), single and batch; the SQL stores' shared
+//! [`Store`](crate::store::Store) implementation bounds them by the store's timeout
+//! ([`SqlOperations`]).
 
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
@@ -11,15 +12,21 @@ use super::row::positions;
 use super::{PostgresStore, millis};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
-use crate::store::unanswered::Unanswered;
-use crate::store::{Completion, Reservation, Store, StoreError, StoreErrorKind, Token, record};
+use crate::store::sql::{SqlOperations, impl_store};
+use crate::store::{Completion, Reservation, StoreError, StoreErrorKind, Token, record};
 
 /// How often a reserve asks again when the key changed under its statement (each time
 /// another session wrote it between the snapshot and the upsert).
 const RESERVE_ATTEMPTS: usize = 3;
 
-impl PostgresStore {
-    async fn try_reserve(
+impl_store!(PostgresStore);
+
+impl SqlOperations for PostgresStore {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    async fn reserve_once(
         &self,
         key: &str,
         fingerprint: Fingerprint,
@@ -77,7 +84,7 @@ impl PostgresStore {
         ))
     }
 
-    async fn try_retake(
+    async fn retake_once(
         &self,
         key: &str,
         fingerprint: Fingerprint,
@@ -107,7 +114,7 @@ impl PostgresStore {
         Ok(row.map(|_| token))
     }
 
-    async fn try_reserve_many(
+    async fn reserve_many_once(
         &self,
         requests: &[(&str, Fingerprint)],
         lease: Duration,
@@ -158,7 +165,7 @@ impl PostgresStore {
             .collect())
     }
 
-    async fn try_complete(
+    async fn complete_once(
         &self,
         key: &str,
         token: Token,
@@ -189,7 +196,7 @@ impl PostgresStore {
         Ok(written > 0)
     }
 
-    async fn try_complete_many(
+    async fn complete_many_once(
         &self,
         completions: &[Completion<'_>],
         ttl: Duration,
@@ -224,7 +231,7 @@ impl PostgresStore {
         Ok(written)
     }
 
-    async fn try_release_many(&self, releases: &[(&str, Token)]) -> Result<Vec<bool>, StoreError> {
+    async fn release_many_once(&self, releases: &[(&str, Token)]) -> Result<Vec<bool>, StoreError> {
         let positions = positions("release_many", releases.iter().map(|(key, _)| *key))?;
         let keys: Vec<&str> = releases.iter().map(|(key, _)| *key).collect();
         let uuids: Vec<Uuid> = releases
@@ -247,7 +254,7 @@ impl PostgresStore {
         Ok(deleted)
     }
 
-    async fn try_release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
+    async fn release_once(&self, key: &str, token: Token) -> Result<bool, StoreError> {
         let client = self.client().await?;
         let statement = client
             .prepare_cached(&self.table.sql.release)
@@ -260,7 +267,7 @@ impl PostgresStore {
         Ok(deleted > 0)
     }
 
-    async fn try_extend(
+    async fn extend_once(
         &self,
         key: &str,
         token: Token,
@@ -276,111 +283,5 @@ impl PostgresStore {
             .await
             .map_err(|e| self.db_error(e))?;
         Ok(row.is_some())
-    }
-}
-
-impl Store for PostgresStore {
-    fn reserve<'a>(
-        &'a self,
-        key: &'a str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        Box::pin(async move {
-            let token = Token::new();
-            let unanswered = Unanswered::arm(self, vec![(key, token)]);
-            let reservation = self
-                .bounded(move || self.try_reserve(key, fingerprint, lease, token))
-                .await?;
-            unanswered.answered();
-            Ok(reservation)
-        })
-    }
-
-    fn complete<'a>(
-        &'a self,
-        key: &'a str,
-        token: Token,
-        fingerprint: Fingerprint,
-        outcome: &'a Outcome,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.bounded(move || self.try_complete(key, token, fingerprint, outcome, ttl)))
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        token: Token,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.bounded(move || self.try_release(key, token)))
-    }
-
-    fn extend<'a>(
-        &'a self,
-        key: &'a str,
-        token: Token,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.bounded(move || self.try_extend(key, token, lease)))
-    }
-
-    fn retake<'a>(
-        &'a self,
-        key: &'a str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-        within: Duration,
-    ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
-        Box::pin(self.bounded(move || self.try_retake(key, fingerprint, lease, within)))
-    }
-
-    fn reserve_many<'a>(
-        &'a self,
-        requests: &'a [(&'a str, Fingerprint)],
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
-        Box::pin(async move {
-            if requests.is_empty() {
-                return Ok(Vec::new());
-            }
-            let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
-            let reserved = requests
-                .iter()
-                .map(|(key, _)| *key)
-                .zip(tokens.iter().copied());
-            let unanswered = Unanswered::arm(self, reserved.collect());
-            let answers = self
-                .bounded(|| self.try_reserve_many(requests, lease, &tokens))
-                .await?;
-            unanswered.answered();
-            Ok(answers)
-        })
-    }
-
-    fn complete_many<'a>(
-        &'a self,
-        completions: &'a [Completion<'a>],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        Box::pin(async move {
-            if completions.is_empty() {
-                return Ok(Vec::new());
-            }
-            self.bounded(move || self.try_complete_many(completions, ttl))
-                .await
-        })
-    }
-
-    fn release_many<'a>(
-        &'a self,
-        releases: &'a [(&'a str, Token)],
-    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        Box::pin(async move {
-            if releases.is_empty() {
-                return Ok(Vec::new());
-            }
-            self.bounded(move || self.try_release_many(releases)).await
-        })
     }
 }

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::PostgresStore;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::StoreError;
+use crate::store::sql::{self, SqlPurge};
 
 impl PostgresStore {
     /// Deletes every expired row, in statements of at most
@@ -12,27 +13,7 @@ impl PostgresStore {
     /// many rows went. Live rows are never touched. Each statement is bounded by the
     /// operation timeout.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let batch = u64::from(self.purge_batch);
-        let mut purged = 0;
-        loop {
-            let deleted = self
-                .bounded(|| async {
-                    let client = self.client().await?;
-                    let statement = client
-                        .prepare_cached(&self.table.sql.purge)
-                        .await
-                        .map_err(|e| self.db_error(e))?;
-                    client
-                        .execute(&statement, &[&i64::from(self.purge_batch)])
-                        .await
-                        .map_err(|e| self.db_error(e))
-                })
-                .await?;
-            purged += deleted;
-            if deleted < batch {
-                return Ok(purged);
-            }
-        }
+        sql::purge_expired(self).await
     }
 
     /// Runs [`purge_expired`](Self::purge_expired) now and then every `every` (at least
@@ -41,36 +22,29 @@ impl PostgresStore {
     ///
     /// Fails when called outside a Tokio runtime.
     pub fn spawn_purge(&self, every: Duration) -> Result<PurgeTask, StoreError> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::Unavailable,
-                "spawn_purge must be called within a Tokio runtime",
-            )
-            .with_source(e)
-        })?;
-        let store = self.clone();
-        let every = every.max(Duration::from_millis(1));
-        let handle = runtime.spawn(async move {
-            let mut ticks = tokio::time::interval(every);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                match store.purge_expired().await {
-                    Ok(0) => {}
-                    Ok(purged) => tracing::debug!(
-                        table = %store.table.name,
-                        purged,
-                        "purged expired idempotency keys"
-                    ),
-                    Err(error) => tracing::warn!(
-                        table = %store.table.name,
-                        error = %error,
-                        "purging expired idempotency keys failed"
-                    ),
-                }
-            }
-        });
-        Ok(PurgeTask { handle })
+        sql::spawn_purge(self, every).map(|handle| PurgeTask { handle })
+    }
+}
+
+impl SqlPurge for PostgresStore {
+    fn purge_rows(&self) -> u32 {
+        self.purge_batch
+    }
+
+    fn table_name(&self) -> &str {
+        &self.table.name
+    }
+
+    async fn purge_once(&self) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.table.sql.purge)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        client
+            .execute(&statement, &[&i64::from(self.purge_batch)])
+            .await
+            .map_err(|e| self.db_error(e))
     }
 }
 
