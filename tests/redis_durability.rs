@@ -10,41 +10,21 @@ mod support;
 
 use std::time::Duration;
 
+use support::replicated::{assert_only_lost_writes_went_again, layer, send};
 use support::servers::RedisServer;
 use support::servers::sentinel::{cut_replication, replication};
 use support::stores::unique_prefix;
-use support::{Provider, SendLog, message};
-use tower::{ServiceBuilder, ServiceExt};
+use support::{Provider, SendLog};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::codes;
 use tower_idempotency::store::StoreErrorKind;
 use tower_idempotency::store::admin::StoreAdmin;
-use tower_idempotency::{IdempotencyLayer, RedisStore, Store};
+use tower_idempotency::{RedisStore, Store};
 
 const NAMESPACE: &str = "durable";
 /// How long the primary waits for the replica's acknowledgement.
 const WAIT: Duration = Duration::from_millis(300);
 const STORE_TIMEOUT: Duration = Duration::from_secs(2);
-
-fn layer(store: RedisStore) -> IdempotencyLayer {
-    IdempotencyLayer::builder()
-        .store(store)
-        .namespace(NAMESPACE)
-        .build()
-        .expect("valid layer")
-}
-
-async fn send(
-    layer: &IdempotencyLayer,
-    provider: &Provider,
-    key: &str,
-) -> Result<tower_idempotency::Receipt, tower_idempotency::SendError> {
-    ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(provider.clone())
-        .oneshot(message(Some(key), "order ord_1 created"))
-        .await
-}
 
 #[tokio::test]
 #[cfg_attr(
@@ -63,7 +43,7 @@ async fn a_send_its_replica_acknowledged_goes_once_and_replays() {
         .store(prefix.clone(), STORE_TIMEOUT)
         .await
         .require_replicas(1, WAIT);
-    let layer = layer(store);
+    let layer = layer(store, NAMESPACE);
     let provider = Provider::ok();
 
     let first = send(&layer, &provider, "ord_1:email").await.expect("sent");
@@ -98,7 +78,7 @@ async fn a_send_no_replica_acknowledged_fails_sends_nothing_and_frees_the_key() 
         .store(unique_prefix("durable-refused"), STORE_TIMEOUT)
         .await
         .require_replicas(1, WAIT);
-    let layer = layer(store.clone());
+    let layer = layer(store.clone(), NAMESPACE);
     let provider = Provider::ok();
     drop(replica);
 
@@ -163,7 +143,7 @@ async fn with_the_option_off_a_primary_without_replicas_sends() {
     let store = primary
         .store(unique_prefix("durable-off"), STORE_TIMEOUT)
         .await;
-    let layer = layer(store);
+    let layer = layer(store, NAMESPACE);
     let provider = Provider::ok();
 
     send(&layer, &provider, "ord_1:email").await.expect("sent");
@@ -193,7 +173,7 @@ async fn a_cluster_shard_without_a_replica_refuses_every_send_and_frees_its_keys
         .key_prefix(unique_prefix("durable-cluster"))
         .timeout(STORE_TIMEOUT)
         .require_replicas(1, WAIT);
-    let layer = layer(store.clone());
+    let layer = layer(store.clone(), NAMESPACE);
     let provider = Provider::ok();
 
     // Keys without a hash tag: several slots, on several primaries.
@@ -312,9 +292,10 @@ async fn failover_after_replication_stopped(require_replicas: bool) -> (SendLog,
             store
         }
     };
-    let before = layer(with_option(
-        primary.store(prefix.clone(), STORE_TIMEOUT).await,
-    ));
+    let before = layer(
+        with_option(primary.store(prefix.clone(), STORE_TIMEOUT).await),
+        NAMESPACE,
+    );
     let sends = SendLog::default();
     let provider = sends.provider();
     let acked: Vec<String> = (0..10).map(|i| format!("acked:{i}")).collect();
@@ -360,7 +341,10 @@ async fn failover_after_replication_stopped(require_replicas: bool) -> (SendLog,
     let _replica_of_new = RedisServer::start_replica_of(&replica)
         .await
         .expect("redis-server");
-    let after = layer(with_option(replica.store(prefix, STORE_TIMEOUT).await));
+    let after = layer(
+        with_option(replica.store(prefix, STORE_TIMEOUT).await),
+        NAMESPACE,
+    );
     for key in acked.iter().chain(&lost) {
         send(&after, &provider, key)
             .await
@@ -392,12 +376,5 @@ async fn without_require_replicas_a_promoted_replica_sends_the_lost_messages_aga
 
     // What the replica never received is gone: those messages went again; the ones it had
     // replayed.
-    eprintln!("extra sends without require_replicas: {extra} of 10");
-    assert!(extra > 0, "no send was lost: {:?}", sends.per_key());
-    let per_key = sends.per_key();
-    let acked_again = per_key
-        .iter()
-        .filter(|(k, n)| k.contains("acked:") && **n > 1)
-        .count();
-    assert_eq!(acked_again, 0, "{per_key:?}");
+    assert_only_lost_writes_went_again(&sends, extra);
 }

@@ -22,6 +22,8 @@ pub mod outbox;
 pub mod probe;
 #[cfg(any(feature = "ses", feature = "smtp"))]
 pub mod python;
+#[cfg(feature = "redis")]
+pub mod replicated;
 pub mod servers;
 #[cfg(feature = "sqlx")]
 pub mod sqlx_transactions;
