@@ -16,7 +16,8 @@
 
 use std::time::Duration;
 
-use super::{Store, Token};
+use super::{Store, StoreError, Token};
+use crate::fingerprint::Fingerprint;
 
 /// The waits between the attempts to release an unanswered reserve's tokens: a store that
 /// lost a reply often answers again within seconds (a reconnect, a failover).
@@ -26,7 +27,7 @@ pub(crate) const RETRIES: [Duration; 3] = [
     Duration::from_secs(5),
 ];
 
-/// Releases its tokens when dropped before [`answered`](Self::answered); see the
+/// Releases its tokens when dropped before its call answered ([`until_answered`](Self::until_answered)); see the
 /// [module docs](self).
 pub(crate) struct Unanswered<'a, S: Store + Clone> {
     store: &'a S,
@@ -39,9 +40,29 @@ impl<'a, S: Store + Clone> Unanswered<'a, S> {
         Self { store, reserved }
     }
 
-    /// The answer was read: whatever it says, its caller knows which keys it holds.
-    pub(crate) fn answered(mut self) {
+    /// Armed for a batch: each key of `requests` under the token beside it in `tokens`.
+    pub(crate) fn arm_batch(
+        store: &'a S,
+        requests: &'a [(&'a str, Fingerprint)],
+        tokens: &[Token],
+    ) -> Self {
+        let reserved = requests
+            .iter()
+            .map(|(key, _)| *key)
+            .zip(tokens.iter().copied());
+        Self::arm(store, reserved.collect())
+    }
+
+    /// Awaits the store's `call`, then disarms: an answer read, whatever it says, tells its
+    /// caller which keys it holds. A failed call (its answer lost) leaves the guard armed, and
+    /// dropping it releases the tokens.
+    pub(crate) async fn until_answered<T>(
+        mut self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let answer = call.await?;
         self.reserved.clear();
+        Ok(answer)
     }
 }
 

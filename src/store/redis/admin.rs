@@ -436,8 +436,9 @@ impl RedisStore {
     }
 }
 
-/// Whether a completion with `outcome` must be indexed.
-pub(super) fn is_indexed(outcome: &Outcome) -> bool {
+/// Whether `outcome` is of unknown delivery: its key is indexed for settling by hand, and
+/// its record keeps the first attempt's time for a re-send inside the provider's window.
+pub(super) fn is_unknown_delivery(outcome: &Outcome) -> bool {
     outcome.category() == Category::Unknown
 }
 

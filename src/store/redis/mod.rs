@@ -626,7 +626,7 @@ impl RedisStore {
         if let Some(unacked) = short {
             return Err(unacked);
         }
-        if written && admin::is_indexed(outcome) {
+        if written && admin::is_unknown_delivery(outcome) {
             // After the record, so a listing never drops the entry of a record it read
             // before this complete wrote it.
             self.index_unknown(&[key], ttl).await?;
@@ -691,12 +691,11 @@ impl Store for RedisStore {
             let token = Token::new();
             // Frees the key if the reserve lands but its answer is lost (a timeout, a dropped
             // connection, a caller that stops waiting).
-            let unanswered = Unanswered::arm(self, vec![(key, token)]);
-            let reservation = self
-                .bounded(move || self.reserve_once(key, token, fingerprint, lease))
-                .await?;
-            unanswered.answered();
-            reservation
+            Unanswered::arm(self, vec![(key, token)])
+                .until_answered(
+                    self.bounded(move || self.reserve_once(key, token, fingerprint, lease)),
+                )
+                .await?
         }
         .boxed()
     }
@@ -750,16 +749,9 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
         async move {
             let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
-            let reserved = requests
-                .iter()
-                .map(|(key, _)| *key)
-                .zip(tokens.iter().copied());
-            let unanswered = Unanswered::arm(self, reserved.collect());
-            let answers = self
-                .bounded(|| self.reserve_batch(requests, lease, &tokens))
-                .await?;
-            unanswered.answered();
-            Ok(answers)
+            Unanswered::arm_batch(self, requests, &tokens)
+                .until_answered(self.bounded(|| self.reserve_batch(requests, lease, &tokens)))
+                .await
         }
         .boxed()
     }

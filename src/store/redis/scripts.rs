@@ -244,7 +244,7 @@ impl RedisStore {
         ttl: Duration,
     ) -> Result<Cmd, StoreError> {
         let done = record::done_value(c.token, c.fingerprint, c.outcome)?;
-        let unknown = c.outcome.category() == crate::Category::Unknown;
+        let unknown = super::admin::is_unknown_delivery(c.outcome);
         let redis_key = self.redis_key(c.key);
         // Sized up front, as a reserve's `SET`: every fresh send builds one.
         let mut cmd = Cmd::with_capacity(8, redis_key.len() + done.len() + 128);

@@ -118,12 +118,11 @@ pub(crate) fn reserve<'a, S: SqlOperations + Store>(
 ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
     Box::pin(async move {
         let token = Token::new();
-        let unanswered = Unanswered::arm(store, vec![(key, token)]);
-        let reservation = store
-            .bounded(move || store.reserve_once(key, fingerprint, lease, token))
-            .await?;
-        unanswered.answered();
-        Ok(reservation)
+        Unanswered::arm(store, vec![(key, token)])
+            .until_answered(
+                store.bounded(move || store.reserve_once(key, fingerprint, lease, token)),
+            )
+            .await
     })
 }
 
@@ -180,16 +179,9 @@ pub(crate) fn reserve_many<'a, S: SqlOperations + Store>(
             return Ok(Vec::new());
         }
         let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
-        let reserved = requests
-            .iter()
-            .map(|(key, _)| *key)
-            .zip(tokens.iter().copied());
-        let unanswered = Unanswered::arm(store, reserved.collect());
-        let answers = store
-            .bounded(|| store.reserve_many_once(requests, lease, &tokens))
-            .await?;
-        unanswered.answered();
-        Ok(answers)
+        Unanswered::arm_batch(store, requests, &tokens)
+            .until_answered(store.bounded(|| store.reserve_many_once(requests, lease, &tokens)))
+            .await
     })
 }
 
