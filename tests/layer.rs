@@ -418,6 +418,41 @@ async fn store_that_does_not_answer_in_time_fails_as_store_failed() {
     assert_eq!(provider.calls(), 0);
 }
 
+/// A store that bounds its own calls within the reserve timeout gets no second timer from
+/// the layer; one whose bound is longer still gets the layer's. The store here says it keeps
+/// a bound and keeps none, so only the layer's timer can end the gated reserve.
+#[tokio::test(start_paused = true)]
+async fn the_layer_times_a_store_call_only_when_the_store_bounds_it_later() {
+    let reserve_timeout = Duration::from_millis(250);
+    let send_under = |bound: Duration| {
+        let store = TestStore {
+            call_timeout: Some(bound),
+            ..TestStore::default()
+        };
+        let gate = store.close_gate();
+        let l = IdempotencyLayer::builder()
+            .store(store)
+            .reserve_timeout(reserve_timeout)
+            .build()
+            .unwrap();
+        let svc = ServiceBuilder::new().layer(l).service(Provider::ok());
+        (svc, gate)
+    };
+
+    // Longer than the reserve timeout: the layer's timer fires at 250 ms.
+    let (mut svc, _gate) = send_under(Duration::from_secs(10));
+    let err = send(&mut svc, message(Some("k"), "hi")).await.unwrap_err();
+    assert_eq!(err.code(), codes::STORE_FAILED);
+
+    // Within it: the layer leaves the bound to the store, and waits past its own timeout.
+    let (mut svc, gate) = send_under(reserve_timeout);
+    let sent = tokio::spawn(async move { send(&mut svc, message(Some("k"), "hi")).await });
+    tokio::time::sleep(reserve_timeout * 4).await;
+    assert!(!sent.is_finished(), "the layer set a timer of its own");
+    gate.add_permits(1);
+    sent.await.unwrap().expect("sent once the store answered");
+}
+
 #[tokio::test]
 async fn done_record_without_an_outcome_is_store_failed_and_not_sent() {
     let store = TestStore::default();

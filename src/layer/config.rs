@@ -154,6 +154,9 @@ pub(crate) struct Config {
     pub(crate) lease: Duration,
     pub(crate) ttl: Duration,
     pub(crate) reserve_timeout: Duration,
+    /// The store bounds each of its calls within `reserve_timeout` ([`Store::call_timeout`]):
+    /// the layer's own timer on a store call could never fire first, and is not set.
+    pub(crate) store_bounds_calls: bool,
     pub(crate) settle_timeout: Duration,
     pub(crate) renew: bool,
     pub(crate) max_hold: Duration,
@@ -177,6 +180,7 @@ impl Config {
     /// Every option at its default, over `store`.
     pub(crate) fn new(store: Arc<dyn Store>) -> Self {
         Self {
+            store_bounds_calls: bounds_within(&*store, DEFAULT_RESERVE_TIMEOUT),
             store,
             lease: DEFAULT_LEASE,
             ttl: DEFAULT_TTL,
@@ -598,6 +602,10 @@ impl<S> IdempotencyLayerBuilder<S> {
     /// `idempotency.store_failed` and is not sent. It also bounds each attempt of a
     /// settlement or a lease renewal (a timed-out attempt counts as a transient error). Needs
     /// a tokio runtime to take effect.
+    ///
+    /// A store that bounds its own calls ([`Store::call_timeout`]: `RedisStore`,
+    /// `PostgresStore` and `MySqlStore` by their `timeout`) fails them at its own bound
+    /// when that is shorter, and the layer then sets no timer of its own on its calls.
     pub fn reserve_timeout(mut self, timeout: Duration) -> Self {
         self.reserve_timeout = timeout;
         self
@@ -722,6 +730,7 @@ impl IdempotencyLayerBuilder<WithStore> {
             lease: self.lease,
             ttl: self.ttl,
             reserve_timeout: self.reserve_timeout,
+            store_bounds_calls: bounds_within(&*self.store.0, self.reserve_timeout),
             settle_timeout: self.settle_timeout,
             renew: self.renew,
             max_hold: self.max_hold,
@@ -736,6 +745,11 @@ impl IdempotencyLayerBuilder<WithStore> {
             ..Config::new(self.store.0)
         })
     }
+}
+
+/// Whether `store` bounds each of its calls within `timeout` by itself.
+fn bounds_within(store: &dyn Store, timeout: Duration) -> bool {
+    store.call_timeout().is_some_and(|bound| bound <= timeout)
 }
 
 /// Checks a namespace: 1 to 64 bytes, no `:` (it ends the namespace in a stored key) and no

@@ -75,14 +75,16 @@ impl Backoff {
     }
 }
 
-/// Awaits one store call, failing it as timed out past the reserve timeout. Without a tokio
-/// runtime there is no timer, and the call is awaited unbounded (the layer's timeouts need a
-/// runtime, as documented).
+/// Awaits one store call, failing it as timed out past the reserve timeout; a store that
+/// bounds its own calls within it gets no second timer
+/// ([`Store::call_timeout`](crate::store::Store::call_timeout)). Without a tokio runtime there
+/// is no timer, and the call is awaited unbounded (the layer's timeouts need a runtime, as
+/// documented).
 pub(crate) async fn within<T>(
     config: &Config,
     call: BoxFuture<'_, Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    if !has_runtime() {
+    if config.store_bounds_calls || !has_runtime() {
         return call.await;
     }
     tokio::time::timeout(config.reserve_timeout, call)

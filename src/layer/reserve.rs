@@ -16,8 +16,10 @@ use crate::store::{Reservation, StoreError, StoreErrorKind, Token};
 /// Awaits a store call under the reserve timeout. If the caller drops the send, or the
 /// timeout fires, while the store is still answering, `abandon` gets the unfinished call to
 /// finish in the background (so reservations it makes are freed at once, not after a lease).
-/// Without a tokio runtime there is no timer, and the call is awaited unbounded (the layer's
-/// timeouts need a runtime, as documented).
+/// A store that bounds its own calls within the timeout gets no second timer
+/// ([`Store::call_timeout`](crate::store::Store::call_timeout)). Without a tokio runtime there
+/// is no timer, and the call is awaited unbounded (the layer's timeouts need a runtime, as
+/// documented).
 async fn bounded<T, A>(
     config: &Config,
     future: BoxFuture<'static, Result<T, StoreError>>,
@@ -32,7 +34,7 @@ where
         abandon: Some(abandon),
     };
     let call = poll_fn(|cx| pending.poll(cx));
-    if tokio::runtime::Handle::try_current().is_err() {
+    if config.store_bounds_calls || tokio::runtime::Handle::try_current().is_err() {
         return call.await;
     }
     tokio::time::timeout(config.reserve_timeout, call)

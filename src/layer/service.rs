@@ -129,14 +129,18 @@ where
     // A held key may yet be sent: after waiting for its send in flight, or taken back inside
     // the provider's window. Each is an option, off by default, and asked only when set, so a
     // replay does not carry its record through two steps that would hand it back unchanged.
+    // Their futures, and a takeover's below, are boxed: held inline, the largest of them would
+    // set the size of every send's future, which is allocated and moved on every call.
     let mut reservation = reserve_one(&config, &store_key, fingerprint).await;
     if config.wait_for_in_flight.is_some()
         && let Ok(Reservation::Held { record }) = reservation
     {
-        reservation = wait_one(&config, &store_key, fingerprint, record, &mut asked_at).await;
+        let waited = wait_one(&config, &store_key, fingerprint, record, &mut asked_at);
+        reservation = Box::pin(waited).await;
     }
     if config.provider_window.is_some() {
-        reservation = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at).await;
+        let taken = take_back(&config, &store_key, fingerprint, reservation, &mut asked_at);
+        reservation = Box::pin(taken).await;
     }
     let token = match reservation {
         Ok(Reservation::Reserved { token }) => token,
@@ -148,7 +152,15 @@ where
                 token,
                 fingerprint,
             };
-            let decided = after_takeover(&config, held, previous, raw, &recipients, asked_at).await;
+            let decided = Box::pin(after_takeover(
+                &config,
+                held,
+                previous,
+                raw,
+                &recipients,
+                asked_at,
+            ))
+            .await;
             match decided {
                 Takeover::Send => token,
                 Takeover::Answered(answer) => return answer,

@@ -104,11 +104,13 @@ impl Settle {
             return;
         }
         let settle_timeout = config.settle_timeout;
-        let settlement = settlement(config, held, lease, finishes);
+        // Boxed at once, on both paths: awaited inline, its state would size the future of
+        // every send, replays too.
+        let settlement = settlement(config, held, lease, finishes).boxed();
         if !has_runtime() {
             return settlement.await;
         }
-        self.state = State::Settling(settlement.boxed());
+        self.state = State::Settling(settlement);
         let in_place = poll_fn(|cx| self.poll_settling(cx));
         if let Err(_elapsed) = tokio::time::timeout(settle_timeout, in_place).await {
             self.hand_over();

@@ -318,6 +318,29 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// The bound the store keeps on each of its calls, when it bounds them itself: a call
+    /// still unanswered after it fails with [`StoreErrorKind::Timeout`] (and, for a reserve,
+    /// frees what it reserved). `None`, the default, when the store sets no bound.
+    ///
+    /// The layer bounds each store call by its
+    /// [`reserve_timeout`](crate::IdempotencyLayerBuilder::reserve_timeout); where the
+    /// store's own bound is no longer, the layer's timer could never fire first, and the
+    /// layer sets none (a timer is a visible share of a call on a fast store, BENCHMARKS.md).
+    /// A store answering `Some` must keep its word: the layer then waits for it that long.
+    /// A store that wraps another forwards it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::store::Store;
+    ///
+    /// // An in-process store answers at once and needs no bound.
+    /// assert_eq!(MemoryStore::new().call_timeout(), None);
+    /// ```
+    fn call_timeout(&self) -> Option<Duration> {
+        None
+    }
+
     /// Keeps `key` done with `outcome` for `ttl`, when `token` holds it or nothing does.
     fn complete<'a>(
         &'a self,
@@ -629,6 +652,10 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         lease: Duration,
     ) -> Option<Result<Reservation, StoreError>> {
         (**self).reserve_now(key, fingerprint, lease)
+    }
+
+    fn call_timeout(&self) -> Option<Duration> {
+        (**self).call_timeout()
     }
 
     fn complete<'a>(

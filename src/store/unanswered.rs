@@ -27,7 +27,7 @@ pub(crate) const RETRIES: [Duration; 3] = [
     Duration::from_secs(5),
 ];
 
-/// Releases its tokens when dropped before its call answered ([`until_answered`](Self::until_answered)); see the
+/// Releases its tokens when dropped before its call answered ([`answered`](Self::answered)); see the
 /// [module docs](self).
 pub(crate) struct Unanswered<'a, S: Store + Clone> {
     store: &'a S,
@@ -53,16 +53,18 @@ impl<'a, S: Store + Clone> Unanswered<'a, S> {
         Self::arm(store, reserved.collect())
     }
 
-    /// Awaits the store's `call`, then disarms: an answer read, whatever it says, tells its
-    /// caller which keys it holds. A failed call (its answer lost) leaves the guard armed, and
-    /// dropping it releases the tokens.
-    pub(crate) async fn until_answered<T>(
-        mut self,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let answer = call.await?;
-        self.reserved.clear();
-        Ok(answer)
+    /// Takes the answer of the store's call, awaited while the guard was armed: an answer
+    /// read, whatever it says, tells its caller which keys it holds, and disarms the guard. A
+    /// failed call (its answer lost) leaves it armed, and dropping it releases the tokens.
+    ///
+    /// A plain method after a plain `.await`, not a future wrapping the call: the call's
+    /// future then is not carried twice in its caller's (it is made and moved on every
+    /// reserve).
+    pub(crate) fn answered<T>(mut self, answer: Result<T, StoreError>) -> Result<T, StoreError> {
+        if answer.is_ok() {
+            self.reserved.clear();
+        }
+        answer
     }
 }
 

@@ -154,6 +154,9 @@ pub struct TestStore {
     pub gate: Arc<Mutex<Option<Arc<Semaphore>>>>,
     /// When set, reserve answers this record instead of asking the inner store.
     pub forced: Arc<Mutex<Option<Reservation>>>,
+    /// The bound the store says it keeps on its calls (`Store::call_timeout`); it keeps
+    /// none, so a gated reserve past it shows whether the layer trusted it.
+    pub call_timeout: Option<Duration>,
 }
 
 impl TestStore {
@@ -192,6 +195,10 @@ impl TestStore {
 }
 
 impl Store for TestStore {
+    fn call_timeout(&self) -> Option<Duration> {
+        self.call_timeout
+    }
+
     fn reserve<'a>(
         &'a self,
         key: &'a str,

@@ -168,13 +168,18 @@ impl RedisStore {
     /// it.
     pub(super) async fn run_script(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
         match self.run(cmd).await? {
+            // Rare (a restarted or flushed server): boxed, so every script's future does not
+            // carry the load's state.
             Value::ServerError(e) if e.code() == "NOSCRIPT" => {
-                let mut connection = self.connection.clone();
-                script
-                    .load_async(&mut connection)
-                    .await
-                    .map_err(server_error)?;
-                self.run(cmd).await
+                Box::pin(async {
+                    let mut connection = self.connection.clone();
+                    script
+                        .load_async(&mut connection)
+                        .await
+                        .map_err(server_error)?;
+                    self.run(cmd).await
+                })
+                .await
             }
             reply => Ok(reply),
         }

@@ -70,7 +70,9 @@ impl RedisStore {
             return Ok((self.run_script(script, cmd).await?, None));
         }
         let commands = [(String::new(), cmd.clone())];
-        let (replies, short) = self.send_scripts_acked(script, &commands, true).await?;
+        // Boxed: without replicas required (the default) every script's future would
+        // otherwise carry this path's state.
+        let (replies, short) = Box::pin(self.send_scripts_acked(script, &commands, true)).await?;
         let reply = replies.into_iter().next().unwrap_or_else(|| {
             Err(StoreError::new(
                 StoreErrorKind::Unavailable,

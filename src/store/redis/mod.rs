@@ -547,12 +547,8 @@ impl RedisStore {
     where
         F: Future<Output = Result<T, StoreError>>,
     {
-        let timeout = self.timeout;
-        async move {
-            tokio::time::timeout(timeout, operation())
-                .await
-                .unwrap_or_else(|_elapsed| Err(StoreError::timeout()))
-        }
+        tokio::time::timeout(self.timeout, operation())
+            .map(|bounded| bounded.unwrap_or_else(|_elapsed| Err(StoreError::timeout())))
     }
 
     /// The outer error: the answer is lost, the caller's guard must release `token`. The
@@ -564,6 +560,9 @@ impl RedisStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Result<Result<Reservation, StoreError>, StoreError> {
+        // The script and the release below are the rare paths (a key another send holds, a
+        // write the replicas did not acknowledge): boxed, so the usual reserve's future, made
+        // and moved on every call, does not carry their state.
         let fast = self.fast_reserve(key, token, fingerprint, lease)?;
         let (replies, short) = self.pipeline_acked([fast.set], true).await?;
         let [set] = replies.try_into().map_err(|_| {
@@ -573,14 +572,14 @@ impl RedisStore {
             FirstStep::Answered(reservation) => (reservation, short),
             FirstStep::Script => {
                 let cmd = self.reserve_cmd(key, fingerprint, lease, &fast.pending);
-                let (reply, short) = self.run_script_acked(&self.reserve, &cmd).await?;
+                let (reply, short) = Box::pin(self.run_script_acked(&self.reserve, &cmd)).await?;
                 (reservation(reply, token)?, short)
             }
         };
         match short {
             // Taken but not acknowledged: free the key before answering the failure.
             Some(unacked) if reservation.token().is_some() => {
-                self.release_once(key, token, false).await?;
+                Box::pin(self.release_once(key, token, false)).await?;
                 Ok(Err(unacked))
             }
             _ => Ok(Ok(reservation)),
@@ -628,8 +627,8 @@ impl RedisStore {
         }
         if written && admin::is_unknown_delivery(outcome) {
             // After the record, so a listing never drops the entry of a record it read
-            // before this complete wrote it.
-            self.index_unknown(&[key], ttl).await?;
+            // before this complete wrote it. Boxed as the rare path (see `reserve_once`).
+            Box::pin(self.index_unknown(&[key], ttl)).await?;
         }
         Ok(written)
     }
@@ -691,13 +690,18 @@ impl Store for RedisStore {
             let token = Token::new();
             // Frees the key if the reserve lands but its answer is lost (a timeout, a dropped
             // connection, a caller that stops waiting).
-            Unanswered::arm(self, vec![(key, token)])
-                .until_answered(
-                    self.bounded(move || self.reserve_once(key, token, fingerprint, lease)),
-                )
-                .await?
+            let guard = Unanswered::arm(self, vec![(key, token)]);
+            let answer = self
+                .bounded(move || self.reserve_once(key, token, fingerprint, lease))
+                .await;
+            guard.answered(answer)?
         }
         .boxed()
+    }
+
+    /// Every call is bounded by the store's [`timeout`](RedisStore::timeout).
+    fn call_timeout(&self) -> Option<Duration> {
+        Some(self.timeout)
     }
 
     fn complete<'a>(
@@ -749,9 +753,11 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
         async move {
             let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
-            Unanswered::arm_batch(self, requests, &tokens)
-                .until_answered(self.bounded(|| self.reserve_batch(requests, lease, &tokens)))
-                .await
+            let guard = Unanswered::arm_batch(self, requests, &tokens);
+            let answer = self
+                .bounded(|| self.reserve_batch(requests, lease, &tokens))
+                .await;
+            guard.answered(answer)
         }
         .boxed()
     }

@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, FutureExt};
 
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
@@ -100,12 +100,8 @@ pub(crate) trait SqlOperations: Clone + Send + Sync + 'static {
     where
         F: Future<Output = Result<T, StoreError>> + Send,
     {
-        let timeout = self.timeout();
-        async move {
-            tokio::time::timeout(timeout, work())
-                .await
-                .unwrap_or_else(|_elapsed| Err(StoreError::timeout()))
-        }
+        tokio::time::timeout(self.timeout(), work())
+            .map(|bounded| bounded.unwrap_or_else(|_elapsed| Err(StoreError::timeout())))
     }
 }
 
@@ -118,11 +114,11 @@ pub(crate) fn reserve<'a, S: SqlOperations + Store>(
 ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
     Box::pin(async move {
         let token = Token::new();
-        Unanswered::arm(store, vec![(key, token)])
-            .until_answered(
-                store.bounded(move || store.reserve_once(key, fingerprint, lease, token)),
-            )
-            .await
+        let guard = Unanswered::arm(store, vec![(key, token)]);
+        let answer = store
+            .bounded(move || store.reserve_once(key, fingerprint, lease, token))
+            .await;
+        guard.answered(answer)
     })
 }
 
@@ -179,9 +175,11 @@ pub(crate) fn reserve_many<'a, S: SqlOperations + Store>(
             return Ok(Vec::new());
         }
         let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
-        Unanswered::arm_batch(store, requests, &tokens)
-            .until_answered(store.bounded(|| store.reserve_many_once(requests, lease, &tokens)))
-            .await
+        let guard = Unanswered::arm_batch(store, requests, &tokens);
+        let answer = store
+            .bounded(|| store.reserve_many_once(requests, lease, &tokens))
+            .await;
+        guard.answered(answer)
     })
 }
 
@@ -239,6 +237,11 @@ macro_rules! impl_store {
                     lease: Duration,
                 ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
                     sql::reserve(self, key, fingerprint, lease)
+                }
+
+                /// Every call is bounded by the store's operation timeout.
+                fn call_timeout(&self) -> Option<Duration> {
+                    Some(sql::SqlOperations::timeout(self))
                 }
 
                 fn complete<'a>(
