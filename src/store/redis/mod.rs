@@ -10,11 +10,11 @@
 //!
 //! | operation | command |
 //! |---|---|
-//! | [`reserve`](Store::reserve) | `SET key <pending record> NX GET PX <lease + kept>`, one command: no old value, the key is reserved; a done record is answered as held, decided by the client. Only when another send's pending record holds the key does a Lua script (`EVALSHA`, a second round trip) tell by its `PTTL` whether its lease passed, and take it over if so; a done record of unknown delivery takes the same script, for its first attempt's age (see [Expiry](#expiry)) |
-//! | [`complete`](Store::complete) | a Lua script (`EVALSHA`): compares the token at the value's front and writes the done record with `PX ttl` when the token holds the key or nothing does; only an outcome of unknown delivery also reads the `PTTL`, to keep the first attempt's time |
-//! | [`release`](Store::release) | a Lua script (`EVALSHA`): deletes the key when its front is the token's pending record |
-//! | [`extend`](Store::extend) | a Lua script (`EVALSHA`): when its front is the token's pending record within its lease, writes it again with the new `PX` |
-//! | [`retake`](Store::retake) | a Lua script (`EVALSHA`): holds a done record of unknown delivery pending again when its first attempt is younger than the window (the one script that decodes JSON, run only inside the provider's window) |
+//! | [`reserve`](crate::store::Store::reserve) | `SET key <pending record> NX GET PX <lease + kept>`, one command: no old value, the key is reserved; a done record is answered as held, decided by the client. Only when another send's pending record holds the key does a Lua script (`EVALSHA`, a second round trip) tell by its `PTTL` whether its lease passed, and take it over if so; a done record of unknown delivery takes the same script, for its first attempt's age (see [Expiry](#expiry)) |
+//! | [`complete`](crate::store::Store::complete) | a Lua script (`EVALSHA`): compares the token at the value's front and writes the done record with `PX ttl` when the token holds the key or nothing does; only an outcome of unknown delivery also reads the `PTTL`, to keep the first attempt's time |
+//! | [`release`](crate::store::Store::release) | a Lua script (`EVALSHA`): deletes the key when its front is the token's pending record |
+//! | [`extend`](crate::store::Store::extend) | a Lua script (`EVALSHA`): when its front is the token's pending record within its lease, writes it again with the new `PX` |
+//! | [`retake`](crate::store::Store::retake) | a Lua script (`EVALSHA`): holds a done record of unknown delivery pending again when its first attempt is younger than the window (the one script that decodes JSON, run only inside the provider's window) |
 //!
 //! Scripts run with `EVALSHA` and are loaded again by themselves when the server answers
 //! `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
@@ -27,8 +27,8 @@
 //!
 //! # Batches
 //!
-//! [`reserve_many`](Store::reserve_many), [`complete_many`](Store::complete_many) and
-//! [`release_many`](Store::release_many) send the same commands, one per key, as one
+//! [`reserve_many`](crate::store::Store::reserve_many), [`complete_many`](crate::store::Store::complete_many) and
+//! [`release_many`](crate::store::Store::release_many) send the same commands, one per key, as one
 //! pipeline; the keys of a `reserve_many` that need the reserve script (as a single
 //! `reserve` would) then run it, in a second pipeline:
 //! one write and one read of all the replies, so a batch of any size costs one round trip
@@ -64,7 +64,7 @@
 //! The server's clock decides expiry. A done record is written with `PX ttl` and is simply
 //! absent once expired: no purge is needed. A pending record is written with `PX` of the
 //! lease plus [`RedisStore::pending_kept_for`] (a day by default): past its lease it holds
-//! nothing, but a reserve that takes it over can tell ([`Reservation::TakenOver`]), and the
+//! nothing, but a reserve that takes it over can tell ([`Reservation::TakenOver`](crate::store::Reservation::TakenOver)), and the
 //! layer checks before it sends. An extend that comes after the lease revives nothing. A
 //! lease or ttl is sent in whole milliseconds, at least 1 ms and at most [`MAX_EXPIRY`] (about
 //! 100 years; Redis refuses expiry times that overflow its clock).
@@ -177,7 +177,7 @@
 //!   retry releases it again, on the new primary if there was a failover (a release that
 //!   freed nothing is not refused).
 //!
-//! A lease renewal ([`extend`](Store::extend)) is not waited for: a failover that loses one
+//! A lease renewal ([`extend`](crate::store::Store::extend)) is not waited for: a failover that loses one
 //! leaves the lease the last acknowledged write gave, and the layer renews every third of the
 //! lease, so the next renewal, on the new primary, comes before that lease ends. Waiting
 //! would turn a replica's absence into failed renewals of sends already under way.
@@ -266,14 +266,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::{BoxFuture, FutureExt};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script};
 
-use super::unanswered::Unanswered;
-use super::{Completion, Reservation, Store, StoreError, Token};
-use crate::fingerprint::Fingerprint;
-use crate::outcome::Outcome;
+use super::StoreError;
 
 mod admin;
 mod connection;
@@ -281,6 +277,7 @@ mod durable;
 #[cfg(feature = "redis-cluster")]
 mod heal;
 mod inspect;
+mod ops;
 mod pipeline;
 mod scripts;
 #[cfg(feature = "redis-sentinel")]
@@ -291,10 +288,7 @@ use connection::Connection;
 
 pub use admin::UNKNOWN_INDEX_SUFFIX;
 
-use scripts::{
-    COMPLETE_SCRIPT, EXTEND_SCRIPT, FirstStep, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT,
-    first_step, reservation, script_reply,
-};
+use scripts::{COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT, RESERVE_SCRIPT, RETAKE_SCRIPT};
 
 /// The prefix put before every key unless [`RedisStore::key_prefix`] sets another.
 pub const DEFAULT_KEY_PREFIX: &str = "idem:";
@@ -511,7 +505,7 @@ impl RedisStore {
     /// How long a pending record is kept past its lease (default [`DEFAULT_PENDING_KEPT`],
     /// a day): while it is, a reserve after the lease reports that it took the key over
     /// from a holder that never settled it
-    /// ([`Reservation::TakenOver`]), so the layer can check
+    /// ([`Reservation::TakenOver`](crate::store::Reservation::TakenOver)), so the layer can check
     /// before it sends. After it, the record is gone and such a reserve answers
     /// `Reserved`, as a store without the record would. Zero keeps it no longer than its
     /// lease.
@@ -537,129 +531,6 @@ impl RedisStore {
         k.push_str(key);
         k
     }
-
-    /// Runs the call `operation` makes within the timeout, failing it as timed out past it:
-    /// the store bounds its own calls, with the layer or without it.
-    fn bounded<T, F>(
-        &self,
-        operation: impl FnOnce() -> F,
-    ) -> impl Future<Output = Result<T, StoreError>>
-    where
-        F: Future<Output = Result<T, StoreError>>,
-    {
-        tokio::time::timeout(self.timeout, operation())
-            .map(|bounded| bounded.unwrap_or_else(|_elapsed| Err(StoreError::timeout())))
-    }
-
-    /// The outer error: the answer is lost, the caller's guard must release `token`. The
-    /// inner one: an answer (a reservation the replicas did not acknowledge, released).
-    async fn reserve_once(
-        &self,
-        key: &str,
-        token: Token,
-        fingerprint: Fingerprint,
-        lease: Duration,
-    ) -> Result<Result<Reservation, StoreError>, StoreError> {
-        // The script and the release below are the rare paths (a key another send holds, a
-        // write the replicas did not acknowledge): boxed, so the usual reserve's future, made
-        // and moved on every call, does not carry their state.
-        let fast = self.fast_reserve(key, token, fingerprint, lease)?;
-        let (replies, short) = self.pipeline_acked([fast.set], true).await?;
-        let [set] = replies.try_into().map_err(|_| {
-            StoreError::corrupt("reserve: the server answered one command otherwise")
-        })?;
-        let (reservation, short) = match first_step(set, token)? {
-            FirstStep::Answered(reservation) => (reservation, short),
-            FirstStep::Script => {
-                let cmd = self.reserve_cmd(key, fingerprint, lease, &fast.pending);
-                let (reply, short) = Box::pin(self.run_script_acked(&self.reserve, &cmd)).await?;
-                (reservation(reply, token)?, short)
-            }
-        };
-        match short {
-            // Taken but not acknowledged: free the key before answering the failure.
-            Some(unacked) if reservation.token().is_some() => {
-                Box::pin(self.release_once(key, token, false)).await?;
-                Ok(Err(unacked))
-            }
-            _ => Ok(Ok(reservation)),
-        }
-    }
-
-    async fn retake_once(
-        &self,
-        key: &str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-        within: Duration,
-    ) -> Result<Option<Token>, StoreError> {
-        let (cmd, token) = self.retake_cmd(key, fingerprint, lease, within)?;
-        let (reply, short) = self.run_script_acked(&self.retake, &cmd).await?;
-        let retaken = script_reply(reply, "retake")?;
-        match short {
-            Some(unacked) if retaken => {
-                self.release_once(key, token, false).await?;
-                Err(unacked)
-            }
-            _ => Ok(retaken.then_some(token)),
-        }
-    }
-
-    async fn complete_once(
-        &self,
-        key: &str,
-        token: Token,
-        fingerprint: Fingerprint,
-        outcome: &Outcome,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        let completion = Completion {
-            key,
-            token,
-            fingerprint,
-            outcome,
-        };
-        let cmd = self.complete_cmd(&completion, ttl)?;
-        let (reply, short) = self.run_script_acked(&self.complete, &cmd).await?;
-        let written = script_reply(reply, "complete")?;
-        if let Some(unacked) = short {
-            return Err(unacked);
-        }
-        if written && admin::is_unknown_delivery(outcome) {
-            // After the record, so a listing never drops the entry of a record it read
-            // before this complete wrote it. Boxed as the rare path (see `reserve_once`).
-            Box::pin(self.index_unknown(&[key], ttl)).await?;
-        }
-        Ok(written)
-    }
-
-    /// With `ack` (and replicas required), a release the replicas did not acknowledge fails
-    /// though the key was freed on the primary: a failover would bring its reservation back,
-    /// held by nobody until the lease ends, and the layer's settlement retry releases it
-    /// again, on the new primary if there was one. Without it (freeing a reservation the
-    /// replicas never acknowledged), the release is not waited for.
-    async fn release_once(&self, key: &str, token: Token, ack: bool) -> Result<bool, StoreError> {
-        let cmd = self.release_cmd(key, token);
-        if !ack {
-            return script_reply(self.run_script(&self.release, &cmd).await?, "release");
-        }
-        let (reply, short) = self.run_script_acked(&self.release, &cmd).await?;
-        let released = script_reply(reply, "release")?;
-        match short {
-            Some(unacked) if released => Err(unacked),
-            _ => Ok(released),
-        }
-    }
-
-    async fn extend_once(
-        &self,
-        key: &str,
-        token: Token,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let cmd = self.extend_cmd(key, token, lease);
-        script_reply(self.run_script(&self.extend, &cmd).await?, "extend")
-    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -676,107 +547,6 @@ impl fmt::Debug for RedisStore {
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
-    }
-}
-
-impl Store for RedisStore {
-    fn reserve<'a>(
-        &'a self,
-        key: &'a str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        async move {
-            let token = Token::new();
-            // Frees the key if the reserve lands but its answer is lost (a timeout, a dropped
-            // connection, a caller that stops waiting).
-            let guard = Unanswered::arm(self, vec![(key, token)]);
-            let answer = self
-                .bounded(move || self.reserve_once(key, token, fingerprint, lease))
-                .await;
-            guard.answered(answer)?
-        }
-        .boxed()
-    }
-
-    /// Every call is bounded by the store's [`timeout`](RedisStore::timeout).
-    fn call_timeout(&self) -> Option<Duration> {
-        Some(self.timeout)
-    }
-
-    fn complete<'a>(
-        &'a self,
-        key: &'a str,
-        token: Token,
-        fingerprint: Fingerprint,
-        outcome: &'a Outcome,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.bounded(move || self.complete_once(key, token, fingerprint, outcome, ttl))
-            .boxed()
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        token: Token,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.bounded(move || self.release_once(key, token, true))
-            .boxed()
-    }
-
-    fn extend<'a>(
-        &'a self,
-        key: &'a str,
-        token: Token,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.bounded(move || self.extend_once(key, token, lease))
-            .boxed()
-    }
-
-    fn retake<'a>(
-        &'a self,
-        key: &'a str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-        within: Duration,
-    ) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
-        self.bounded(move || self.retake_once(key, fingerprint, lease, within))
-            .boxed()
-    }
-
-    fn reserve_many<'a>(
-        &'a self,
-        requests: &'a [(&'a str, Fingerprint)],
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
-        async move {
-            let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
-            let guard = Unanswered::arm_batch(self, requests, &tokens);
-            let answer = self
-                .bounded(|| self.reserve_batch(requests, lease, &tokens))
-                .await;
-            guard.answered(answer)
-        }
-        .boxed()
-    }
-
-    fn complete_many<'a>(
-        &'a self,
-        completions: &'a [Completion<'a>],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        self.bounded(move || self.complete_batch(completions, ttl))
-            .boxed()
-    }
-
-    fn release_many<'a>(
-        &'a self,
-        releases: &'a [(&'a str, Token)],
-    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        self.bounded(move || self.release_batch(releases, true))
-            .boxed()
     }
 }
 
