@@ -1,8 +1,8 @@
 //! The transactional outbox on PostgreSQL (feature `postgres`) or MySQL 8 / MariaDB 10.6+
 //! (feature `mysql`): commit a message with your business rows, and let a [`Worker`] send it.
 //!
-//! [`Outbox::enqueue`] (PostgreSQL) or [`Outbox::enqueue_mysql`] writes the message into the
-//! outbox table **inside a transaction you already hold**, so the alert commits or rolls back
+//! An [`Outbox`]'s `enqueue` (PostgreSQL) or `enqueue_mysql` (MySQL) writes the message into
+//! the outbox table **inside a transaction you already hold**, so the alert commits or rolls back
 //! with the order it is about. A [`Worker`] (any number of them, on any number of machines)
 //! drains the table and sends each message through the `Service<Message>` stack you give it,
 //! usually the [`IdempotencyLayer`](crate::IdempotencyLayer) stack of the README:
@@ -73,7 +73,7 @@
 //! ```
 //!
 //! On MySQL 8 and MariaDB 10.6+ (the times are UTC, by `UTC_TIMESTAMP(6)`, as
-//! [`MySqlStore`](crate::MySqlStore) keeps them):
+//! `MySqlStore` keeps them):
 //!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS `idempotency_outbox` (
@@ -101,7 +101,7 @@
 //! form and gives back equivalent text (keys and spacing may move: the stored form is read by
 //! field, never by its text); MariaDB's `JSON` is a checked `LONGTEXT` in the table's
 //! character set, hence the table's `utf8mb4`, so a body in any script round-trips. The key
-//! is bytes (`VARBINARY(1024)`, as [`MySqlStore`](crate::MySqlStore) keeps its keys), so
+//! is bytes (`VARBINARY(1024)`, as `MySqlStore` keeps its keys), so
 //! its unique index compares exactly and stays within InnoDB's 3,072-byte index limit.
 //! Neither server has partial indexes: the indexes lead with `state`.
 //!
@@ -111,14 +111,14 @@
 //!
 //! # Your driver
 //!
-//! As [`PostgresStore`](crate::PostgresStore), the PostgreSQL outbox runs on tokio-postgres
-//! 0.7 through a deadpool-postgres 0.14 pool: [`Outbox::new`] takes a
-//! `deadpool_postgres::Pool`, [`Outbox::listen`] a `tokio_postgres::Config` and
-//! [`Outbox::enqueue`] a `tokio_postgres::GenericClient`. Add those crates at the same
-//! versions to your dependencies (`deadpool-postgres = "0.14"`, `tokio-postgres = "0.7"`) to
-//! hand them in. As [`MySqlStore`](crate::MySqlStore), the MySQL outbox runs on mysql_async
-//! 0.37: [`Outbox::mysql`] takes a `mysql_async::Pool` and [`Outbox::enqueue_mysql`] any
-//! `mysql_async::prelude::Queryable` (a `Transaction`, a `Conn`). In a sqlx 0.8 transaction
+//! As `PostgresStore`, the PostgreSQL outbox (feature `postgres`) runs on tokio-postgres 0.7
+//! through a deadpool-postgres 0.14 pool: `Outbox::new` takes a `deadpool_postgres::Pool`,
+//! `Outbox::listen` a `tokio_postgres::Config` and `Outbox::enqueue` a
+//! `tokio_postgres::GenericClient`. Add those crates at the same versions to your dependencies
+//! (`deadpool-postgres = "0.14"`, `tokio-postgres = "0.7"`) to hand them in. As `MySqlStore`,
+//! the MySQL outbox (feature `mysql`) runs on mysql_async 0.37: `Outbox::mysql` takes a
+//! `mysql_async::Pool` and `Outbox::enqueue_mysql` any `mysql_async::prelude::Queryable` (a
+//! `Transaction`, a `Conn`). In a sqlx 0.8 transaction
 //! (feature `sqlx`), `Outbox::enqueue_sqlx` writes on PostgreSQL and
 //! `Outbox::enqueue_sqlx_mysql` (with `mysql` too) on MySQL. [`Outbox::connect`] needs none
 //! of them, and picks the database by the URL's scheme.
@@ -238,9 +238,9 @@ pub const DEFAULT_OUTBOX_TIMEOUT: Duration = Duration::from_secs(5);
 /// DDL waits for locks: a `migrate` given much less could fail for no good reason.
 const MIN_MIGRATE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// An outbox table, on PostgreSQL or MySQL: [`enqueue`](Self::enqueue) (or
-/// [`enqueue_mysql`](Self::enqueue_mysql)) in your transaction, drain with a [`Worker`]. See
-/// the [module docs](self). Cheap to clone: clones share the pool.
+/// An outbox table, on PostgreSQL or MySQL: `enqueue` (or `enqueue_mysql`) in your
+/// transaction, drain with a [`Worker`]. See the [module docs](self). Cheap to clone: clones
+/// share the pool.
 #[derive(Clone)]
 pub struct Outbox {
     backend: Backend,
@@ -279,7 +279,7 @@ impl fmt::Debug for Outbox {
     }
 }
 
-/// What [`Outbox::enqueue`] (or `enqueue_mysql`, `enqueue_sqlx`) did.
+/// What an [`Outbox`]'s `enqueue` (or `enqueue_mysql`, `enqueue_sqlx`) did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Enqueued {
@@ -328,7 +328,7 @@ impl Outbox {
     /// - `postgres://` or `postgresql://` (or tokio-postgres's `key=value` settings):
     ///   PostgreSQL without TLS, with a pool of deadpool's default size, and workers that
     ///   `LISTEN` on the same server (feature `postgres`);
-    /// - `mysql://`: MySQL or MariaDB, with the pool [`MySqlStore::connect`] makes (feature
+    /// - `mysql://`: MySQL or MariaDB, with the pool `MySqlStore::connect` makes (feature
     ///   `mysql`).
     ///
     /// # Errors
@@ -336,8 +336,6 @@ impl Outbox {
     /// parse, another scheme, or a database whose feature this build leaves out;
     /// [`Unavailable`](crate::store::StoreErrorKind::Unavailable) or
     /// [`Timeout`](crate::store::StoreErrorKind::Timeout) when no connection opens.
-    ///
-    /// [`MySqlStore::connect`]: crate::MySqlStore::connect
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let scheme = url.split_once("://").map(|(scheme, _)| scheme);
         let backend = match scheme {
@@ -367,9 +365,7 @@ impl Outbox {
     }
 
     /// Uses the table `name` (`table` or `schema.table`), checked as the database's store
-    /// checks its own
-    /// ([`PostgresStore::table`](crate::PostgresStore::table),
-    /// [`MySqlStore::table`](crate::MySqlStore::table)).
+    /// checks its own (`PostgresStore::table`, `MySqlStore::table`).
     ///
     /// # Errors
     /// [`Misconfigured`](crate::store::StoreErrorKind::Misconfigured), its source the store's

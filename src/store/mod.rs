@@ -533,9 +533,9 @@ impl Claim {
     }
 }
 
-/// A claim still waiting for its send, as `PostgresStore::claims` (feature `postgres`) and
-/// `SqliteStore::claims` (feature `sqlite`) list it after a crash: the messages the next run
-/// must send.
+/// A claim still waiting for its send, as `PostgresStore::claims` (feature `postgres`),
+/// `SqliteStore::claims` (feature `sqlite`) and `MySqlStore::claims` (feature `mysql`) list it
+/// after a crash: the messages the next run must send.
 ///
 /// It holds the key as stored, which with [`KeyForm::Hashed`](crate::layer::KeyForm::Hashed)
 /// is a digest: it cannot be read back into the business event. Map it the other way: rebuild

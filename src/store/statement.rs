@@ -4,21 +4,17 @@
 /// store does not take (diesel, or any other): run it with your business rows, and after the
 /// commit the layer's send takes the claim, exactly as with the store's own `claim_in`.
 ///
-/// From [`PostgresStore::claim_statement`](crate::store::postgres::PostgresStore::claim_statement)
-/// (feature `postgres`),
-/// [`SqliteStore::claim_statement`](crate::store::sqlite::SqliteStore::claim_statement)
-/// (feature `sqlite`) or
-/// [`MySqlStore::claim_statement`](crate::store::mysql::MySqlStore::claim_statement)
-/// (feature `mysql`). The statement writes the row the store's `claim_in` writes, under a
-/// token drawn when it was made: run each statement once (make another for another claim).
+/// From `PostgresStore::claim_statement` (feature `postgres`), `SqliteStore::claim_statement`
+/// (feature `sqlite`) or `MySqlStore::claim_statement` (feature `mysql`). The statement writes
+/// the row the store's `claim_in` writes, under a token drawn when it was made: run each
+/// statement once (make another for another claim).
 ///
 /// Bind [`params`](Self::params) in order (`$1`…`$4` on PostgreSQL, `?1`…`?4` on SQLite,
 /// the seven `?` on MySQL), each with the type its [`ClaimParam`] names, and execute it: it
 /// writes one row when it claims the key, and none when a live record already holds it (a
 /// send under way or done, or another claim). On PostgreSQL and SQLite the count of rows
 /// written (diesel's `execute`, sqlx's `rows_affected`) is 1 when it claimed the key, 0 when
-/// not; MySQL counts its statement differently (see
-/// [`MySqlStore::claim_statement`](crate::store::mysql::MySqlStore::claim_statement)). The
+/// not; MySQL counts its statement differently (its `claim_statement` says how). The
 /// statement returns no rows.
 ///
 /// With diesel (2.4 here, on SQLite; `PgConnection` and `MysqlConnection` alike), `sql_query`

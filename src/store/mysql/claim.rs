@@ -159,8 +159,8 @@ impl MySqlStore {
     /// the next run must send. Each is the key as stored (`namespace:key`, or
     /// `namespace:h1:<digest>` with hashed keys) and the message's fingerprint:
     /// [`WaitingClaim::is_claim_of`] with the layer's claim of a message you rebuilt tells
-    /// whether it is that message's claim, hashed keys included (as
-    /// [`PostgresStore::claims`](crate::PostgresStore::claims) shows).
+    /// whether it is that message's claim, hashed keys included (as [`WaitingClaim`]'s example
+    /// shows).
     pub async fn claims(&self, limit: u32) -> Result<Vec<WaitingClaim>, StoreError> {
         let rows = self
             .bounded(|| async {

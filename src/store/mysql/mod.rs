@@ -11,7 +11,7 @@
 //! `mysql_async::prelude::Queryable` (a `Transaction`, a `Conn`): add `mysql_async = "0.37"`
 //! to your dependencies, so your types are the store's. [`MySqlStore::connect`] needs none.
 //!
-//! With the features `sqlx` and `mysql` together, [`MySqlStore::claim_in_sqlx`] writes a claim
+//! With the features `sqlx` and `mysql` together, `MySqlStore::claim_in_sqlx` writes a claim
 //! in a sqlx 0.8 (0.8.1 or later) MySQL transaction: the `mysql` feature turns on sqlx's
 //! MySQL driver only when `sqlx` is on. Any other driver (diesel's `sql_query`) runs
 //! [`MySqlStore::claim_statement`], the claim as one statement with its parameters.
