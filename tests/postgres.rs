@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_postgres::NoTls;
 
 use support::stores::postgres_admin::admin;
-use support::stores::{backend_url, broken_records, fp, unique};
+use support::stores::{backend_url, broken_records, fp, unique, until_expired};
 use tower_idempotency::PostgresStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt, SendError};
@@ -1487,8 +1487,7 @@ async fn admin_sees_claims_as_live_holders_and_lists_only_lost_sends() {
     else {
         panic!("fresh key")
     };
-    // Waits for the server's clock to pass both leases.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_expired(store, &["ns:claimed", "ns:lost"]).await;
     let page = store.list(None, 10).await.unwrap();
     let keys: Vec<&str> = page.entries.iter().map(|e| e.key.as_str()).collect();
     assert_eq!(keys, ["ns:lost"]);

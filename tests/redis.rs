@@ -11,7 +11,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use support::servers::RedisServer;
 use support::stores::redis_admin::admin;
-use support::stores::{backend_url, broken_records, fp, unique_prefix};
+use support::stores::{backend_url, broken_records, fp, unique_prefix, until_expired};
 use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt, SendError};
@@ -1767,15 +1767,8 @@ async fn a_crash_left_key_shows_in_the_listing() {
                 .unwrap()
         );
     }
-    // The server's clock ends the leases: ask until it has.
-    let last = crashed.last().unwrap();
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while !store.inspect(last).await.unwrap().unwrap().is_stale() {
-            tokio::time::sleep(short / 4).await;
-        }
-    })
-    .await
-    .expect("the lease passes on the server");
+    let stale: Vec<&str> = crashed.iter().map(String::as_str).collect();
+    until_expired(&store, &stale).await;
 
     let mut listed = Vec::new();
     let mut cursor: Option<Cursor> = None;
