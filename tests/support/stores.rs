@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::Token;
-use tower_idempotency::store::admin::{Expiry, StoreAdmin};
+use tower_idempotency::store::admin::{Expiry, Inspected, KeyState, StoreAdmin};
 
 use super::probe::SERVERS;
 
@@ -208,15 +208,36 @@ pub const EXPIRY_BOUND: Duration = Duration::from_secs(10);
 /// decides it, rather than sleeping for as long as the lease should last. Fails the test
 /// after [`EXPIRY_BOUND`].
 pub async fn until_expired<S: StoreAdmin + ?Sized>(store: &S, keys: &[&str]) {
+    until_each(store, keys, "passes on the store's clock", |record| {
+        record.is_none_or(|r| r.expires == Expiry::Passed)
+    })
+    .await;
+}
+
+/// Waits until the store holds each of `keys` settled: done, gone, or pending past its lease
+/// (a send that never settled: the layer gives up retrying a settlement within the lease),
+/// so a repeat is answered by what the store keeps, not by a send still under way. Asks
+/// [`StoreAdmin::inspect`], again after an error (a connection a test's fault just killed);
+/// fails the test after [`EXPIRY_BOUND`].
+pub async fn until_settled<S: StoreAdmin + ?Sized>(store: &S, keys: &[&str]) {
+    until_each(store, keys, "is settled, or its lease passed", |record| {
+        record.is_none_or(|r| r.state == KeyState::Done || r.expires == Expiry::Passed)
+    })
+    .await;
+}
+
+/// Asks `inspect` for each of `keys` until `holds` of its record; an error is asked again.
+async fn until_each<S: StoreAdmin + ?Sized>(
+    store: &S,
+    keys: &[&str],
+    what: &str,
+    holds: impl Fn(Option<Inspected>) -> bool,
+) {
     for &key in keys {
-        super::poll_until(
-            &format!("the lease or ttl of {key} passes on the store's clock"),
-            EXPIRY_BOUND,
-            || async move {
-                let record = store.inspect(key).await.expect("inspect");
-                record.is_none_or(|r| r.expires == Expiry::Passed)
-            },
-        )
+        let holds = &holds;
+        super::poll_until(&format!("{key} {what}"), EXPIRY_BOUND, || async move {
+            store.inspect(key).await.is_ok_and(holds)
+        })
         .await;
     }
     // `inspect` reads the time left in whole milliseconds, rounded: it may say passed up to a
