@@ -16,12 +16,12 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use support::stores::{SqliteDir, fp};
+use support::stores::{SqliteDir, fp, until_expired};
 use tower_idempotency::layer::{KeyForm, StoredKeys};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use tower_idempotency::outbox::Outbox;
 use tower_idempotency::store::Reservation;
-use tower_idempotency::store::admin::{Expiry, StoreAdmin};
+use tower_idempotency::store::admin::StoreAdmin;
 use tower_idempotency::{Outcome, SendError, SqliteStore};
 
 /// The binary under test.
@@ -109,24 +109,13 @@ async fn unknown_key(store: &dyn StoreAdmin, key: &str) {
     );
 }
 
-/// A stale key: a send that reserved and crashed. Waits for the store's clock to pass its
-/// lease, as the store itself reports it (a deadline on the server, bounded).
+/// A stale key: a send that reserved and crashed, its lease then passed on the store's clock.
 async fn stale_key(store: &dyn StoreAdmin, key: &str) {
     store
         .reserve(key, fp(2), Duration::from_millis(200))
         .await
         .expect("reserve");
-    let passed = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            let record = store.inspect(key).await.expect("inspect");
-            if record.is_some_and(|r| r.expires == Expiry::Passed) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    assert!(passed.is_ok(), "the lease of {key} did not pass in 10 s");
+    until_expired(store, &[key]).await;
 }
 
 /// The keys `list` printed, with their state column.

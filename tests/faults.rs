@@ -24,13 +24,14 @@ use futures_util::future::BoxFuture;
 use support::servers::{
     PostgresCluster, RedisCluster, RedisServer, kill_redis_connections, terminate_postgres_sessions,
 };
-use support::stores::{postgres_admin, redis_admin, unique, unique_prefix};
-use support::{Provider, message, wait_until};
+use support::stores::{postgres_admin, redis_admin, unique, unique_prefix, until_settled};
+use support::{Provider, message, poll_until, wait_until};
 use tower::retry::RetryLayer;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::Outcome;
 use tower_idempotency::outcome::codes;
+use tower_idempotency::store::admin::StoreAdmin;
 use tower_idempotency::store::{Completion, Reservation, StoreError, Token};
 use tower_idempotency::{
     IdempotencyLayer, Message, PostgresStore, Receipt, RedisStore, RetryPolicy, SendError, Store,
@@ -42,8 +43,6 @@ const LEASE: Duration = Duration::from_secs(1);
 /// settlement retries and renewals to fit in it (the stores' default, 2 s, suits the
 /// default lease of minutes, not these).
 const STORE_TIMEOUT: Duration = Duration::from_millis(200);
-/// Past a lease, for the server's clock to have passed it too.
-const MARGIN: Duration = Duration::from_millis(300);
 
 fn layer(store: impl Store, lease: Duration) -> IdempotencyLayer {
     IdempotencyLayer::builder()
@@ -92,12 +91,13 @@ fn key_of(m: &Message) -> String {
 /// The provider accepts the first message and, before it answers, `fault` makes the store's
 /// connection fail under the `complete` that follows; `killed` counts the connections the
 /// fault killed. A repeat after the lease must be replayed: the provider called once.
-async fn dropped_connection_while_keeping_the_outcome<F, Fut>(
-    store: impl Store,
+async fn dropped_connection_while_keeping_the_outcome<S, F, Fut>(
+    store: S,
     fault: F,
     killed: Arc<AtomicUsize>,
     settlement: Settlement,
 ) where
+    S: StoreAdmin + Clone,
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
@@ -111,7 +111,7 @@ async fn dropped_connection_while_keeping_the_outcome<F, Fut>(
             Ok(Receipt::new(format!("msg-{n}"), "fake"))
         }
     });
-    let layer = layer(store, LEASE);
+    let layer = layer(store.clone(), LEASE);
     let service = production_stack(&layer, provider.clone());
 
     let first = service
@@ -119,12 +119,16 @@ async fn dropped_connection_while_keeping_the_outcome<F, Fut>(
         .oneshot(alert("order.created:ord_1:email"))
         .await
         .expect("the provider accepted");
-    eventually("the fault killed a connection", LEASE, || {
-        killed.load(Ordering::SeqCst) > 0
+    poll_until("the fault killed a connection", LEASE, || {
+        std::future::ready(killed.load(Ordering::SeqCst) > 0)
     })
     .await;
-    // The server's clock decides when the lease passes: wait it out.
-    tokio::time::sleep(LEASE + MARGIN).await;
+    // The outcome is kept once a settlement lands; had none landed, the lease passes on
+    // the server's clock, and the repeat then sends again.
+    let stored = layer
+        .stored_key_for("order.created:ord_1:email")
+        .expect("a valid key");
+    until_settled(&store, &[&stored]).await;
     let again = service.oneshot(alert("order.created:ord_1:email")).await;
 
     assert_eq!(
@@ -552,16 +556,6 @@ impl<S: Store> Store for CountingExtends<S> {
     }
 }
 
-/// Checks `condition` every few milliseconds until it holds; fails the test after `bound`.
-async fn eventually(what: &str, bound: Duration, mut condition: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !condition() {
-        assert!(start.elapsed() < bound, "{what}: not within {bound:?}");
-        // Polls what real servers and their clocks do; bounded above.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// A send is held until the real store renewed its lease twice; once it ends, and once a
 /// caller drops another send, no renewal follows (two more leases pass), and the dropped
 /// send's key is kept as aborted, not sent again.
@@ -583,8 +577,8 @@ async fn renewal_stops_after_the_send_and_after_a_drop<S: Store + Clone>(store: 
         .service(provider.clone());
 
     let first = tokio::spawn(service.clone().oneshot(alert("order.created:ord_3:email")));
-    eventually("the first send is renewed", 3 * lease, || {
-        store.extends() >= 2
+    poll_until("the first send is renewed", 3 * lease, || {
+        std::future::ready(store.extends() >= 2)
     })
     .await;
     release.notify_one();
@@ -593,13 +587,14 @@ async fn renewal_stops_after_the_send_and_after_a_drop<S: Store + Clone>(store: 
         .expect("no panic")
         .expect("the provider accepted");
     let after_send = store.extends();
-    // Long enough for two renewals, had they gone on.
-    tokio::time::sleep(2 * lease).await;
+    // That no renewal follows needs a span of real time, and nothing to signal: a lease
+    // holds three renewals (one each third), had they gone on.
+    tokio::time::sleep(lease).await;
     assert_eq!(store.extends(), after_send, "renewed after the send ended");
 
     let dropped = tokio::spawn(service.clone().oneshot(alert("order.created:ord_4:email")));
-    eventually("the second send is renewed", 3 * lease, || {
-        store.extends() > after_send
+    poll_until("the second send is renewed", 3 * lease, || {
+        std::future::ready(store.extends() > after_send)
     })
     .await;
     dropped.abort();
@@ -620,7 +615,8 @@ async fn renewal_stops_after_the_send_and_after_a_drop<S: Store + Clone>(store: 
         }
     }
     let after_drop = store.extends();
-    tokio::time::sleep(2 * lease).await;
+    // As above: three renewals' time, had they gone on.
+    tokio::time::sleep(lease).await;
     assert_eq!(store.extends(), after_drop, "renewed after the drop");
     assert_eq!(
         store.refused.load(Ordering::SeqCst),
@@ -697,7 +693,7 @@ async fn duplicates_under_connection_kills<S, C, Fut>(
     every: Duration,
     lease: Duration,
 ) where
-    S: Store,
+    S: StoreAdmin,
     C: Fn() -> Fut,
     Fut: Future<Output = S>,
 {
@@ -791,12 +787,19 @@ async fn duplicates_under_connection_kills<S, C, Fut>(
         }
     }
 
-    // After the lease, whatever the kills left pending has passed, and every settlement
-    // retry is over: each key is kept with the one receipt, or (no send reached it) free.
-    // Two more processes, on new connections, ask: what the store holds is the question
-    // here, not how soon the killed clients recover.
-    tokio::time::sleep(lease + MARGIN).await;
-    let later: Vec<_> = [connect().await, connect().await]
+    // Once the store holds every key settled (or, where the kills left it pending, past
+    // its lease, by which the layer gave up its settlement retries), each key is kept with
+    // the one receipt, or (no send reached it) free. Two more processes, on new
+    // connections, ask: what the store holds is the question here, not how soon the
+    // killed clients recover.
+    let later = [connect().await, connect().await];
+    let stored: Vec<String> = keys
+        .iter()
+        .map(|key| layers[0].stored_key_for(key).expect("a valid key"))
+        .collect();
+    let stored: Vec<&str> = stored.iter().map(String::as_str).collect();
+    until_settled(&later[0], &stored).await;
+    let later: Vec<_> = later
         .into_iter()
         .map(|store| production_stack(&layer(store, lease), provider.clone()))
         .collect();

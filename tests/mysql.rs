@@ -22,7 +22,7 @@ use tower::{Layer, ServiceExt};
 use support::Provider;
 use support::claims::{alert, layer, the_send_takes_the_claim_once};
 use support::stores::mysql_admin::{admin, drop_table};
-use support::stores::{backend_url, broken_records, fp, unique};
+use support::stores::{backend_url, broken_records, fp, unique, until_expired};
 use tower_idempotency::MySqlStore;
 use tower_idempotency::outcome::{Outcome, Receipt};
 use tower_idempotency::store::conformance::Conformance;
@@ -104,7 +104,7 @@ async fn concurrent_reserves_across_connections_reserve_once() {
             else {
                 panic!("a fresh key is reserved");
             };
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            until_expired(&store, &[&key]).await;
         }
         let barrier = Arc::new(tokio::sync::Barrier::new(24));
         let tasks: Vec<_> = (0..24)
@@ -450,7 +450,7 @@ async fn expiry_follows_the_servers_utc_clock_whatever_the_sessions_time_zone() 
     assert!(west.extend("k", token, LEASE).await.unwrap());
     let short = Duration::from_millis(200);
     assert!(west.extend("k", token, short).await.unwrap());
-    tokio::time::sleep(short * 2).await;
+    until_expired(&west, &["k"]).await;
     assert!(
         matches!(
             east.reserve("k", fp(1), LEASE).await.unwrap(),
@@ -536,7 +536,11 @@ async fn purge_deletes_expired_rows_in_batches_and_keeps_live_ones() {
     let Reservation::Reserved { token } = store.reserve("live", fp(1), LEASE).await.unwrap() else {
         panic!("a fresh key is reserved");
     };
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    until_expired(
+        &store,
+        &["short-0", "short-1", "short-2", "short-3", "short-4"],
+    )
+    .await;
     assert_eq!(store.purge_expired().await.unwrap(), 5);
     assert_eq!(store.purge_expired().await.unwrap(), 0);
     // The purged keys are free, with nothing to report as taken over; the live one is held.
@@ -641,7 +645,7 @@ async fn batches_write_what_the_single_operations_would_key_by_key() {
     let pool = admin(&url);
     let mut conn = pool.get_conn().await.unwrap();
     assert!(store.claim_in(&mut conn, &claim).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    until_expired(&store, &["stale", "expired"]).await;
 
     // reserve_many: a free key, a live one, an expired one, a claim of the same message.
     let answers = store

@@ -12,7 +12,8 @@ mod support;
 
 use std::time::Duration;
 
-use support::outbox::{Database, Provider, Row, Table, eventually, outbox_suite, start};
+use support::outbox::{Database, Provider, Row, Table, outbox_suite, start};
+use support::poll_until;
 use support::stores::postgres_admin::{admin, drop_table};
 use tower_idempotency::Message;
 use tower_idempotency::outbox::{Enqueued, Outbox};
@@ -100,8 +101,10 @@ async fn notify_wakes_an_idle_worker_that_polls_once_an_hour() {
     );
     table.enqueue(["first".to_owned()]).await;
     table.until_done(1).await;
+    let enqueued = std::time::Instant::now();
     table.enqueue(["second".to_owned()]).await;
     table.until_done(2).await;
+    let woken_within = enqueued.elapsed();
     worker.stop().await;
 
     // Without a LISTEN connection, the same worker waits for its poll.
@@ -115,12 +118,16 @@ async fn notify_wakes_an_idle_worker_that_polls_once_an_hour() {
     let quiet = start(quiet);
     // Its first claim runs at start and finds nothing; once it has run, the worker is idle
     // until its hour-long poll.
-    eventually(Duration::from_secs(5), || async {
-        quiet_stats.get().polls >= 1
-    })
+    poll_until(
+        "the worker's first claim",
+        Duration::from_secs(5),
+        || async { quiet_stats.get().polls >= 1 },
+    )
     .await;
     table.enqueue(["third".to_owned()]).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A check that nothing happens needs a span of real time: a few times what the listening
+    // worker took to send the second message, so a wake-up would have shown by then.
+    tokio::time::sleep((woken_within * 3).max(Duration::from_millis(50))).await;
     assert_eq!(
         provider.calls("third"),
         0,

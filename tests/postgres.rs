@@ -16,8 +16,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_postgres::NoTls;
 
+use support::poll_until;
 use support::stores::postgres_admin::admin;
-use support::stores::{backend_url, broken_records, fp, unique};
+use support::stores::{backend_url, broken_records, fp, unique, until_expired};
 use tower_idempotency::PostgresStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt, SendError};
@@ -484,21 +485,26 @@ async fn rows_that_do_not_decode_are_reported_as_corrupt() {
 
 /// Polls the server until a session of `application_name` waits on a lock; answers its pid.
 async fn session_waiting_on_a_lock(admin: &tokio_postgres::Client, application_name: &str) -> i32 {
-    for _ in 0..500 {
-        let row = admin
-            .query_opt(
-                "SELECT pid FROM pg_stat_activity
-                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
-                &[&application_name],
-            )
-            .await
-            .unwrap();
-        if let Some(row) = row {
-            return row.get(0);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("no session of {application_name} ever waited on the lock");
+    let pid = std::cell::Cell::new(None);
+    poll_until(
+        &format!("a session of {application_name} waits on the lock"),
+        Duration::from_secs(5),
+        || async {
+            let found = admin
+                .query_opt(
+                    "SELECT pid FROM pg_stat_activity
+                     WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                    &[&application_name],
+                )
+                .await
+                .unwrap()
+                .map(|row| row.get(0));
+            pid.set(found);
+            found.is_some()
+        },
+    )
+    .await;
+    pid.get().expect("polled until found")
 }
 
 /// Writes a row of `key` in a transaction of `admin` that stays open.
@@ -707,19 +713,21 @@ async fn a_reserve_whose_answer_was_lost_frees_its_key_soon_after_it_lands() {
     admin.batch_execute("ROLLBACK").await.unwrap();
     // Nobody will send under the lost reserve's token: without its release, the key would be
     // held for the whole lease (a minute), every repeat answered as in flight.
-    let freed = async {
-        loop {
+    poll_until(
+        "the lost reserve's key is freed within seconds, not at its lease's end",
+        Duration::from_secs(10),
+        || async {
             match store.reserve(&key, fp(1), LEASE).await {
-                Ok(Reservation::Reserved { .. }) => return,
-                Ok(Reservation::Held { record }) => assert_eq!(record.state, RecordState::Pending),
+                Ok(Reservation::Reserved { .. }) => true,
+                Ok(Reservation::Held { record }) => {
+                    assert_eq!(record.state, RecordState::Pending);
+                    false
+                }
                 other => panic!("a repeat after the lost reserve: {other:?}"),
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), freed)
-        .await
-        .expect("the lost reserve's key is freed within seconds, not at its lease's end");
+        },
+    )
+    .await;
     forget(&url, &key).await;
 }
 
@@ -819,15 +827,12 @@ async fn the_background_purge_deletes_expired_rows_until_dropped() {
     }
     table.store.reserve("live", fp(1), LEASE).await.unwrap();
     let purge = table.store.spawn_purge(Duration::from_millis(20)).unwrap();
-    let mut rows = table.rows().await;
-    for _ in 0..250 {
-        if rows == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        rows = table.rows().await;
-    }
-    assert_eq!(rows, 1, "the background purge left expired rows");
+    poll_until(
+        "the background purge deletes the expired rows",
+        Duration::from_secs(5),
+        || async { table.rows().await == 1 },
+    )
+    .await;
 
     purge.abort();
     for _ in 0..100 {
@@ -1487,8 +1492,7 @@ async fn admin_sees_claims_as_live_holders_and_lists_only_lost_sends() {
     else {
         panic!("fresh key")
     };
-    // Waits for the server's clock to pass both leases.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_expired(store, &["ns:claimed", "ns:lost"]).await;
     let page = store.list(None, 10).await.unwrap();
     let keys: Vec<&str> = page.entries.iter().map(|e| e.key.as_str()).collect();
     assert_eq!(keys, ["ns:lost"]);

@@ -10,13 +10,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use support::http::{ClientKind, DEADLINE, FakeProvider, Fault, Ledger};
-use support::stores::backend_url;
+use support::poll_until;
+use support::stores::{backend_url, until_expired};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::http::HttpTransport;
 use tower_idempotency::http::resend::ResendCodec;
 use tower_idempotency::layer::IdempotencyLayerBuilder;
 use tower_idempotency::outcome::codes;
-use tower_idempotency::store::Store;
+use tower_idempotency::store::admin::StoreAdmin;
+use tower_idempotency::store::{Reservation, Store};
 use tower_idempotency::verify::{Verified, Verify};
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Message, Receipt, SendError};
 
@@ -37,7 +40,7 @@ enum Backend {
 impl Backend {
     /// A store of this backend under names no other test shares (`Option` for the
     /// `let Some(..) else` of its callers; see `backend_url`).
-    async fn store(self) -> Option<Arc<dyn Store>> {
+    async fn store(self) -> Option<Arc<dyn StoreAdmin>> {
         use support::stores::{unique, unique_prefix};
         use tower_idempotency::{PostgresStore, RedisStore};
         Some(match self {
@@ -117,9 +120,9 @@ fn order(key: &str) -> Message {
 }
 
 /// The layer's options every test shares, over `store`.
-fn layer(store: &Arc<dyn Store>) -> IdempotencyLayerBuilder {
+fn layer(store: &Arc<dyn StoreAdmin>) -> IdempotencyLayerBuilder {
     IdempotencyLayer::builder()
-        .shared_store(Arc::clone(store))
+        .shared_store(Arc::clone(store) as Arc<dyn Store>)
         .namespace("resend")
         .lease(LEASE)
 }
@@ -192,10 +195,16 @@ impl Verifier {
 /// the provider received it: the process holding the key dies mid-call, nothing settles
 /// the key (no drop handler runs a settlement on a runtime that is gone), and its lease is
 /// then let pass.
-async fn crash_mid_send(store: &Arc<dyn Store>, provider: &FakeProvider, message: Message) {
+async fn crash_mid_send(store: &Arc<dyn StoreAdmin>, provider: &FakeProvider, message: Message) {
     let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let store = Arc::clone(store);
+    let stored_key = layer(store)
+        .build()
+        .expect("valid layer")
+        .store_key(&message)
+        .expect("a valid key")
+        .expect("the message has a key");
+    let crashing = Arc::clone(store);
     let base = provider.base_url();
     let received_before = provider.requests().len();
     let thread = std::thread::spawn(move || {
@@ -205,7 +214,7 @@ async fn crash_mid_send(store: &Arc<dyn Store>, provider: &FakeProvider, message
             .build()
             .expect("a runtime for the process that crashes");
         runtime.spawn(async move {
-            let service = stack_to(layer(&store).build().expect("valid layer"), base);
+            let service = stack_to(layer(&crashing).build().expect("valid layer"), base);
             let _ = started_tx.send(());
             let _ = service.oneshot(message).await;
         });
@@ -217,8 +226,7 @@ async fn crash_mid_send(store: &Arc<dyn Store>, provider: &FakeProvider, message
     provider.received(received_before + 1).await;
     stop_tx.send(()).expect("the crashing process waits");
     thread.join().expect("the crashing process ends");
-    // The lease passes on the store's clock: a deadline on the server, not synchronisation.
-    tokio::time::sleep(LEASE + LEASE / 2 + Duration::from_millis(50)).await;
+    until_expired(store.as_ref(), &[&stored_key]).await;
 }
 
 async fn a_500_then_a_repeat_inside_the_window_answers_the_providers_original_id(backend: Backend) {
@@ -280,8 +288,24 @@ async fn a_repeat_outside_the_window_answers_the_stored_error(backend: Backend) 
     );
 
     let first = service.clone().oneshot(order(KEY)).await.unwrap_err();
-    // The window passes on the store's clock.
-    tokio::time::sleep(window + window / 2).await;
+    // The window passes on the store's clock: ask the store the first attempt's age, as the
+    // repeat's reserve will read it (a reserve of a kept record changes nothing).
+    let fingerprint = Fingerprint::of(&order(KEY));
+    poll_until(
+        "the first attempt outlives the window on the store's clock",
+        Duration::from_secs(10),
+        || async {
+            match store
+                .reserve(SENT_KEY, fingerprint, LEASE)
+                .await
+                .expect("reserve")
+            {
+                Reservation::Held { record } => record.first_attempt_age >= Some(window),
+                other => panic!("the kept outcome holds the key: {other:?}"),
+            }
+        },
+    )
+    .await;
     let again = service.oneshot(order(KEY)).await.unwrap_err();
     assert_eq!(again.code(), first.code(), "today's stored error");
     assert!(again.is_replayed());
@@ -512,7 +536,7 @@ async fn a_store_without_retake_replays_the_kept_error_as_before() {
 /// the taken-over key is kept, nothing is sent.
 #[tokio::test]
 async fn a_verifier_that_does_not_answer_in_time_keeps_the_key_unsent() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn StoreAdmin> = Arc::new(MemoryStore::new());
     let ledger = Ledger::new([Fault::TakeThenStall]);
     let provider = FakeProvider::start(ledger.script()).await;
     crash_mid_send(&store, &provider, order(KEY)).await;

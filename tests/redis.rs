@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use support::poll_until;
 use support::servers::RedisServer;
 use support::stores::redis_admin::admin;
-use support::stores::{backend_url, broken_records, fp, unique_prefix};
+use support::stores::{backend_url, broken_records, fp, unique_prefix, until_expired};
 use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::{Outcome, Receipt, SendError};
@@ -1767,15 +1768,8 @@ async fn a_crash_left_key_shows_in_the_listing() {
                 .unwrap()
         );
     }
-    // The server's clock ends the leases: ask until it has.
-    let last = crashed.last().unwrap();
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while !store.inspect(last).await.unwrap().unwrap().is_stale() {
-            tokio::time::sleep(short / 4).await;
-        }
-    })
-    .await
-    .expect("the lease passes on the server");
+    let stale: Vec<&str> = crashed.iter().map(String::as_str).collect();
+    until_expired(&store, &stale).await;
 
     let mut listed = Vec::new();
     let mut cursor: Option<Cursor> = None;
@@ -1828,19 +1822,21 @@ async fn a_reserve_whose_answer_was_lost_frees_its_key_soon_after_it_lands() {
         .await
         .expect_err("the server holds the write past the timeout");
     assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
-    let freed = async {
-        loop {
+    poll_until(
+        "the lost reserve's key is freed within seconds, not at its lease's end",
+        Duration::from_secs(10),
+        || async {
             match store.reserve("k", fp(1), LEASE).await {
-                Ok(Reservation::Reserved { .. }) => return,
-                Ok(Reservation::Held { record }) => assert_eq!(record.state, RecordState::Pending),
+                Ok(Reservation::Reserved { .. }) => true,
+                Ok(Reservation::Held { record }) => {
+                    assert_eq!(record.state, RecordState::Pending);
+                    false
+                }
                 // Still paused: this reserve is lost too, and released the same way.
-                Err(error) if error.kind() == StoreErrorKind::Timeout => {}
+                Err(error) if error.kind() == StoreErrorKind::Timeout => false,
                 other => panic!("a repeat after the lost reserve: {other:?}"),
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), freed)
-        .await
-        .expect("the lost reserve's key is freed within seconds, not at its lease's end");
+        },
+    )
+    .await;
 }

@@ -14,7 +14,7 @@ use support::replicated::{assert_only_lost_writes_went_again, layer, send};
 use support::servers::RedisServer;
 use support::servers::sentinel::{cut_replication, replication};
 use support::stores::unique_prefix;
-use support::{Provider, SendLog};
+use support::{Provider, SendLog, poll_until};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::codes;
 use tower_idempotency::store::StoreErrorKind;
@@ -308,15 +308,12 @@ async fn failover_after_replication_stopped(require_replicas: bool) -> (SendLog,
             .and_then(|info| info.get(field)?.parse::<u64>().ok())
     };
     let written = offset(primary.port(), "master_repl_offset").await;
-    let start = std::time::Instant::now();
-    while offset(replica.port(), "slave_repl_offset").await < written {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the replica lags"
-        );
-        // Polls a real server.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(
+        "the replica catches up",
+        Duration::from_secs(10),
+        || async { offset(replica.port(), "slave_repl_offset").await >= written },
+    )
+    .await;
     cut_replication(replica.port(), primary.port(), 0).await;
     let lost: Vec<String> = (0..10).map(|i| format!("lost:{i}")).collect();
     for key in &lost {

@@ -16,8 +16,8 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, TransactionBehavior};
-use support::stores::{SqliteDir, broken_records, fp};
-use support::{Provider, message, send};
+use support::stores::{SqliteDir, broken_records, fp, until_expired};
+use support::{Provider, message, poll_until, send};
 use tokio::sync::mpsc;
 use tower::ServiceBuilder;
 use tower_idempotency::SqliteStore;
@@ -248,8 +248,8 @@ async fn a_key_held_by_a_process_killed_with_sigkill_is_free_after_its_lease() {
     assert!(left <= HOLD_LEASE, "{left:?}");
     assert_eq!(provider.calls(), 0);
 
-    // A deadline on the database's clock: once the lease has passed, the key is free.
-    tokio::time::sleep(left + Duration::from_millis(50)).await;
+    // Once the lease has passed on the database's clock, the key is free.
+    until_expired(&store, &[key]).await;
     let record = store
         .inspect(key)
         .await
@@ -346,8 +346,7 @@ async fn purge_deletes_expired_rows_and_leaves_live_ones_and_recent_stale_sends(
         .reserve("crashed", fp(1), Duration::from_millis(1))
         .await
         .unwrap();
-    // A deadline on the database's clock: the short ttls and lease have passed.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    until_expired(&store, &["gone-1", "gone-2", "gone-3", "crashed"]).await;
     assert!(store.inspect("crashed").await.unwrap().unwrap().is_stale());
 
     assert_eq!(store.purge_expired().await.unwrap(), 3, "in batches of two");
@@ -367,13 +366,12 @@ async fn the_store_thread_purges_on_its_own_while_idle() {
         .await
         .unwrap();
     briefly_done(&store, "gone").await;
-    let purged = tokio::time::timeout(Duration::from_secs(5), async {
-        while store.inspect("gone").await.unwrap().is_some() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
+    poll_until(
+        "the idle store thread purges the expired row",
+        Duration::from_secs(5),
+        || async { store.inspect("gone").await.unwrap().is_none() },
+    )
     .await;
-    assert!(purged.is_ok(), "the expired row was never purged");
 }
 
 /// A row completed after its own pending row was gone does not know its first attempt: its

@@ -473,6 +473,27 @@ where
         .expect("a batch call fails only when the service is not ready")
 }
 
+/// How often [`poll_until`] asks: it only spaces the questions, nothing waits on its length.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Asks `condition` every [`POLL_INTERVAL`] until it holds; fails the test, saying `what`,
+/// after `limit` instead of hanging it. For a state a real server or process decides (a
+/// lease passing by the store's clock, a row purged, a replica caught up): the test asks for
+/// the state itself rather than sleeping for as long as it should take.
+pub async fn poll_until<F, Fut>(what: &str, limit: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let polled = tokio::time::timeout(limit, async {
+        while !condition().await {
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    })
+    .await;
+    assert!(polled.is_ok(), "{what}: not within {limit:?}");
+}
+
 /// Yields until `condition` holds; fails the test after 5 s instead of hanging it.
 pub async fn wait_until(mut condition: impl FnMut() -> bool) {
     let waited = tokio::time::timeout(Duration::from_secs(5), async {

@@ -729,17 +729,10 @@ impl PrimaryAndStandby {
 /// Asks `ready` until it holds, for at most [`START_BOUND`]: waits for a server to reach a
 /// state; nothing in a test's logic depends on how long it takes.
 #[cfg(any(feature = "postgres", feature = "redis"))]
-async fn poll_server<F, Fut>(what: &str, mut ready: F)
+async fn poll_server<F, Fut>(what: &str, ready: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let start = Instant::now();
-    while !ready().await {
-        assert!(
-            start.elapsed() < START_BOUND,
-            "{what}: not within {START_BOUND:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    super::poll_until(what, START_BOUND, ready).await;
 }

@@ -15,8 +15,11 @@
 //! #[cfg_attr(not(backend_postgres_binaries), ignore = "no PostgreSQL server binaries")]
 //! ```
 
+use std::time::Duration;
+
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::Token;
+use tower_idempotency::store::admin::{Expiry, Inspected, KeyState, StoreAdmin};
 
 use super::probe::SERVERS;
 
@@ -194,4 +197,51 @@ impl Drop for SqliteDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// How long [`until_expired`] asks before it fails the test: far past the short leases and
+/// ttls the tests set, so only a store whose clock never ends them reaches it.
+pub const EXPIRY_BOUND: Duration = Duration::from_secs(10);
+
+/// Waits until the store's own clock has ended the lease or ttl of each of `keys`: asks
+/// [`StoreAdmin::inspect`] until it answers the record expired (or gone), as the server
+/// decides it, rather than sleeping for as long as the lease should last. Fails the test
+/// after [`EXPIRY_BOUND`].
+pub async fn until_expired<S: StoreAdmin + ?Sized>(store: &S, keys: &[&str]) {
+    until_each(store, keys, "passes on the store's clock", |record| {
+        record.is_none_or(|r| r.expires == Expiry::Passed)
+    })
+    .await;
+}
+
+/// Waits until the store holds each of `keys` settled: done, gone, or pending past its lease
+/// (a send that never settled: the layer gives up retrying a settlement within the lease),
+/// so a repeat is answered by what the store keeps, not by a send still under way. Asks
+/// [`StoreAdmin::inspect`], again after an error (a connection a test's fault just killed);
+/// fails the test after [`EXPIRY_BOUND`].
+pub async fn until_settled<S: StoreAdmin + ?Sized>(store: &S, keys: &[&str]) {
+    until_each(store, keys, "is settled, or its lease passed", |record| {
+        record.is_none_or(|r| r.state == KeyState::Done || r.expires == Expiry::Passed)
+    })
+    .await;
+}
+
+/// Asks `inspect` for each of `keys` until `holds` of its record; an error is asked again.
+async fn until_each<S: StoreAdmin + ?Sized>(
+    store: &S,
+    keys: &[&str],
+    what: &str,
+    holds: impl Fn(Option<Inspected>) -> bool,
+) {
+    for &key in keys {
+        let holds = &holds;
+        super::poll_until(&format!("{key} {what}"), EXPIRY_BOUND, || async move {
+            store.inspect(key).await.is_ok_and(holds)
+        })
+        .await;
+    }
+    // `inspect` reads the time left in whole milliseconds, rounded: it may say passed up to a
+    // millisecond before a reserve would take the key; a millisecond more on the same clock
+    // rate covers that resolution, not a guess at how long anything takes.
+    tokio::time::sleep(Duration::from_millis(1)).await;
 }

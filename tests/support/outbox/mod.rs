@@ -1,10 +1,9 @@
 //! The outbox's behaviour, one suite every database runs (the [`cases`], through
 //! [`outbox_suite!`] and a [`Database`] of the test file's), and what its cases share:
-//! messages, a provider that counts its calls per key, a gate that holds sends in flight, a
-//! bounded wait, and a worker's run.
+//! messages, a provider that counts its calls per key, a gate that holds sends in flight,
+//! and a worker's run.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,6 +14,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::{Notify, Semaphore, oneshot};
 use tower::ServiceExt;
 
+use super::poll_until;
 use super::stores::{backend_url, unique};
 use tower_idempotency::outbox::{Enqueued, Outbox, OutboxCounts, Worker, WorkerStats};
 use tower_idempotency::store::StoreError;
@@ -91,24 +91,6 @@ impl Provider {
             async move { answer }.boxed()
         })
     }
-}
-
-/// Waits until `condition` holds on the outbox, polling it; fails after `limit`.
-pub async fn eventually<F, Fut>(limit: Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let waited = tokio::time::timeout(limit, async {
-        while !condition().await {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    assert!(
-        waited.is_ok(),
-        "the condition did not hold within {limit:?}"
-    );
 }
 
 /// A worker's run, and the switch that stops it.
@@ -271,24 +253,33 @@ impl<D: Database> Table<D> {
             .poll_interval(Duration::from_millis(20))
     }
 
-    /// Runs a worker that polls busily for `time`, then stops; its stats.
-    pub async fn busy_for<S>(&self, stack: S, time: Duration) -> WorkerStats
+    /// Runs a worker that polls busily until it has run `polls` claims (a few milliseconds
+    /// apart; fails the test past 5 s), then stops; its stats. Counts the worker's own
+    /// claims, each a chance to take a row, rather than timing a span.
+    pub async fn polls<S>(&self, stack: S, polls: u64) -> WorkerStats
     where
         S: tower::Service<Message, Response = Receipt> + Send,
         S::Error: Into<BoxError>,
         S::Future: Send,
     {
-        self.outbox
+        let worker = self
+            .outbox
             .worker(stack)
-            .poll_interval(Duration::from_millis(5))
-            .run(tokio::time::sleep(time))
-            .await
-            .expect("the worker runs")
+            .poll_interval(Duration::from_millis(5));
+        let counted = worker.stats();
+        let polled = async move {
+            let what = format!("the worker runs {polls} claims");
+            poll_until(&what, Duration::from_secs(5), || async {
+                counted.get().polls >= polls
+            })
+            .await;
+        };
+        worker.run(polled).await.expect("the worker runs")
     }
 
     /// Waits until the outbox's counts satisfy `holds`; fails after `limit`.
     pub async fn until(&self, limit: Duration, holds: impl Fn(OutboxCounts) -> bool) {
-        eventually(limit, || async {
+        poll_until("the outbox's counts", limit, || async {
             holds(self.outbox.counts().await.expect("counts"))
         })
         .await;

@@ -12,7 +12,8 @@ use tower::{Layer, ServiceExt};
 use super::{Connection, Database, Shop};
 use crate::support::Provider;
 use crate::support::claims::{alert, layer, the_send_takes_the_claim_once};
-use crate::support::outbox::{eventually, start};
+use crate::support::outbox::start;
+use crate::support::poll_until;
 use crate::support::stores::unique;
 use tower_idempotency::Message;
 use tower_idempotency::outbox::Enqueued;
@@ -190,9 +191,11 @@ pub async fn an_outbox_message_enqueued_through_sqlx_is_sent_once_by_the_worker<
         .worker(layer(shop.store.clone()).layer(provider.clone()))
         .poll_interval(Duration::from_millis(20));
     let running = start(worker);
-    eventually(Duration::from_secs(10), || async {
-        shop.outbox.counts().await.unwrap().done == 1
-    })
+    poll_until(
+        "the worker sends the row",
+        Duration::from_secs(10),
+        || async { shop.outbox.counts().await.unwrap().done == 1 },
+    )
     .await;
     let stats = running.stop().await;
     assert_eq!((stats.claimed, stats.sent), (1, 1));
