@@ -403,6 +403,35 @@ async fn give_up_a_batch_reserve(
     assert!(provider.batches().is_empty(), "{how:?}");
 }
 
+/// A holder of `m` under `key` that crashed mid-send: its lease passes, its record stays.
+async fn crashed_holder(store: &TestStore, key: &str, m: &Message) {
+    let crashed = store.inner.reserve(key, Fingerprint::of(m), LEASE).await;
+    assert!(matches!(crashed, Ok(Reservation::Reserved { .. })));
+    tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+}
+
+/// After the lease of a given-up reserve that took `m`'s key over, a send of `m` through `l`
+/// takes the key over again: it asks the verification service (`asked` counts its answers),
+/// which answers delivered, and is never sent.
+async fn taken_over_again(l: &IdempotencyLayer, asked: &AtomicUsize, m: Message, how: GivenUp) {
+    tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+    let provider = Provider::ok();
+    let mut svc = ServiceBuilder::new()
+        .layer(l.clone())
+        .service(provider.clone());
+    let receipt = send(&mut svc, m).await.unwrap();
+    assert_eq!(
+        (receipt.id.as_str(), receipt.replayed),
+        ("msg-0", true),
+        "{how:?}"
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "{how:?}: checked first");
+    let stats = l.stats();
+    assert_eq!(stats.taken_over, 1, "{how:?}");
+    assert_eq!(stats.verified_delivered, 1, "{how:?}");
+    assert_eq!(provider.calls(), 0, "{how:?}: never sent again");
+}
+
 /// A takeover's earlier holder may have sent: a reserve that took the key over and was given
 /// up does not free it. The key stays pending for its lease, and the repeat after it takes it
 /// over again, asking the verification service, rather than sending as a fresh key would.
@@ -412,13 +441,7 @@ async fn a_given_up_reserve_that_took_a_key_over_keeps_it_until_its_lease_passes
         let store = TestStore::default();
         let m = message(Some("k"), "hi");
         let fingerprint = Fingerprint::of(&m);
-        // A holder that crashed mid-send: its lease passes, its record stays.
-        let crashed = store.inner.reserve("lease:k", fingerprint, LEASE).await;
-        assert!(
-            matches!(crashed, Ok(Reservation::Reserved { .. })),
-            "{how:?}"
-        );
-        tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+        crashed_holder(&store, "lease:k", &m).await;
 
         let (l, asked) = verifying_layer(&store);
         give_up_a_reserve(&store, &l, m.clone(), how).await;
@@ -438,15 +461,9 @@ async fn a_given_up_reserve_that_took_a_key_over_keeps_it_until_its_lease_passes
             .service(provider.clone());
         let repeat = send(&mut svc, m.clone()).await.unwrap_err();
         assert_eq!(repeat.code(), codes::IN_FLIGHT, "{how:?}");
+        assert_eq!(provider.calls(), 0, "{how:?}");
 
-        tokio::time::advance(LEASE + Duration::from_secs(1)).await;
-        let receipt = send(&mut svc, m).await.unwrap();
-        assert_eq!((receipt.id.as_str(), receipt.replayed), ("msg-0", true));
-        assert_eq!(asked.load(Ordering::SeqCst), 1, "{how:?}: checked first");
-        let stats = l.stats();
-        assert_eq!(stats.taken_over, 1, "{how:?}");
-        assert_eq!(stats.verified_delivered, 1, "{how:?}");
-        assert_eq!(provider.calls(), 0, "{how:?}: never sent again");
+        taken_over_again(&l, &asked, m, how).await;
     }
 }
 
@@ -484,14 +501,7 @@ async fn a_given_up_batch_reserve_frees_its_fresh_keys_and_keeps_a_taken_over_on
         let store = TestStore::default();
         let fresh = message(Some("fresh"), "fresh");
         let stale = message(Some("stale"), "stale");
-        let fingerprint = Fingerprint::of(&stale);
-        // A holder of "stale" that crashed mid-send: its lease passes, its record stays.
-        let crashed = store.inner.reserve("lease:stale", fingerprint, LEASE).await;
-        assert!(
-            matches!(crashed, Ok(Reservation::Reserved { .. })),
-            "{how:?}"
-        );
-        tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+        crashed_holder(&store, "lease:stale", &stale).await;
 
         let (l, asked) = verifying_layer(&store);
         give_up_a_batch_reserve(&store, &l, vec![fresh.clone(), stale.clone()], how).await;
@@ -514,17 +524,6 @@ async fn a_given_up_batch_reserve_frees_its_fresh_keys_and_keeps_a_taken_over_on
             "{how:?}"
         );
 
-        tokio::time::advance(LEASE + Duration::from_secs(1)).await;
-        let single = Provider::ok();
-        let mut svc = ServiceBuilder::new()
-            .layer(l.clone())
-            .service(single.clone());
-        let receipt = send(&mut svc, stale).await.unwrap();
-        assert_eq!((receipt.id.as_str(), receipt.replayed), ("msg-0", true));
-        assert_eq!(asked.load(Ordering::SeqCst), 1, "{how:?}: checked first");
-        let stats = l.stats();
-        assert_eq!(stats.taken_over, 1, "{how:?}");
-        assert_eq!(stats.verified_delivered, 1, "{how:?}");
-        assert_eq!(single.calls(), 0, "{how:?}: never sent again");
+        taken_over_again(&l, &asked, stale, how).await;
     }
 }
