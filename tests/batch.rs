@@ -7,76 +7,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::FutureExt;
-use futures_util::future::BoxFuture;
-use support::{TestStore, message};
+use support::{BatchProvider, TestStore, message};
 use tower::{Service, ServiceExt};
 use tower_idempotency::batch::{Batch, BatchOutcomes};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::outcome::codes;
 use tower_idempotency::store::Store;
 use tower_idempotency::{BoxError, Idempotency, IdempotencyLayer, Message, Receipt, SendError};
-
-type Script = Arc<dyn Fn(&[Message]) -> Result<BatchOutcomes, BoxError> + Send + Sync>;
-
-/// A batch provider that records every batch it gets (as texts) and answers by a script.
-#[derive(Clone)]
-struct BatchProvider {
-    seen: Arc<Mutex<Vec<Vec<String>>>>,
-    script: Script,
-}
-
-impl BatchProvider {
-    fn ok() -> Self {
-        Self::answering(|batch| {
-            Ok(batch
-                .iter()
-                .map(|m| {
-                    Ok(Receipt::new(
-                        format!("id-{}", m.text().unwrap_or_default()),
-                        "bulk",
-                    ))
-                })
-                .collect())
-        })
-    }
-
-    fn answering(
-        f: impl Fn(&[Message]) -> Result<BatchOutcomes, BoxError> + Send + Sync + 'static,
-    ) -> Self {
-        Self {
-            seen: Arc::default(),
-            script: Arc::new(f),
-        }
-    }
-
-    fn batches(&self) -> Vec<Vec<String>> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-impl Service<Batch> for BatchProvider {
-    type Response = BatchOutcomes;
-    type Error = BoxError;
-    type Future = BoxFuture<'static, Result<BatchOutcomes, BoxError>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), BoxError>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, batch: Batch) -> Self::Future {
-        let texts = batch
-            .iter()
-            .map(|m| m.text().unwrap_or_default().to_owned())
-            .collect();
-        self.seen.lock().unwrap().push(texts);
-        let answer = (self.script)(batch.as_slice());
-        std::future::ready(answer).boxed()
-    }
-}
 
 fn service(store: &TestStore, provider: &BatchProvider) -> Idempotency<BatchProvider> {
     let layer = IdempotencyLayer::builder()

@@ -11,11 +11,10 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use support::{Provider, capture, message};
-use tower::{Layer, Service, ServiceBuilder, ServiceExt};
-use tower_idempotency::batch::{Batch, BatchOutcomes};
+use support::{BatchProvider, Provider, capture, message};
+use tower::{Layer, ServiceBuilder, ServiceExt};
+use tower_idempotency::batch::Batch;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::layer::{ConfigError, KeyForm, StoredKeys};
 use tower_idempotency::message::{KeyError, MAX_KEY_LEN};
@@ -388,39 +387,6 @@ async fn logs_carry_the_hash_of_the_stored_key_and_never_the_key() {
 
 // ---- Batches ---------------------------------------------------------------------------------
 
-/// A batch provider that answers every message with a receipt named after its text.
-#[derive(Clone, Default)]
-struct BatchProvider {
-    batches: Arc<Mutex<Vec<usize>>>,
-}
-
-impl Service<Batch> for BatchProvider {
-    type Response = BatchOutcomes;
-    type Error = BoxError;
-    type Future = BoxFuture<'static, Result<BatchOutcomes, BoxError>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), BoxError>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, batch: Batch) -> Self::Future {
-        self.batches.lock().unwrap().push(batch.len());
-        let outcomes = batch
-            .iter()
-            .map(|m| {
-                Ok(Receipt::new(
-                    format!("id-{}", m.text().unwrap_or_default()),
-                    "bulk",
-                ))
-            })
-            .collect();
-        std::future::ready(Ok(outcomes)).boxed()
-    }
-}
-
 fn keyed(n: usize) -> Message {
     message(
         Some(&format!("order.created:ord_{n}:email:{ADDRESS}")),
@@ -431,7 +397,7 @@ fn keyed(n: usize) -> Message {
 #[tokio::test]
 async fn a_batch_reserves_and_keeps_hashed_keys_and_replays_in_place() {
     let store = Recording::default();
-    let provider = BatchProvider::default();
+    let provider = BatchProvider::ok();
     let layer = hashed_layer(store.clone());
     let svc = layer.layer(provider.clone());
 
@@ -457,7 +423,10 @@ async fn a_batch_reserves_and_keeps_hashed_keys_and_replays_in_place() {
     assert_eq!(replay.id, "id-m2");
     assert!(replay.replayed);
     assert_eq!(again[1].as_ref().unwrap().id, "id-m3");
-    assert_eq!(*provider.batches.lock().unwrap(), [2, 1]);
+    assert_eq!(
+        provider.batches().iter().map(Vec::len).collect::<Vec<_>>(),
+        [2, 1]
+    );
 
     store.assert_only_hashed_keys();
     let expected: Vec<String> = (1..=3)
@@ -505,7 +474,7 @@ async fn send_through(layer: &IdempotencyLayer) {
     assert!(kept.is_replayed());
     assert_eq!(provider.calls(), 2);
 
-    let batch = layer.clone().layer(BatchProvider::default());
+    let batch = layer.clone().layer(BatchProvider::ok());
     let outcomes = batch
         .oneshot(Batch::from(vec![keyed(2), keyed(3), keyed(1)]))
         .await

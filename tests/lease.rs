@@ -1,7 +1,8 @@
 //! Leases that hold: while a send runs its key's lease is renewed, so a send slower than its
 //! lease keeps its key; renewal stops with the send (also when the caller drops it); a send
 //! that outlives the maximum hold is given up and its key kept. A reserve given up while the
-//! store answers it frees a fresh key at once, but keeps a taken-over one for its lease.
+//! store answers it, a single send's or a batch's, frees a fresh key at once, but keeps a
+//! taken-over one for its lease.
 
 mod support;
 
@@ -10,8 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use support::{Provider, TestStore, capture, message, send};
+use tokio::sync::Semaphore;
+
+use support::{BatchProvider, Provider, TestStore, capture, message, send, send_batch};
 use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_idempotency::batch::Batch;
 use tower_idempotency::outcome::{Category, codes};
 use tower_idempotency::store::{RecordState, Reservation, Store};
 use tower_idempotency::verify::{Verified, Verify};
@@ -332,35 +336,100 @@ fn verifying_layer(store: &TestStore) -> (IdempotencyLayer, Arc<AtomicUsize>) {
     (l, asked)
 }
 
-/// Sends `m` through `l` with the store's reserves held at a gate, gives the reserve up as
-/// `how` says, then lets the store answer it in the layer's background task. Returns once
-/// that task has had the answer.
+/// Gives `call` up as `how` says, while its store reserve waits at the closed `gate`
+/// (`timed_out` checks the answer of a call the reserve timeout ended), then lets the store
+/// answer that reserve in the layer's background task. Returns once that task has had the
+/// answer.
+async fn give_up<F: Future>(
+    store: &TestStore,
+    gate: Arc<Semaphore>,
+    call: F,
+    how: GivenUp,
+    timed_out: impl FnOnce(F::Output),
+) {
+    match how {
+        GivenUp::Dropped => {
+            // Polled once, so the reserve is at the gate, then dropped.
+            let mut call = Box::pin(call);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            assert!(call.as_mut().poll(&mut cx).is_pending());
+            drop(call);
+        }
+        GivenUp::TimedOut => timed_out(call.await),
+    }
+    assert_eq!(store.reserve_calls(), 1, "{how:?}");
+    gate.add_permits(1);
+    // The background task starts any release in the poll that has the store's answer.
+    support::wait_until(|| store.reserves_answered.load(Ordering::SeqCst) == 1).await;
+    *store.gate.lock().unwrap() = None;
+}
+
+/// Sends `m` through `l` and gives its reserve up ([`give_up`]).
 async fn give_up_a_reserve(store: &TestStore, l: &IdempotencyLayer, m: Message, how: GivenUp) {
     let gate = store.close_gate();
     let provider = Provider::ok();
     let mut svc = ServiceBuilder::new()
         .layer(l.clone())
         .service(provider.clone());
-    let future = svc.ready().await.unwrap().call(m);
-    match how {
-        GivenUp::Dropped => {
-            // Polled once, so the reserve is at the gate, then dropped.
-            let mut future = Box::pin(future);
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            assert!(future.as_mut().poll(&mut cx).is_pending());
-            drop(future);
-        }
-        GivenUp::TimedOut => {
-            let err = future.await.unwrap_err();
-            assert_eq!(err.code(), codes::STORE_FAILED, "{how:?}");
-        }
-    }
-    assert_eq!(store.reserves.load(Ordering::SeqCst), 1, "{how:?}");
-    gate.add_permits(1);
-    // The background task starts any release in the poll that has the store's answer.
-    support::wait_until(|| store.reserves_answered.load(Ordering::SeqCst) == 1).await;
-    *store.gate.lock().unwrap() = None;
+    let call = svc.ready().await.unwrap().call(m);
+    give_up(store, gate, call, how, |answer| {
+        assert_eq!(answer.unwrap_err().code(), codes::STORE_FAILED, "{how:?}");
+    })
+    .await;
     assert_eq!(provider.calls(), 0, "{how:?}");
+}
+
+/// Sends `messages` as one batch through `l` and gives its reserve, one store call for every
+/// key, up ([`give_up`]).
+async fn give_up_a_batch_reserve(
+    store: &TestStore,
+    l: &IdempotencyLayer,
+    messages: Vec<Message>,
+    how: GivenUp,
+) {
+    let gate = store.close_gate();
+    let provider = BatchProvider::ok();
+    let mut svc = tower::Layer::layer(l, provider.clone());
+    let call = ServiceExt::<Batch>::ready(&mut svc)
+        .await
+        .unwrap()
+        .call(Batch::from(messages));
+    give_up(store, gate, call, how, |answer| {
+        for outcome in answer.expect("a batch answers message by message") {
+            assert_eq!(outcome.unwrap_err().code(), codes::STORE_FAILED, "{how:?}");
+        }
+    })
+    .await;
+    assert!(provider.batches().is_empty(), "{how:?}");
+}
+
+/// A holder of `m` under `key` that crashed mid-send: its lease passes, its record stays.
+async fn crashed_holder(store: &TestStore, key: &str, m: &Message) {
+    let crashed = store.inner.reserve(key, Fingerprint::of(m), LEASE).await;
+    assert!(matches!(crashed, Ok(Reservation::Reserved { .. })));
+    tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+}
+
+/// After the lease of a given-up reserve that took `m`'s key over, a send of `m` through `l`
+/// takes the key over again: it asks the verification service (`asked` counts its answers),
+/// which answers delivered, and is never sent.
+async fn taken_over_again(l: &IdempotencyLayer, asked: &AtomicUsize, m: Message, how: GivenUp) {
+    tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+    let provider = Provider::ok();
+    let mut svc = ServiceBuilder::new()
+        .layer(l.clone())
+        .service(provider.clone());
+    let receipt = send(&mut svc, m).await.unwrap();
+    assert_eq!(
+        (receipt.id.as_str(), receipt.replayed),
+        ("msg-0", true),
+        "{how:?}"
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "{how:?}: checked first");
+    let stats = l.stats();
+    assert_eq!(stats.taken_over, 1, "{how:?}");
+    assert_eq!(stats.verified_delivered, 1, "{how:?}");
+    assert_eq!(provider.calls(), 0, "{how:?}: never sent again");
 }
 
 /// A takeover's earlier holder may have sent: a reserve that took the key over and was given
@@ -372,13 +441,7 @@ async fn a_given_up_reserve_that_took_a_key_over_keeps_it_until_its_lease_passes
         let store = TestStore::default();
         let m = message(Some("k"), "hi");
         let fingerprint = Fingerprint::of(&m);
-        // A holder that crashed mid-send: its lease passes, its record stays.
-        let crashed = store.inner.reserve("lease:k", fingerprint, LEASE).await;
-        assert!(
-            matches!(crashed, Ok(Reservation::Reserved { .. })),
-            "{how:?}"
-        );
-        tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+        crashed_holder(&store, "lease:k", &m).await;
 
         let (l, asked) = verifying_layer(&store);
         give_up_a_reserve(&store, &l, m.clone(), how).await;
@@ -398,15 +461,9 @@ async fn a_given_up_reserve_that_took_a_key_over_keeps_it_until_its_lease_passes
             .service(provider.clone());
         let repeat = send(&mut svc, m.clone()).await.unwrap_err();
         assert_eq!(repeat.code(), codes::IN_FLIGHT, "{how:?}");
+        assert_eq!(provider.calls(), 0, "{how:?}");
 
-        tokio::time::advance(LEASE + Duration::from_secs(1)).await;
-        let receipt = send(&mut svc, m).await.unwrap();
-        assert_eq!((receipt.id.as_str(), receipt.replayed), ("msg-0", true));
-        assert_eq!(asked.load(Ordering::SeqCst), 1, "{how:?}: checked first");
-        let stats = l.stats();
-        assert_eq!(stats.taken_over, 1, "{how:?}");
-        assert_eq!(stats.verified_delivered, 1, "{how:?}");
-        assert_eq!(provider.calls(), 0, "{how:?}: never sent again");
+        taken_over_again(&l, &asked, m, how).await;
     }
 }
 
@@ -430,5 +487,43 @@ async fn a_given_up_reserve_of_a_free_key_frees_it_at_once() {
         assert_eq!(provider.calls(), 1, "{how:?}");
         assert_eq!(asked.load(Ordering::SeqCst), 0, "{how:?}");
         assert_eq!(l.stats().taken_over, 0, "{how:?}");
+    }
+}
+
+/// A batch gives up its reserve as a single send does, and its one store call holds both
+/// kinds of key: once it finishes in the background, the key it freshly reserved is freed at
+/// once, and the key it took over is kept for its lease. The next batch sends the fresh
+/// message and finds the other in flight; after the lease, the kept key is taken over again,
+/// asking the verification service, rather than sent as a fresh key would be.
+#[tokio::test(start_paused = true)]
+async fn a_given_up_batch_reserve_frees_its_fresh_keys_and_keeps_a_taken_over_one() {
+    for how in [GivenUp::Dropped, GivenUp::TimedOut] {
+        let store = TestStore::default();
+        let fresh = message(Some("fresh"), "fresh");
+        let stale = message(Some("stale"), "stale");
+        crashed_holder(&store, "lease:stale", &stale).await;
+
+        let (l, asked) = verifying_layer(&store);
+        give_up_a_batch_reserve(&store, &l, vec![fresh.clone(), stale.clone()], how).await;
+
+        // At once, within the lease the given-up call took.
+        let provider = BatchProvider::ok();
+        let mut svc = tower::Layer::layer(&l, provider.clone());
+        let answers = send_batch(&mut svc, vec![fresh, stale.clone()]).await;
+        let sent = answers[0].as_ref().unwrap();
+        assert_eq!(
+            (sent.id.as_str(), sent.replayed),
+            ("id-fresh", false),
+            "{how:?}"
+        );
+        let kept = answers[1].as_ref().unwrap_err();
+        assert_eq!(kept.code(), codes::IN_FLIGHT, "{how:?}");
+        assert_eq!(
+            provider.batches(),
+            vec![vec!["fresh".to_owned()]],
+            "{how:?}"
+        );
+
+        taken_over_again(&l, &asked, stale, how).await;
     }
 }

@@ -1,7 +1,8 @@
 //! What the integration tests share, one module per area. Here: messages, a counting
-//! provider, a store wrapper that counts calls and fails on command, a tracing capture and a
-//! bounded wait. [`stores`]: the backend tests' servers and admin connections. [`probe`]: which
-//! servers and server binaries this machine has (read by build.rs too).
+//! provider and a batch one, a store wrapper that counts calls and fails on command, a
+//! tracing capture and a bounded wait. [`stores`]: the backend tests' servers and admin
+//! connections. [`probe`]: which servers and server binaries this machine has (read by
+//! build.rs too).
 //! [`servers`]: servers of the tests' own, for the tests that kill connections.
 //! [`http`]: the one fake HTTP provider and the real clients. [`python`]: the Python fakes of
 //! SES (moto) and SMTP (aiosmtpd).
@@ -111,6 +112,70 @@ impl tower::Service<Message> for Provider {
     }
 }
 
+type Script = Arc<dyn Fn(&[Message]) -> Result<BatchOutcomes, BoxError> + Send + Sync>;
+
+/// A batch provider that records every batch it gets (as texts) and answers by a script.
+#[derive(Clone)]
+pub struct BatchProvider {
+    seen: Arc<Mutex<Vec<Vec<String>>>>,
+    script: Script,
+}
+
+impl BatchProvider {
+    /// Answers every message with a receipt `id-<text>`.
+    pub fn ok() -> Self {
+        Self::answering(|batch| {
+            Ok(batch
+                .iter()
+                .map(|m| {
+                    Ok(Receipt::new(
+                        format!("id-{}", m.text().unwrap_or_default()),
+                        "bulk",
+                    ))
+                })
+                .collect())
+        })
+    }
+
+    /// Answers every batch with `f(messages)`.
+    pub fn answering(
+        f: impl Fn(&[Message]) -> Result<BatchOutcomes, BoxError> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            seen: Arc::default(),
+            script: Arc::new(f),
+        }
+    }
+
+    /// The batches it got, as the texts of their messages, in order.
+    pub fn batches(&self) -> Vec<Vec<String>> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl tower::Service<Batch> for BatchProvider {
+    type Response = BatchOutcomes;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<BatchOutcomes, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, batch: Batch) -> Self::Future {
+        let texts = batch
+            .iter()
+            .map(|m| m.text().unwrap_or_default().to_owned())
+            .collect();
+        self.seen.lock().unwrap().push(texts);
+        let answer = (self.script)(batch.as_slice());
+        std::future::ready(answer).boxed()
+    }
+}
+
 /// A circuit breaker's open circuit means "not sent": maps it to the error the layer frees the
 /// key on.
 pub fn breaker_error(e: CircuitBreakerError<BoxError>) -> BoxError {
@@ -125,7 +190,8 @@ pub fn breaker_error(e: CircuitBreakerError<BoxError>) -> BoxError {
 pub struct TestStore {
     pub inner: MemoryStore,
     pub reserves: Arc<AtomicUsize>,
-    /// Reserves the store has answered (past the gate, if one is closed).
+    /// Calls of `reserve` or `reserve_many` the store has answered (past the gate, if one is
+    /// closed).
     pub reserves_answered: Arc<AtomicUsize>,
     pub completes: Arc<AtomicUsize>,
     pub releases: Arc<AtomicUsize>,
@@ -150,7 +216,7 @@ pub struct TestStore {
     /// When set, `complete_now` answers unavailable, as a store that answers at once and
     /// fails; otherwise it answers `None`, as every other call here goes through the futures.
     pub fail_complete_now: Arc<AtomicBool>,
-    /// When set, reserves wait for a permit.
+    /// When set, calls of `reserve` and `reserve_many` wait for a permit, one a call.
     pub gate: Arc<Mutex<Option<Arc<Semaphore>>>>,
     /// When set, reserve answers this record instead of asking the inner store.
     pub forced: Arc<Mutex<Option<Reservation>>>,
@@ -170,7 +236,13 @@ impl TestStore {
             + self.releases.load(Ordering::SeqCst)
     }
 
-    /// Makes reserves wait until a permit is added to the returned semaphore.
+    /// Calls of `reserve` and `reserve_many` made, answered or not.
+    pub fn reserve_calls(&self) -> usize {
+        self.reserves.load(Ordering::SeqCst) + self.reserve_many_calls.load(Ordering::SeqCst)
+    }
+
+    /// Makes calls of `reserve` and `reserve_many` wait until a permit is added to the
+    /// returned semaphore.
     pub fn close_gate(&self) -> Arc<Semaphore> {
         let gate = Arc::new(Semaphore::new(0));
         *self.gate.lock().unwrap() = Some(Arc::clone(&gate));
@@ -267,10 +339,17 @@ impl Store for TestStore {
     ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
         async move {
             self.reserve_many_calls.fetch_add(1, Ordering::SeqCst);
-            if self.fail_reserve.load(Ordering::SeqCst) {
-                return Err(failure());
+            let gate = self.gate.lock().unwrap().clone();
+            if let Some(gate) = gate {
+                gate.acquire().await.expect("gate open").forget();
             }
-            self.inner.reserve_many(requests, lease).await
+            let answer = if self.fail_reserve.load(Ordering::SeqCst) {
+                Err(failure())
+            } else {
+                self.inner.reserve_many(requests, lease).await
+            };
+            self.reserves_answered.fetch_add(1, Ordering::SeqCst);
+            answer
         }
         .boxed()
     }
