@@ -11,7 +11,12 @@
 //!    for the keys in flight under the same message, polling them together in one store call
 //!    per poll (and stops waiting as soon as one is reserved: it must be sent);
 //! 3. answers in place the messages found in the store (replayed, in flight, key reused,
-//!    store failed) and those whose key is invalid;
+//!    store failed) and those whose key is invalid; a key taken over from a holder that never
+//!    settled it (a crashed process) is decided as a single send decides it, all such keys
+//!    at once, before anything is sent: sent again inside the
+//!    [`provider_window`](crate::IdempotencyLayerBuilder::provider_window), else asked of the
+//!    [`verify_takeovers`](crate::IdempotencyLayerBuilder::verify_takeovers) service when
+//!    one is set (delivered or unknown answered in place, not sent), else sent;
 //! 4. answers a key that appears again in the same batch: same fingerprint as its first
 //!    occurrence, the first one's outcome (marked replayed); another fingerprint, what a
 //!    single send would get after the first occurrence: replayed when the store kept this

@@ -323,11 +323,21 @@ const RESERVE_TIMEOUT: Duration = Duration::from_millis(250);
 /// A layer whose takeovers ask a verification service first, which answers that the provider
 /// took the message; the count of its answers.
 fn verifying_layer(store: &TestStore) -> (IdempotencyLayer, Arc<AtomicUsize>) {
+    verifying_layer_answering(store, || {
+        Verified::Delivered(Receipt::new("msg-0", "fake"))
+    })
+}
+
+/// [`verifying_layer`] with a verification service that answers `answer()`.
+fn verifying_layer_answering(
+    store: &TestStore,
+    answer: impl Fn() -> Verified + Clone + Send + Sync + 'static,
+) -> (IdempotencyLayer, Arc<AtomicUsize>) {
     let asked = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&asked);
     let verifier = tower::service_fn(move |_: Verify| {
         counted.fetch_add(1, Ordering::SeqCst);
-        async { Ok::<_, BoxError>(Verified::Delivered(Receipt::new("msg-0", "fake"))) }
+        std::future::ready(Ok::<_, BoxError>(answer()))
     });
     let l = layer(store, |b| {
         b.reserve_timeout(RESERVE_TIMEOUT)
@@ -525,5 +535,78 @@ async fn a_given_up_batch_reserve_frees_its_fresh_keys_and_keeps_a_taken_over_on
         );
 
         taken_over_again(&l, &asked, stale, how).await;
+    }
+}
+
+/// A batch decides each key it took over from a crashed holder of the same message as a
+/// single send does, before it sends: the verification service is asked, and a key the
+/// provider took is answered with its receipt (replayed) and not sent, one it never saw is
+/// sent with the batch, one it cannot vouch for is kept unsent. A fresh key of the same
+/// batch goes in every case, and a key a crashed holder of another message left is sent
+/// without asking.
+#[tokio::test(start_paused = true)]
+async fn a_batch_checks_the_keys_it_takes_over_before_it_sends() {
+    let delivered = || Verified::Delivered(Receipt::new("msg-0", "fake"));
+    let cases: [(&str, fn() -> Verified); 3] = [
+        ("delivered", delivered),
+        ("not sent", || Verified::NotSent),
+        ("unknown", || Verified::Unknown),
+    ];
+    for (case, answer) in cases {
+        let store = TestStore::default();
+        let fresh = message(Some("fresh"), "fresh");
+        let stale = message(Some("stale"), "stale");
+        let other = message(Some("other"), "other");
+        crashed_holder(&store, "lease:stale", &stale).await;
+        // A holder of another message under "other" crashed too.
+        let crashed_other = store
+            .inner
+            .reserve("lease:other", Fingerprint::of(&fresh), LEASE)
+            .await;
+        assert!(matches!(crashed_other, Ok(Reservation::Reserved { .. })));
+        tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+
+        let (l, asked) = verifying_layer_answering(&store, answer);
+        let provider = BatchProvider::ok();
+        let mut svc = tower::Layer::layer(&l, provider.clone());
+        let answers = send_batch(&mut svc, vec![fresh, stale.clone(), other]).await;
+        let sent = answers[0].as_ref().unwrap();
+        assert_eq!((sent.id.as_str(), sent.replayed), ("id-fresh", false), "{case}");
+        let other_sent = answers[2].as_ref().unwrap();
+        assert_eq!(other_sent.id, "id-other", "{case}");
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "{case}: asked once, for stale");
+        assert_eq!(l.stats().taken_over, 1, "{case}");
+        let texts = |names: &[&str]| vec![names.iter().map(|n| n.to_string()).collect::<Vec<_>>()];
+        match case {
+            "delivered" => {
+                let kept = answers[1].as_ref().unwrap();
+                assert_eq!((kept.id.as_str(), kept.replayed), ("msg-0", true));
+                assert_eq!(provider.batches(), texts(&["fresh", "other"]));
+                assert_eq!(l.stats().verified_delivered, 1);
+            }
+            "not sent" => {
+                let now_sent = answers[1].as_ref().unwrap();
+                assert_eq!((now_sent.id.as_str(), now_sent.replayed), ("id-stale", false));
+                assert_eq!(provider.batches(), texts(&["fresh", "stale", "other"]));
+                assert_eq!(l.stats().verified_not_sent, 1);
+            }
+            _ => {
+                let error = answers[1].as_ref().unwrap_err();
+                assert_eq!(error.code(), codes::UNVERIFIED);
+                assert_eq!(provider.batches(), texts(&["fresh", "other"]));
+                assert_eq!(l.stats().verify_inconclusive, 1);
+            }
+        }
+
+        // Settled by the check or by the send: a repeat is answered from the store, and
+        // nothing is asked or sent again.
+        let before = provider.batches().len();
+        let again = send_batch(&mut svc, vec![stale]).await;
+        match &again[0] {
+            Ok(receipt) => assert!(receipt.replayed, "{case}"),
+            Err(error) => assert!(error.is_replayed(), "{case}: {error}"),
+        }
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "{case}");
+        assert_eq!(provider.batches().len(), before, "{case}");
     }
 }

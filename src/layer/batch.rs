@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
+use futures_util::future::join_all;
 use tokio::time::Instant;
 use tower_service::Service;
 
 use super::config::Config;
-use super::key::{KeyOf, key_hash, store_key};
+use super::key::{KeyOf, key_hash, raw_key, store_key};
 use super::renew::{Held, Lease, given_up};
 use super::repeat::answer_held;
 use super::request::IdempotentRequest;
@@ -18,6 +19,7 @@ use super::reserve::reserve_many;
 use super::service::Idempotency;
 use super::settle::{Finish, Settle};
 use super::stats::{bump, bump_by};
+use super::takeover::{Takeover, after_takeover};
 use super::wait::wait_many;
 use crate::batch::{Batch, BatchFuture, BatchOutcomes};
 use crate::classify::into_send_error;
@@ -246,6 +248,9 @@ async fn reserve_keyed<R: IdempotentRequest>(
     wait_many(config, &requests, &mut reservations, asked_at).await;
     // What the store answered each key, for the other messages under it (`Plan::Differs`).
     let mut judged: Vec<Option<Judged>> = (0..requests.len()).map(|_| None).collect();
+    // Keys taken over from a holder that never settled them: decided below, each as a single
+    // send decides it, before any is sent.
+    let mut taken_over = Vec::new();
     for (i, plan) in plans.iter_mut().enumerate() {
         if let Plan::Differs(k) = *plan {
             let (key, _) = &requests[k];
@@ -259,9 +264,7 @@ async fn reserve_keyed<R: IdempotentRequest>(
             continue;
         };
         *plan = match reservation {
-            // A batch sends a taken-over key as a reserved one: the takeover check (re-send inside
-            // the provider's window, the verification service) is for single sends.
-            Ok(Reservation::Reserved { token } | Reservation::TakenOver { token, .. }) => {
+            Ok(Reservation::Reserved { token }) => {
                 judged[k] = Some(Judged::Reserved(*fingerprint));
                 held.push(Held {
                     key: Arc::clone(key),
@@ -269,6 +272,18 @@ async fn reserve_keyed<R: IdempotentRequest>(
                     fingerprint: *fingerprint,
                 });
                 Plan::Send(Some(held.len() - 1))
+            }
+            Ok(Reservation::TakenOver { token, previous }) => {
+                // Held by this batch whatever the check decides: another message under the
+                // key is judged as under a key in flight.
+                judged[k] = Some(Judged::Reserved(*fingerprint));
+                let took = Held {
+                    key: Arc::clone(key),
+                    token,
+                    fingerprint: *fingerprint,
+                };
+                taken_over.push((i, took, previous));
+                Plan::Answered
             }
             Ok(Reservation::Held { record }) => {
                 judged[k] = Some(Judged::Held(record.clone()));
@@ -291,7 +306,44 @@ async fn reserve_keyed<R: IdempotentRequest>(
             }
         };
     }
+    decide_takeovers(config, taken_over, items, plans, answers, &mut held, *asked_at).await;
     held
+}
+
+/// Decides each key the batch took over as a single send would (see
+/// [`after_takeover`](super::takeover::after_takeover)), the keys concurrently: the ones to
+/// send join `held` and the send, the others are answered in place (the check kept their
+/// key).
+async fn decide_takeovers<R: IdempotentRequest>(
+    config: &Arc<Config>,
+    taken_over: Vec<(usize, Held, Record)>,
+    items: &[R],
+    plans: &mut [Plan],
+    answers: &mut [Option<Result<Receipt, SendError>>],
+    held: &mut Vec<Held>,
+    asked_at: Instant,
+) {
+    if taken_over.is_empty() {
+        return;
+    }
+    let decisions = join_all(taken_over.into_iter().map(|(i, took, previous)| async move {
+        let item = &items[i];
+        let recipients = item.recipients();
+        let raw = raw_key(config, item);
+        let decided =
+            after_takeover(config, took.clone(), previous, raw, &recipients, asked_at).await;
+        (i, took, decided)
+    }))
+    .await;
+    for (i, took, decided) in decisions {
+        match decided {
+            Takeover::Send => {
+                held.push(took);
+                plans[i] = Plan::Send(Some(held.len() - 1));
+            }
+            Takeover::Answered(answer) => answers[i] = Some(answer),
+        }
+    }
 }
 
 /// What the store answered for a key of the batch.

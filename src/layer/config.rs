@@ -491,8 +491,8 @@ impl<S> IdempotencyLayerBuilder<S> {
     ///
     /// Outside the window, with a record whose first attempt's time the store does not know,
     /// or without this option, the kept error is replayed. A
-    /// [`Batch`](crate::batch::Batch) replays kept outcomes: re-sends and the takeover check
-    /// are for single sends.
+    /// [`Batch`](crate::batch::Batch) replays kept outcomes (taking a kept outcome back is for
+    /// single sends); a key a batch takes over is decided as a single send's is.
     ///
     /// **When a re-send is safe.** Only when all of these hold:
     ///
@@ -557,7 +557,9 @@ impl<S> IdempotencyLayerBuilder<S> {
     ///    leaving it to a [`Reconciler`](crate::reconcile::Reconciler) or an operator.
     ///
     /// Without either option the send goes: that is the one duplicate the guarantee allows.
-    /// A takeover of a key held by another message is sent too.
+    /// A takeover of a key held by another message is sent too. A
+    /// [`Batch`](crate::batch::Batch) decides each key it took over the same way, before it
+    /// sends.
     /// The same service can serve a [`Reconciler`](crate::reconcile::Reconciler).
     ///
     /// ```

@@ -24,6 +24,7 @@ use crate::outcome::{SendError, codes};
 use crate::store::{StoreError, StoreErrorKind, Token};
 
 /// A key this send reserved.
+#[derive(Clone)]
 pub(crate) struct Held {
     pub(crate) key: Arc<str>,
     pub(crate) token: Token,
