@@ -323,9 +323,7 @@ const RESERVE_TIMEOUT: Duration = Duration::from_millis(250);
 /// A layer whose takeovers ask a verification service first, which answers that the provider
 /// took the message; the count of its answers.
 fn verifying_layer(store: &TestStore) -> (IdempotencyLayer, Arc<AtomicUsize>) {
-    verifying_layer_answering(store, || {
-        Verified::Delivered(Receipt::new("msg-0", "fake"))
-    })
+    verifying_layer_answering(store, || Verified::Delivered(Receipt::new("msg-0", "fake")))
 }
 
 /// [`verifying_layer`] with a verification service that answers `answer()`.
@@ -571,10 +569,18 @@ async fn a_batch_checks_the_keys_it_takes_over_before_it_sends() {
         let mut svc = tower::Layer::layer(&l, provider.clone());
         let answers = send_batch(&mut svc, vec![fresh, stale.clone(), other]).await;
         let sent = answers[0].as_ref().unwrap();
-        assert_eq!((sent.id.as_str(), sent.replayed), ("id-fresh", false), "{case}");
+        assert_eq!(
+            (sent.id.as_str(), sent.replayed),
+            ("id-fresh", false),
+            "{case}"
+        );
         let other_sent = answers[2].as_ref().unwrap();
         assert_eq!(other_sent.id, "id-other", "{case}");
-        assert_eq!(asked.load(Ordering::SeqCst), 1, "{case}: asked once, for stale");
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            1,
+            "{case}: asked once, for stale"
+        );
         assert_eq!(l.stats().taken_over, 1, "{case}");
         let texts = |names: &[&str]| vec![names.iter().map(|n| n.to_string()).collect::<Vec<_>>()];
         match case {
@@ -586,7 +592,10 @@ async fn a_batch_checks_the_keys_it_takes_over_before_it_sends() {
             }
             "not sent" => {
                 let now_sent = answers[1].as_ref().unwrap();
-                assert_eq!((now_sent.id.as_str(), now_sent.replayed), ("id-stale", false));
+                assert_eq!(
+                    (now_sent.id.as_str(), now_sent.replayed),
+                    ("id-stale", false)
+                );
                 assert_eq!(provider.batches(), texts(&["fresh", "stale", "other"]));
                 assert_eq!(l.stats().verified_not_sent, 1);
             }

@@ -306,7 +306,10 @@ async fn reserve_keyed<R: IdempotentRequest>(
             }
         };
     }
-    decide_takeovers(config, taken_over, items, plans, answers, &mut held, *asked_at).await;
+    decide_takeovers(
+        config, taken_over, items, plans, answers, &mut held, *asked_at,
+    )
+    .await;
     held
 }
 
@@ -326,14 +329,19 @@ async fn decide_takeovers<R: IdempotentRequest>(
     if taken_over.is_empty() {
         return;
     }
-    let decisions = join_all(taken_over.into_iter().map(|(i, took, previous)| async move {
-        let item = &items[i];
-        let recipients = item.recipients();
-        let raw = raw_key(config, item);
-        let decided =
-            after_takeover(config, took.clone(), previous, raw, &recipients, asked_at).await;
-        (i, took, decided)
-    }))
+    let decisions = join_all(
+        taken_over
+            .into_iter()
+            .map(|(i, took, previous)| async move {
+                let item = &items[i];
+                let recipients = item.recipients();
+                let raw = raw_key(config, item);
+                let decided =
+                    after_takeover(config, took.clone(), previous, raw, &recipients, asked_at)
+                        .await;
+                (i, took, decided)
+            }),
+    )
     .await;
     for (i, took, decided) in decisions {
         match decided {
