@@ -544,8 +544,10 @@ async fn a_given_up_batch_reserve_frees_its_fresh_keys_and_keeps_a_taken_over_on
 /// without asking.
 #[tokio::test(start_paused = true)]
 async fn a_batch_checks_the_keys_it_takes_over_before_it_sends() {
-    let delivered = || Verified::Delivered(Receipt::new("msg-0", "fake"));
-    let cases: [(&str, fn() -> Verified); 3] = [
+    /// The verification service's answer in each case.
+    type Answer = fn() -> Verified;
+    let delivered: Answer = || Verified::Delivered(Receipt::new("msg-0", "fake"));
+    let cases = [
         ("delivered", delivered),
         ("not sent", || Verified::NotSent),
         ("unknown", || Verified::Unknown),
