@@ -10,7 +10,7 @@ use redis::{Cmd, Script, Value};
 use super::inspect::{Raw, garbage, held_live, inspected, raw};
 use super::scripts::millis;
 use super::{RedisStore, server_error};
-use crate::outcome::{Category, Outcome};
+use crate::outcome::Outcome;
 use crate::store::admin::{
     AdminOutcome, Cursor, Force, Inspected, Page, Resolution, StoreAdmin, split_cursor,
 };
@@ -439,12 +439,6 @@ impl RedisStore {
         self.unindex(&stale).await;
         Ok(Page::new(entries, next))
     }
-}
-
-/// Whether `outcome` is of unknown delivery: its key is indexed for settling by hand, and
-/// its record keeps the first attempt's time for a re-send inside the provider's window.
-pub(super) fn is_unknown_delivery(outcome: &Outcome) -> bool {
-    outcome.category() == Category::Unknown
 }
 
 /// Each operation is bounded by the store's timeout. `forget` and `resolve` read the record,

@@ -6,8 +6,8 @@ use std::time::Duration;
 use futures_util::future::{BoxFuture, FutureExt};
 
 use super::RedisStore;
-use super::admin;
-use super::scripts::{FirstStep, first_step, reservation, script_reply};
+
+use super::scripts::{FirstStep, first_step, is_unknown_delivery, reservation, script_reply};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
 use crate::store::unanswered::Unanswered;
@@ -101,7 +101,7 @@ impl RedisStore {
         if let Some(unacked) = short {
             return Err(unacked);
         }
-        if written && admin::is_unknown_delivery(outcome) {
+        if written && is_unknown_delivery(outcome) {
             // After the record, so a listing never drops the entry of a record it read
             // before this complete wrote it. Boxed as the rare path (see `reserve_once`).
             Box::pin(self.index_unknown(&[key], ttl)).await?;

@@ -125,7 +125,7 @@ impl RedisStore {
         let unknown: Vec<&str> = completions
             .iter()
             .zip(&written)
-            .filter(|(c, written)| **written && super::admin::is_unknown_delivery(c.outcome))
+            .filter(|(c, written)| **written && super::scripts::is_unknown_delivery(c.outcome))
             .map(|(c, _)| c.key)
             .collect();
         self.index_unknown(&unknown, ttl).await?;

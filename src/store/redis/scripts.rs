@@ -7,6 +7,7 @@ use redis::{Cmd, Value};
 
 use super::{MAX_EXPIRY, RedisStore, server_error};
 use crate::fingerprint::Fingerprint;
+use crate::outcome::{Category, Outcome};
 use crate::store::record::{self, Times};
 use crate::store::{Completion, Record, RecordState, Reservation, StoreError, Token};
 
@@ -244,7 +245,7 @@ impl RedisStore {
         ttl: Duration,
     ) -> Result<Cmd, StoreError> {
         let done = record::done_value(c.token, c.fingerprint, c.outcome)?;
-        let unknown = super::admin::is_unknown_delivery(c.outcome);
+        let unknown = is_unknown_delivery(c.outcome);
         let redis_key = self.redis_key(c.key);
         // Sized up front, as a reserve's `SET`: every fresh send builds one.
         let mut cmd = Cmd::with_capacity(8, redis_key.len() + done.len() + 128);
@@ -397,6 +398,12 @@ pub(super) fn millis_or_zero(d: Duration) -> u64 {
 pub(super) fn millis(d: Duration) -> u64 {
     let ms = u64::try_from(d.min(MAX_EXPIRY).as_millis()).unwrap_or(u64::MAX);
     ms.max(1)
+}
+
+/// Whether `outcome` is of unknown delivery: its key is indexed for settling by hand, and
+/// its record keeps the first attempt's time for a re-send inside the provider's window.
+pub(super) fn is_unknown_delivery(outcome: &Outcome) -> bool {
+    outcome.category() == Category::Unknown
 }
 
 #[cfg(test)]
