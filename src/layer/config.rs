@@ -154,9 +154,6 @@ pub(crate) struct Config {
     pub(crate) lease: Duration,
     pub(crate) ttl: Duration,
     pub(crate) reserve_timeout: Duration,
-    /// The store bounds each of its calls within `reserve_timeout` ([`Store::call_timeout`]):
-    /// the layer's own timer on a store call could never fire first, and is not set.
-    pub(crate) store_bounds_calls: bool,
     pub(crate) settle_timeout: Duration,
     pub(crate) renew: bool,
     pub(crate) max_hold: Duration,
@@ -177,10 +174,18 @@ pub(crate) struct Config {
 }
 
 impl Config {
+    /// Whether the store bounds each of its calls within the reserve timeout
+    /// ([`Store::call_timeout`]): the layer's own timer on a store call could then never fire
+    /// first, and is not set.
+    pub(crate) fn store_bounds_calls(&self) -> bool {
+        self.store
+            .call_timeout()
+            .is_some_and(|bound| bound <= self.reserve_timeout)
+    }
+
     /// Every option at its default, over `store`.
     pub(crate) fn new(store: Arc<dyn Store>) -> Self {
         Self {
-            store_bounds_calls: bounds_within(&*store, DEFAULT_RESERVE_TIMEOUT),
             store,
             lease: DEFAULT_LEASE,
             ttl: DEFAULT_TTL,
@@ -732,7 +737,6 @@ impl IdempotencyLayerBuilder<WithStore> {
             lease: self.lease,
             ttl: self.ttl,
             reserve_timeout: self.reserve_timeout,
-            store_bounds_calls: bounds_within(&*self.store.0, self.reserve_timeout),
             settle_timeout: self.settle_timeout,
             renew: self.renew,
             max_hold: self.max_hold,
@@ -747,11 +751,6 @@ impl IdempotencyLayerBuilder<WithStore> {
             ..Config::new(self.store.0)
         })
     }
-}
-
-/// Whether `store` bounds each of its calls within `timeout` by itself.
-fn bounds_within(store: &dyn Store, timeout: Duration) -> bool {
-    store.call_timeout().is_some_and(|bound| bound <= timeout)
 }
 
 /// Checks a namespace: 1 to 64 bytes, no `:` (it ends the namespace in a stored key) and no

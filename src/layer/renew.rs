@@ -85,7 +85,7 @@ pub(crate) async fn within<T>(
     config: &Config,
     call: BoxFuture<'_, Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    if config.store_bounds_calls || !has_runtime() {
+    if config.store_bounds_calls() || !has_runtime() {
         return call.await;
     }
     tokio::time::timeout(config.reserve_timeout, call)

@@ -34,7 +34,7 @@ where
         abandon: Some(abandon),
     };
     let call = poll_fn(|cx| pending.poll(cx));
-    if config.store_bounds_calls || tokio::runtime::Handle::try_current().is_err() {
+    if config.store_bounds_calls() || tokio::runtime::Handle::try_current().is_err() {
         return call.await;
     }
     tokio::time::timeout(config.reserve_timeout, call)
