@@ -725,3 +725,38 @@ async fn batches_write_what_the_single_operations_would_key_by_key() {
     drop(conn);
     drop_table(&url, store.table_name()).await;
 }
+
+/// The store bounds its own calls by its timeout, as it reports to the layer (which then
+/// sets no timer of its own): a complete waiting on a row another transaction holds locked
+/// fails as timed out at the store's bound, long before MariaDB's lock wait would end.
+#[tokio::test]
+#[cfg_attr(
+    not(backend_mysql),
+    ignore = "no MySQL or MariaDB at MYSQL_URL or mysql://root@127.0.0.1:3306/test"
+)]
+async fn an_operation_past_its_timeout_fails_with_a_timeout_error() {
+    let Some(url) = mysql_url() else { return };
+    let bound = Duration::from_millis(300);
+    let store = fresh_store(&url, "idem_timeout").await.timeout(bound);
+    assert_eq!(store.call_timeout(), Some(bound));
+    let key = unique("timeout");
+    let token = match store.reserve(&key, fp(1), Duration::from_secs(60)).await {
+        Ok(Reservation::Reserved { token }) => token,
+        other => panic!("a fresh key is reserved: {other:?}"),
+    };
+    let pool = admin(&url);
+    let mut tx = pool.start_transaction(TxOpts::default()).await.unwrap();
+    let lock = format!(
+        "SELECT 1 FROM `{}` WHERE `key` = ? FOR UPDATE",
+        store.table_name()
+    );
+    tx.exec_drop(lock, (key.as_bytes(),)).await.unwrap();
+    let outcome = Outcome::sent(Receipt::new("m", "test"));
+    let error = store
+        .complete(&key, token, fp(1), &outcome, Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    tx.rollback().await.unwrap();
+    drop_table(&url, store.table_name()).await;
+}

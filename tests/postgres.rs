@@ -674,6 +674,8 @@ async fn a_repeat_is_answered_while_another_transaction_holds_the_row_locked() {
 async fn an_operation_past_its_timeout_fails_with_a_timeout_error() {
     let Some(url) = database_url() else { return };
     let store = shared_store(&url).await.timeout(Duration::from_millis(200));
+    // The bound the layer trusts in place of its own timer: kept, below.
+    assert_eq!(store.call_timeout(), Some(Duration::from_millis(200)));
     let admin = admin(&url).await;
     let key = unique("timeout");
     insert_uncommitted(&admin, &key).await;

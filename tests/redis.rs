@@ -564,6 +564,8 @@ async fn a_server_that_never_answers_times_out() {
     )
     .unwrap();
     let store = RedisStore::new(manager).timeout(Duration::from_millis(200));
+    // The bound the layer trusts in place of its own timer: kept, below.
+    assert_eq!(store.call_timeout(), Some(Duration::from_millis(200)));
     let err = store.reserve("k", fp(1), LEASE).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err}");
     let outcome = Outcome::sent(Receipt::new("m", "test"));
