@@ -54,7 +54,13 @@ pub(super) fn bench(c: &mut Criterion) {
         .expect("connect to REDIS_URL");
     let commands = Arc::new(rt.block_on(MinimalRedis::load(&mut manager)));
 
-    let store = RedisStore::new(manager.clone()).key_prefix(prefix.clone());
+    // Ours as its users build it (`RedisStore::connect`: the store bounds each call, the
+    // client sets no timer of its own); the minimal commands and the peer on the client's
+    // defaults (a response timeout), as theirs would.
+    let store = rt
+        .block_on(RedisStore::connect(&url))
+        .expect("connect to REDIS_URL")
+        .key_prefix(prefix.clone());
     // Leased and kept as long as raw's records (and the peer's entries): the same commands,
     // and a run leaves nothing in the server for a day.
     let ours = IdempotencyLayer::builder()

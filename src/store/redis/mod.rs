@@ -362,6 +362,23 @@ impl RedisStore {
     /// `manager` is the `redis` crate's, version 1: add `redis = "1"` (with its
     /// `tokio-comp` and `connection-manager` features) to your dependencies to hand one in.
     /// [`connect`](Self::connect) needs none.
+    ///
+    /// The store bounds each call by its own [`timeout`](Self::timeout). A manager built on
+    /// the `redis` crate's defaults also times every command out itself (after 500 ms): a
+    /// second timer per command, and a bound shorter than the store's. Build it as
+    /// `connect` does, to leave the bound to the store:
+    ///
+    /// ```no_run
+    /// use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+    /// use tower_idempotency::RedisStore;
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let config = ConnectionManagerConfig::new().set_response_timeout(None);
+    /// let manager = ConnectionManager::new_with_config(client, config).await?;
+    /// let store = RedisStore::new(manager);
+    /// # Ok(()) }
+    /// ```
     pub fn new(manager: ConnectionManager) -> Self {
         Self::with_connection(Connection::Single(manager))
     }
