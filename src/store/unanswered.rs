@@ -31,26 +31,20 @@ pub(crate) const RETRIES: [Duration; 3] = [
 /// [module docs](self).
 pub(crate) struct Unanswered<'a, S: Store + Clone> {
     store: &'a S,
-    reserved: Vec<(&'a str, Token)>,
+    /// Borrowed from the caller, who holds its keys and tokens for the call anyway: a single
+    /// reserve arms its guard without an allocation.
+    reserved: &'a [(&'a str, Token)],
+    armed: bool,
 }
 
 impl<'a, S: Store + Clone> Unanswered<'a, S> {
     /// Armed for the reserves of `reserved`, before the store is asked.
-    pub(crate) fn arm(store: &'a S, reserved: Vec<(&'a str, Token)>) -> Self {
-        Self { store, reserved }
-    }
-
-    /// Armed for a batch: each key of `requests` under the token beside it in `tokens`.
-    pub(crate) fn arm_batch(
-        store: &'a S,
-        requests: &'a [(&'a str, Fingerprint)],
-        tokens: &[Token],
-    ) -> Self {
-        let reserved = requests
-            .iter()
-            .map(|(key, _)| *key)
-            .zip(tokens.iter().copied());
-        Self::arm(store, reserved.collect())
+    pub(crate) fn arm(store: &'a S, reserved: &'a [(&'a str, Token)]) -> Self {
+        Self {
+            store,
+            reserved,
+            armed: true,
+        }
     }
 
     /// Takes the answer of the store's call, awaited while the guard was armed: an answer
@@ -62,15 +56,28 @@ impl<'a, S: Store + Clone> Unanswered<'a, S> {
     /// reserve).
     pub(crate) fn answered<T>(mut self, answer: Result<T, StoreError>) -> Result<T, StoreError> {
         if answer.is_ok() {
-            self.reserved.clear();
+            self.armed = false;
         }
         answer
     }
 }
 
+/// What a batch's guard is armed with: each key of `requests` beside the token at the same
+/// position in `tokens`.
+pub(crate) fn pairs<'a>(
+    requests: &'a [(&'a str, Fingerprint)],
+    tokens: &[Token],
+) -> Vec<(&'a str, Token)> {
+    requests
+        .iter()
+        .map(|(key, _)| *key)
+        .zip(tokens.iter().copied())
+        .collect()
+}
+
 impl<S: Store + Clone> Drop for Unanswered<'_, S> {
     fn drop(&mut self) {
-        if self.reserved.is_empty() {
+        if !self.armed || self.reserved.is_empty() {
             return;
         }
         // Outside a runtime (a store dropped at the end of `main`) nothing can be sent; the
@@ -81,8 +88,8 @@ impl<S: Store + Clone> Drop for Unanswered<'_, S> {
         let store = self.store.clone();
         let reserved: Vec<(String, Token)> = self
             .reserved
-            .drain(..)
-            .map(|(key, token)| (key.to_owned(), token))
+            .iter()
+            .map(|&(key, token)| (key.to_owned(), token))
             .collect();
         runtime.spawn(async move {
             // The reserve may land after a first release found nothing (its statement queued

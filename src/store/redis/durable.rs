@@ -59,6 +59,23 @@ impl Durability {
 }
 
 impl RedisStore {
+    /// Runs one command, followed by `WAIT` in the same pipeline when replicas are required:
+    /// its reply, and the failure when too few replicas acknowledged.
+    pub(super) async fn run_acked(
+        &self,
+        cmd: Cmd,
+    ) -> Result<(Value, Option<StoreError>), StoreError> {
+        if self.durability.is_none() {
+            return Ok((self.run(&cmd).await?, None));
+        }
+        // Boxed, as in `run_script_acked` below.
+        let (replies, short) = Box::pin(self.pipeline_acked([cmd], true)).await?;
+        let [reply] = replies
+            .try_into()
+            .map_err(|_| StoreError::corrupt("the server answered one command otherwise"))?;
+        Ok((reply, short))
+    }
+
     /// [`run_script`](Self::run_script) with `WAIT` in the same pipeline when replicas are
     /// required: the script's reply, and the failure when too few replicas acknowledged.
     pub(super) async fn run_script_acked(

@@ -10,7 +10,7 @@ use super::RedisStore;
 use super::scripts::{FirstStep, first_step, is_unknown_delivery, reservation, script_reply};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
-use crate::store::unanswered::Unanswered;
+use crate::store::unanswered::{self, Unanswered};
 use crate::store::{Completion, Reservation, Store, StoreError, Token};
 
 impl RedisStore {
@@ -40,10 +40,7 @@ impl RedisStore {
         // write the replicas did not acknowledge): boxed, so the usual reserve's future, made
         // and moved on every call, does not carry their state.
         let fast = self.fast_reserve(key, token, fingerprint, lease)?;
-        let (replies, short) = self.pipeline_acked([fast.set], true).await?;
-        let [set] = replies.try_into().map_err(|_| {
-            StoreError::corrupt("reserve: the server answered one command otherwise")
-        })?;
+        let (set, short) = self.run_acked(fast.set).await?;
         let (reservation, short) = match first_step(set, token)? {
             FirstStep::Answered(reservation) => (reservation, short),
             FirstStep::Script => {
@@ -149,7 +146,8 @@ impl Store for RedisStore {
             let token = Token::new();
             // Frees the key if the reserve lands but its answer is lost (a timeout, a dropped
             // connection, a caller that stops waiting).
-            let guard = Unanswered::arm(self, vec![(key, token)]);
+            let reserved = [(key, token)];
+            let guard = Unanswered::arm(self, &reserved);
             let answer = self
                 .bounded(move || self.reserve_once(key, token, fingerprint, lease))
                 .await;
@@ -212,7 +210,8 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Vec<Result<Reservation, StoreError>>, StoreError>> {
         async move {
             let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
-            let guard = Unanswered::arm_batch(self, requests, &tokens);
+            let reserved = unanswered::pairs(requests, &tokens);
+            let guard = Unanswered::arm(self, &reserved);
             let answer = self
                 .bounded(|| self.reserve_batch(requests, lease, &tokens))
                 .await;

@@ -12,7 +12,7 @@ use futures_util::future::{BoxFuture, FutureExt};
 
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
-use crate::store::unanswered::Unanswered;
+use crate::store::unanswered::{self, Unanswered};
 use crate::store::{Completion, Reservation, Store, StoreError, Token};
 
 mod admin;
@@ -114,7 +114,8 @@ pub(crate) fn reserve<'a, S: SqlOperations + Store>(
 ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
     Box::pin(async move {
         let token = Token::new();
-        let guard = Unanswered::arm(store, vec![(key, token)]);
+        let reserved = [(key, token)];
+        let guard = Unanswered::arm(store, &reserved);
         let answer = store
             .bounded(move || store.reserve_once(key, fingerprint, lease, token))
             .await;
@@ -175,7 +176,8 @@ pub(crate) fn reserve_many<'a, S: SqlOperations + Store>(
             return Ok(Vec::new());
         }
         let tokens: Vec<Token> = requests.iter().map(|_| Token::new()).collect();
-        let guard = Unanswered::arm_batch(store, requests, &tokens);
+        let reserved = unanswered::pairs(requests, &tokens);
+        let guard = Unanswered::arm(store, &reserved);
         let answer = store
             .bounded(|| store.reserve_many_once(requests, lease, &tokens))
             .await;
