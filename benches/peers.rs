@@ -322,6 +322,10 @@ fn interleaved<A: Sender, B: Sender>(
     for workers in WORKERS {
         for replay in [false, true] {
             let case = if replay { "replay" } else { "fresh" };
+            let label = format!("{group}/{workers}-workers/{case}");
+            if !selected(&label) {
+                continue;
+            }
             // Sends per slice: as given, or about 0.2 s of ours; at most 50,000 (100 MB of
             // messages made up front: more makes the allocator's work part of what is
             // measured).
@@ -344,7 +348,7 @@ fn interleaved<A: Sender, B: Sender>(
             let (ratios, cpu_ratios) =
                 (wall.b_over_a, Compared::of(&pairs, |(_, cpu)| cpu).b_over_a);
             println!(
-                "{group}/{workers}-workers/{case}: {} {:.3} µs, {} {:.3} µs a send (medians \
+                "{label}: {} {:.3} µs, {} {:.3} µs a send (medians \
                  of {rounds} slices of {sends} sends); {} ÷ {}: median {:.2}, range {:.2} to \
                  {:.2}; by this process's CPU time: median {:.2}, range {:.2} to {:.2}",
                 ours.0,
@@ -362,6 +366,13 @@ fn interleaved<A: Sender, B: Sender>(
             );
         }
     }
+}
+
+/// Whether the interleaved case `label` runs: every case when `PEERS_ONLY` is unset, else
+/// only those whose label contains its value (`PEERS_ONLY=redis/64`), so that a run spends
+/// its minutes on the cases it is about.
+fn selected(label: &str) -> bool {
+    std::env::var("PEERS_ONLY").map_or(true, |only| label.contains(only.as_str()))
 }
 
 /// One slice of [`interleaved`]: `sends` sends by `workers` workers from a new sender, in
