@@ -93,6 +93,26 @@ impl Token {
     }
 }
 
+impl Token {
+    /// The token's text, hyphenated and lowercase as `Display` writes it, on the stack: the
+    /// stored records and the Redis scripts' arguments carry it on every call.
+    pub(crate) fn text(&self) -> TokenText {
+        let mut text = [0; 36];
+        self.0.hyphenated().encode_lower(&mut text);
+        TokenText(text)
+    }
+}
+
+/// A [`Token`]'s text ([`Token::text`]).
+pub(crate) struct TokenText([u8; 36]);
+
+impl TokenText {
+    pub(crate) fn as_str(&self) -> &str {
+        // Hex digits and hyphens: always text.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
 impl Default for Token {
     fn default() -> Self {
         Self::new()
@@ -179,6 +199,7 @@ mod tests {
         ]);
         let text = "6f1c3a9e-024b-4d7f-8a10-beef0001c0de";
         assert_eq!(token.to_string(), text);
+        assert_eq!(token.text().as_str(), text);
         assert_eq!(format!("{token:?}"), format!("Token({text})"));
         assert_eq!(
             serde_json::to_string(&token).unwrap(),

@@ -2,7 +2,6 @@
 //! server script fences on a prefix, and its times relative to the value's expiry so that
 //! the server's clock (`PX`, `PTTL`) carries them. See the [module docs](super#version-2).
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::{check_shape, decode_outcome, outcome_json};
@@ -68,15 +67,16 @@ pub(crate) fn encode(
         RecordState::Pending => 'P',
         RecordState::Done => 'D',
     });
-    // Writing to a String cannot fail.
-    let _ = write!(head, "{token}");
+    // Written without `core::fmt`, as every reserve and complete writes one.
+    head.push_str(token.text().as_str());
     head.push_str(std::str::from_utf8(&fingerprint.hex()).unwrap_or_default());
+    let mut digits = itoa::Buffer::new();
     if let Some(ms) = times.first_attempt_before_expiry_ms {
-        let _ = write!(head, "{ms}");
+        head.push_str(digits.format(ms));
     }
     head.push(',');
     if let Some(ms) = times.kept_after_lease_ms {
-        let _ = write!(head, "{ms}");
+        head.push_str(digits.format(ms));
     }
     head.push('\n');
     head.push_str(&json);

@@ -253,7 +253,7 @@ impl RedisStore {
             .arg(self.complete.get_hash())
             .arg(1)
             .arg(redis_key)
-            .arg(c.token.to_string())
+            .arg(c.token.text().as_str())
             .arg(done)
             .arg(millis(ttl))
             .arg(if unknown { "1" } else { "0" });
