@@ -404,3 +404,24 @@ pub(crate) fn parse_cursor<T: FromStr>(cursor: &Cursor) -> Result<(T, &str), Sto
     })?;
     Ok((at, key))
 }
+
+/// The page a listing of at most `limit` read as `rows`, each decoded by `inspected` into its
+/// record and position: a full page ends with the cursor after its last row (the cursor
+/// [`parse_cursor`] reads), as more may follow.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub(crate) fn page<R>(
+    rows: impl IntoIterator<Item = R, IntoIter: ExactSizeIterator>,
+    limit: usize,
+    mut inspected: impl FnMut(R) -> Result<(Inspected, i64), StoreError>,
+) -> Result<Page, StoreError> {
+    let rows = rows.into_iter();
+    let full = rows.len() == limit;
+    let mut entries = Vec::with_capacity(rows.len());
+    let mut last = None;
+    for row in rows {
+        let (record, position) = inspected(row)?;
+        last = Some(format!("{position}:{}", record.key));
+        entries.push(record);
+    }
+    Ok(Page::new(entries, last.filter(|_| full).map(Cursor::new)))
+}

@@ -11,9 +11,9 @@ use mysql_async::Row;
 use super::{MySqlStore, check_key, micros, token_bytes};
 use crate::outcome::Outcome;
 use crate::store::admin::{
-    AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, parse_cursor,
+    AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, page, parse_cursor,
 };
-use crate::store::sql::{self, SqlAdmin, impl_store_admin};
+use crate::store::sql::{SqlAdmin, impl_store_admin};
 use crate::store::{RecordState, StoreError, Token, record};
 
 impl MySqlStore {
@@ -132,7 +132,7 @@ impl SqlAdmin for MySqlStore {
         params.push(limit_value.into());
         let mut conn = self.conn().await?;
         let rows = self.read(&mut conn, &self.table.sql.list, params).await?;
-        sql::page(&rows, limit, |row| self.inspected(row))
+        page(&rows, limit, |row| self.inspected(row))
     }
 }
 

@@ -11,9 +11,9 @@ use uuid::Uuid;
 use super::{PostgresStore, millis};
 use crate::outcome::Outcome;
 use crate::store::admin::{
-    AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, parse_cursor,
+    AdminOutcome, Cursor, Expiry, Force, Inspected, KeyState, Page, Resolution, page, parse_cursor,
 };
-use crate::store::sql::{self, SqlAdmin, impl_store_admin};
+use crate::store::sql::{SqlAdmin, impl_store_admin};
 use crate::store::{StoreError, StoreErrorKind, Token, record};
 
 /// The cursor of the first page: before any row (the year 1).
@@ -169,7 +169,7 @@ impl SqlAdmin for PostgresStore {
             )
             .await
             .map_err(|e| self.db_error(e))?;
-        sql::page(&rows, limit, |row| self.inspected(row))
+        page(&rows, limit, |row| self.inspected(row))
     }
 }
 

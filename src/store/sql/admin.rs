@@ -39,24 +39,6 @@ pub(crate) trait SqlAdmin: SqlOperations {
     ) -> impl Future<Output = Result<Page, StoreError>> + Send;
 }
 
-/// The page a listing of at most `limit` read as `rows`, each decoded by `inspected` into its
-/// record and position: a full page ends with the cursor after its last row, as more may follow.
-pub(crate) fn page<R>(
-    rows: &[R],
-    limit: usize,
-    inspected: impl Fn(&R) -> Result<(Inspected, i64), StoreError>,
-) -> Result<Page, StoreError> {
-    let full = rows.len() == limit;
-    let mut entries = Vec::with_capacity(rows.len());
-    let mut last = None;
-    for row in rows {
-        let (record, position) = inspected(row)?;
-        last = Some(format!("{position}:{}", record.key));
-        entries.push(record);
-    }
-    Ok(Page::new(entries, last.filter(|_| full).map(Cursor::new)))
-}
-
 /// Writes `impl StoreAdmin` for a [`SqlAdmin`] backend, each operation bounded by the store's
 /// timeout; the attributes given (the impl's doc comment) go on the impl.
 macro_rules! impl_store_admin {

@@ -18,7 +18,7 @@ use crate::store::{Completion, Reservation, Store, StoreError, Token};
 mod admin;
 mod purge;
 
-pub(crate) use admin::{SqlAdmin, impl_store_admin, page};
+pub(crate) use admin::{SqlAdmin, impl_store_admin};
 pub(crate) use purge::{SqlPurge, purge_expired, spawn_purge};
 
 /// One SQL backend's operations, each one attempt on the server, neither bounded nor guarded:

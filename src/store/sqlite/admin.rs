@@ -14,7 +14,8 @@ use super::session::{Session, failure};
 use super::{SqliteStore, millis, sql};
 use crate::outcome::Outcome;
 use crate::store::admin::{
-    AdminOutcome, Cursor, Expiry, Force, Inspected, Page, Resolution, StoreAdmin, parse_cursor,
+    AdminOutcome, Cursor, Expiry, Force, Inspected, Page, Resolution, StoreAdmin, page,
+    parse_cursor,
 };
 use crate::store::{StoreError, StoreErrorKind, Token, record as stored};
 
@@ -190,15 +191,7 @@ impl SqliteStore {
                     .map_err(|e| failure(&e, &path))
             })
             .await?;
-        let full = rows.len() == limit;
-        let mut entries = Vec::with_capacity(rows.len());
-        let mut last = None;
-        for row in rows {
-            let (record, position) = row.inspected(&self.inner.path)?;
-            last = Some(format!("{position}:{}", record.key));
-            entries.push(record);
-        }
-        Ok(Page::new(entries, last.filter(|_| full).map(Cursor::new)))
+        page(rows, limit, |row| row.inspected(&self.inner.path))
     }
 }
 
