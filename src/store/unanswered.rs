@@ -32,19 +32,14 @@ pub(crate) const RETRIES: [Duration; 3] = [
 pub(crate) struct Unanswered<'a, S: Store + Clone> {
     store: &'a S,
     /// Borrowed from the caller, who holds its keys and tokens for the call anyway: a single
-    /// reserve arms its guard without an allocation.
+    /// reserve arms its guard without an allocation. Empty once disarmed.
     reserved: &'a [(&'a str, Token)],
-    armed: bool,
 }
 
 impl<'a, S: Store + Clone> Unanswered<'a, S> {
     /// Armed for the reserves of `reserved`, before the store is asked.
     pub(crate) fn arm(store: &'a S, reserved: &'a [(&'a str, Token)]) -> Self {
-        Self {
-            store,
-            reserved,
-            armed: true,
-        }
+        Self { store, reserved }
     }
 
     /// Takes the answer of the store's call, awaited while the guard was armed: an answer
@@ -56,7 +51,7 @@ impl<'a, S: Store + Clone> Unanswered<'a, S> {
     /// reserve).
     pub(crate) fn answered<T>(mut self, answer: Result<T, StoreError>) -> Result<T, StoreError> {
         if answer.is_ok() {
-            self.armed = false;
+            self.reserved = &[];
         }
         answer
     }
@@ -77,7 +72,7 @@ pub(crate) fn pairs<'a>(
 
 impl<S: Store + Clone> Drop for Unanswered<'_, S> {
     fn drop(&mut self) {
-        if !self.armed || self.reserved.is_empty() {
+        if self.reserved.is_empty() {
             return;
         }
         // Outside a runtime (a store dropped at the end of `main`) nothing can be sent; the

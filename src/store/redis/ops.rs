@@ -6,7 +6,6 @@ use std::time::Duration;
 use futures_util::future::{BoxFuture, FutureExt};
 
 use super::RedisStore;
-
 use super::scripts::{FirstStep, first_step, is_unknown_delivery, reservation, script_reply};
 use crate::fingerprint::Fingerprint;
 use crate::outcome::Outcome;
